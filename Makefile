@@ -1,0 +1,33 @@
+# Stasis. `make run` and `make test` each set up the host first (idempotent, seconds when done).
+VENV := .venv
+PY := $(VENV)/bin/python
+STATE_DIR ?= $(CURDIR)/.state
+
+.PHONY: setup run test lint protos check-protos bench clean-state
+
+setup:
+	@./scripts/host-setup.sh
+
+run: setup
+	$(PY) examples/runtime_demo.py
+
+test: setup lint check-protos
+	$(VENV)/bin/pytest -q --durations=15
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+protos:
+	$(PY) protos/generate.py
+
+check-protos:
+	$(PY) protos/generate.py --check
+
+bench: setup
+	$(PY) benchmarks/runtime_checkpoint.py
+
+clean-state:
+	rm -rf $(STATE_DIR)

@@ -1,0 +1,258 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SANDBOX_STATE_UNSPECIFIED: _ClassVar[SandboxState]
+    SANDBOX_STATE_RUNNING: _ClassVar[SandboxState]
+    SANDBOX_STATE_PAUSED: _ClassVar[SandboxState]
+    SANDBOX_STATE_EXITED: _ClassVar[SandboxState]
+    SANDBOX_STATE_UNKNOWN: _ClassVar[SandboxState]
+SANDBOX_STATE_UNSPECIFIED: SandboxState
+SANDBOX_STATE_RUNNING: SandboxState
+SANDBOX_STATE_PAUSED: SandboxState
+SANDBOX_STATE_EXITED: SandboxState
+SANDBOX_STATE_UNKNOWN: SandboxState
+
+class Resources(_message.Message):
+    __slots__ = ("cpus", "memory_mb", "pids")
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    cpus: float
+    memory_mb: int
+    pids: int
+    def __init__(self, cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ..., pids: _Optional[int] = ...) -> None: ...
+
+class SandboxSpec(_message.Message):
+    __slots__ = ("image", "command", "env", "cwd", "hostname", "address", "resources")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    cwd: str
+    hostname: str
+    address: str
+    resources: Resources
+    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
+
+class Sandbox(_message.Message):
+    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    node: str
+    backend: str
+    state: SandboxState
+    spec: SandboxSpec
+    image_digest: str
+    pid: int
+    has_exit_code: bool
+    exit_code: int
+    created_at: float
+    restored_from: str
+    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ...) -> None: ...
+
+class CreateSandboxRequest(_message.Message):
+    __slots__ = ("sandbox_id", "spec", "files")
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    spec: SandboxSpec
+    files: _containers.ScalarMap[str, bytes]
+    def __init__(self, sandbox_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., files: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class CheckpointRequest(_message.Message):
+    __slots__ = ("sandbox_id", "directory", "leave_running")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    directory: str
+    leave_running: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., leave_running: _Optional[bool] = ...) -> None: ...
+
+class CheckpointTimings(_message.Message):
+    __slots__ = ("frozen_ms", "dump_ms", "layer_ms", "total_ms")
+    FROZEN_MS_FIELD_NUMBER: _ClassVar[int]
+    DUMP_MS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    frozen_ms: float
+    dump_ms: float
+    layer_ms: float
+    total_ms: float
+    def __init__(self, frozen_ms: _Optional[float] = ..., dump_ms: _Optional[float] = ..., layer_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
+
+class CheckpointResult(_message.Message):
+    __slots__ = ("directory", "sandbox_id", "node", "backend", "image_digest", "criu_version", "timings", "criu_bytes", "layer_bytes", "created_at")
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CRIU_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    CRIU_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAYER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    directory: str
+    sandbox_id: str
+    node: str
+    backend: str
+    image_digest: str
+    criu_version: str
+    timings: CheckpointTimings
+    criu_bytes: int
+    layer_bytes: int
+    created_at: float
+    def __init__(self, directory: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., image_digest: _Optional[str] = ..., criu_version: _Optional[str] = ..., timings: _Optional[_Union[CheckpointTimings, _Mapping]] = ..., criu_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., created_at: _Optional[float] = ...) -> None: ...
+
+class RestoreRequest(_message.Message):
+    __slots__ = ("sandbox_id", "directory", "image", "skip_verify")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    SKIP_VERIFY_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    directory: str
+    image: str
+    skip_verify: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., image: _Optional[str] = ..., skip_verify: _Optional[bool] = ...) -> None: ...
+
+class KillRequest(_message.Message):
+    __slots__ = ("sandbox_id", "signal")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    signal: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class DeleteSandboxRequest(_message.Message):
+    __slots__ = ("sandbox_id",)
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ...) -> None: ...
+
+class DeleteSandboxResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetSandboxRequest(_message.Message):
+    __slots__ = ("sandbox_id",)
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ...) -> None: ...
+
+class ListSandboxesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSandboxesResponse(_message.Message):
+    __slots__ = ("sandboxes",)
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    sandboxes: _containers.RepeatedCompositeFieldContainer[Sandbox]
+    def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ...) -> None: ...
+
+class GetHarnessLogRequest(_message.Message):
+    __slots__ = ("sandbox_id", "tail_bytes")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    tail_bytes: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., tail_bytes: _Optional[int] = ...) -> None: ...
+
+class GetHarnessLogResponse(_message.Message):
+    __slots__ = ("content",)
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    content: bytes
+    def __init__(self, content: _Optional[bytes] = ...) -> None: ...
+
+class GetNodeInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Image(_message.Message):
+    __slots__ = ("digest", "names", "size_bytes")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    size_bytes: int
+    def __init__(self, digest: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("name", "backend", "criu_version", "slots", "memory_mb", "images", "running", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    CRIU_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    backend: str
+    criu_version: str
+    slots: int
+    memory_mb: int
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    running: int
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., criu_version: _Optional[str] = ..., slots: _Optional[int] = ..., memory_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., running: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ImportImageRequest(_message.Message):
+    __slots__ = ("name", "tarball", "directory", "docker_image")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARBALL_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    DOCKER_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tarball: str
+    directory: str
+    docker_image: str
+    def __init__(self, name: _Optional[str] = ..., tarball: _Optional[str] = ..., directory: _Optional[str] = ..., docker_image: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,40 @@
+"""Stasis node agent: sandboxes on one node, checkpointed with CRIU and restored anywhere."""
+
+from sandbox_agent.checkpoint import Checkpoint, Sizes, Timings
+from sandbox_agent.errors import (
+    AgentError,
+    AlreadyExists,
+    CheckpointCorrupt,
+    CommandFailed,
+    FailedPrecondition,
+    ImageMismatch,
+    InvalidSpec,
+    NotFound,
+    ToolUnavailable,
+)
+from sandbox_agent.node import Node
+from sandbox_agent.service import serve
+from sandbox_agent.settings import AgentSettings
+from sandbox_agent.spec import Resources, SandboxSpec, SandboxState, SandboxStatus
+
+__all__ = [
+    "AgentError",
+    "AgentSettings",
+    "AlreadyExists",
+    "Checkpoint",
+    "CheckpointCorrupt",
+    "CommandFailed",
+    "FailedPrecondition",
+    "ImageMismatch",
+    "InvalidSpec",
+    "Node",
+    "NotFound",
+    "Resources",
+    "SandboxSpec",
+    "SandboxState",
+    "SandboxStatus",
+    "Sizes",
+    "Timings",
+    "ToolUnavailable",
+    "serve",
+]

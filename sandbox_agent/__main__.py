@@ -1,0 +1,74 @@
+"""`stasis-agent`: one node agent process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from sandbox_agent.errors import AgentError
+from sandbox_agent.node import Node
+from sandbox_agent.service import serve
+from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR, AgentSettings
+
+
+def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="stasis-agent", description="Stasis node agent")
+    p.add_argument("--node", default=env("STASIS_NODE", ""), required=not env("STASIS_NODE"))
+    p.add_argument("--root", type=Path, default=Path(env("STASIS_AGENT_ROOT", "/var/lib/stasis/agent")))
+    p.add_argument("--backend", choices=("runc", "docker"), default=env("STASIS_BACKEND", "runc"))
+    p.add_argument("--listen", default=env("STASIS_AGENT_LISTEN", "127.0.0.1:0"))
+    p.add_argument(
+        "--base-image-tar", type=Path, default=Path(env("STASIS_BASE_IMAGE_TAR", str(DEFAULT_BASE_IMAGE_TAR)))
+    )
+    p.add_argument("--criu", default=env("STASIS_CRIU", "criu"))
+    p.add_argument(
+        "--allow-port",
+        type=int,
+        action="append",
+        default=[],
+        help="TCP port on 169.254.1.1 sandboxes may reach",
+    )
+    p.add_argument("--slots", type=int, default=int(env("STASIS_SLOTS", "4")))
+    p.add_argument("--memory-mb", type=int, default=int(env("STASIS_MEMORY_MB", "16384")))
+    p.add_argument("--label", action="append", default=[], help="KEY=VALUE")
+    a = p.parse_args(argv)
+    labels = dict(kv.split("=", 1) for kv in a.label if "=" in kv)
+    return AgentSettings(
+        node=a.node,
+        root=a.root,
+        backend=a.backend,
+        listen=a.listen,
+        base_image_tar=a.base_image_tar,
+        criu=a.criu,
+        allowed_ports=tuple(a.allow_port),
+        slots=a.slots,
+        memory_mb=a.memory_mb,
+        labels=labels,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(argv)
+    try:
+        node = Node(settings)
+        server, port = serve(node, settings.listen)
+    except AgentError as exc:
+        sys.exit(f"stasis-agent: {exc}")
+    host = settings.listen.rsplit(":", 1)[0]
+    print(f"stasis-agent node={settings.node} listening on {host}:{port}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop(grace=5).wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The interface every sandbox runtime backend (runc, Docker) implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.images import Image
+from sandbox_agent.spec import SandboxRecord, SandboxState
+
+STATE_DIR = "/.stasis"
+"""In-sandbox folder for the harness log and exit code; it is in the writable layer, so it travels."""
+HARNESS_LOG = f"{STATE_DIR}/harness.log"
+EXIT_CODE = f"{STATE_DIR}/exit-code"
+
+# CRIU cannot dump a descriptor of a host file, so the harness's stdio must point at files
+# inside the sandbox; the shell stays as PID 1 to record the harness's exit code.
+_WRAPPER = f'exec </dev/null >>{HARNESS_LOG} 2>&1; "$0" "$@"; echo $? >{EXIT_CODE}'
+
+
+def wrapped_command(argv: tuple[str, ...]) -> list[str]:
+    return ["/bin/sh", "-c", _WRAPPER, *argv]
+
+
+@dataclass(frozen=True)
+class SandboxLayout:
+    """Node-local paths of one sandbox; nothing here is assumed to exist on another node."""
+
+    dir: Path
+
+    @property
+    def upper(self) -> Path:
+        return self.dir / "upper"
+
+    @property
+    def work(self) -> Path:
+        return self.dir / "work"
+
+    @property
+    def bundle(self) -> Path:
+        return self.dir / "bundle"
+
+    @property
+    def rootfs(self) -> Path:
+        return self.bundle / "rootfs"
+
+    @property
+    def criu_work(self) -> Path:
+        return self.dir / "criu-work"
+
+    @property
+    def record(self) -> Path:
+        return self.dir / "sandbox.json"
+
+
+class Backend(Protocol):
+    name: str
+    wants_netns: bool
+    """True if the node must make the sandbox's netns (see `network.netns_path`) before create."""
+
+    def create(
+        self, record: SandboxRecord, layout: SandboxLayout, image: Image, files: dict[str, bytes]
+    ) -> None:
+        """Build the container with its rootfs and files, without starting it."""
+
+    def start(self, record: SandboxRecord, layout: SandboxLayout) -> None: ...
+
+    def upper_dir(self, record: SandboxRecord, layout: SandboxLayout) -> Path:
+        """The writable layer of the running sandbox."""
+
+    def freeze(self, record: SandboxRecord, layout: SandboxLayout) -> None: ...
+
+    def thaw(self, record: SandboxRecord, layout: SandboxLayout) -> None: ...
+
+    def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        """CRIU-dump the frozen sandbox into images_dir and leave it frozen."""
+
+    def restore(
+        self, record: SandboxRecord, layout: SandboxLayout, image: Image, checkpoint: Checkpoint
+    ) -> None:
+        """Rebuild the writable layer from the checkpoint and resume its processes."""
+
+    def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
+        """The sandbox's state and its init PID (0 if none)."""
+
+    def kill(self, record: SandboxRecord, layout: SandboxLayout, signal: int) -> None: ...
+
+    def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        """Remove the container and everything of it on the node; absent pieces are fine."""
+
+    def oci_spec(self, record: SandboxRecord, layout: SandboxLayout) -> dict[str, Any]: ...
+
+    def remove_leftovers(self, keep: set[str]) -> list[str]:
+        """Remove this node's containers that have no record; returns their ids."""

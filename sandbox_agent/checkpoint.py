@@ -1,0 +1,154 @@
+"""The checkpoint directory a node writes and any node restores from.
+
+checkpoint.json   this module's metadata, with a size and sha256 for every other file
+criu/             CRIU images
+layer.tar         the writable overlay layer (see `overlay.export_layer`)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox_agent.errors import CheckpointCorrupt, NotFound
+from sandbox_agent.spec import SandboxSpec
+
+FORMAT = "stasis.checkpoint/v1"
+METADATA = "checkpoint.json"
+CRIU_DIR = "criu"
+LAYER = "layer.tar"
+_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Timings:
+    frozen_ms: float
+    """Wall time the sandbox's processes were frozen: what the harness experiences as a stall."""
+    dump_ms: float
+    layer_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class Sizes:
+    criu_bytes: int
+    layer_bytes: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    sandbox_id: str
+    node: str
+    backend: str
+    spec: SandboxSpec
+    image_digest: str
+    criu_version: str
+    created_at: float
+    leave_running: bool
+    timings: Timings
+    sizes: Sizes
+    oci_spec: dict[str, Any]
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    directory: Path = Path()
+
+    @property
+    def criu_dir(self) -> Path:
+        return self.directory / CRIU_DIR
+
+    @property
+    def layer(self) -> Path:
+        return self.directory / LAYER
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _inventory(directory: Path) -> dict[str, dict[str, Any]]:
+    files = {}
+    for path in sorted(directory.rglob("*")):
+        rel = str(path.relative_to(directory))
+        if path.is_file() and rel != METADATA:
+            files[rel] = {"size": path.stat().st_size, "sha256": file_digest(path)}
+    return files
+
+
+def seal(checkpoint: Checkpoint) -> Checkpoint:
+    """Record every file's size and hash, then write the metadata last."""
+    sealed = Checkpoint(**{**_fields(checkpoint), "files": _inventory(checkpoint.directory)})
+    body = {"format": FORMAT, **_to_json(sealed)}
+    tmp = checkpoint.directory / (METADATA + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(body, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(checkpoint.directory / METADATA)
+    return sealed
+
+
+def load(directory: Path, *, verify: bool = True) -> Checkpoint:
+    """Read a checkpoint; with verify, refuse one whose files are missing, truncated or altered."""
+    if not directory.is_dir():
+        raise NotFound(f"checkpoint directory {directory} does not exist")
+    meta = directory / METADATA
+    try:
+        body = json.loads(meta.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointCorrupt(f"{directory} is not a complete checkpoint: {METADATA} is missing") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointCorrupt(f"{meta} is not valid JSON: {exc}") from exc
+    if body.get("format") != FORMAT:
+        raise CheckpointCorrupt(f"{meta} has format {body.get('format')!r}; this node reads {FORMAT!r}")
+    try:
+        checkpoint = Checkpoint(
+            sandbox_id=body["sandbox_id"],
+            node=body["node"],
+            backend=body["backend"],
+            spec=SandboxSpec.from_json(body["spec"]),
+            image_digest=body["image_digest"],
+            criu_version=body["criu_version"],
+            created_at=body["created_at"],
+            leave_running=body["leave_running"],
+            timings=Timings(**body["timings"]),
+            sizes=Sizes(**body["sizes"]),
+            oci_spec=body["oci_spec"],
+            files=body["files"],
+            directory=directory,
+        )
+    except (KeyError, TypeError) as exc:
+        raise CheckpointCorrupt(f"{meta} lacks a field or has a wrong one: {exc}") from exc
+    if not (directory / CRIU_DIR / "inventory.img").is_file() or LAYER not in checkpoint.files:
+        raise CheckpointCorrupt(f"{directory} lacks the CRIU inventory or the writable layer")
+    for rel, want in checkpoint.files.items():
+        path = directory / rel
+        if not path.is_file():
+            raise CheckpointCorrupt(f"checkpoint {directory}: file {rel} is missing")
+        size = path.stat().st_size
+        if size != want["size"]:
+            raise CheckpointCorrupt(
+                f"checkpoint {directory}: file {rel} is {size} bytes, expected {want['size']}"
+            )
+        if verify and file_digest(path) != want["sha256"]:
+            raise CheckpointCorrupt(f"checkpoint {directory}: file {rel} does not match its recorded sha256")
+    return checkpoint
+
+
+def _fields(c: Checkpoint) -> dict[str, Any]:
+    return {f: getattr(c, f) for f in c.__dataclass_fields__}
+
+
+def _to_json(c: Checkpoint) -> dict[str, Any]:
+    d = _fields(c)
+    d.pop("directory")
+    d["spec"] = c.spec.to_json()
+    d["timings"] = asdict(c.timings)
+    d["sizes"] = asdict(c.sizes)
+    return d

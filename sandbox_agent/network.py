@@ -1,0 +1,133 @@
+"""Per-sandbox network namespaces wired the same way on every node.
+
+Every sandbox sees `169.254.1.1 dev eth0 scope link; default via 169.254.1.1` and its own
+address. The node side of each veth has no address and answers ARP by proxy; the node holds
+169.254.1.1/32 and a /32 route to each sandbox. So an episode restores on any node, beside any
+other sandbox, with the same addresses it holds in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Sequence
+from pathlib import Path
+
+from sandbox_agent import _command
+from sandbox_agent.errors import AlreadyExists, InvalidSpec
+
+GATEWAY_IP = "169.254.1.1"
+VETH_PREFIX = "stx"
+NETNS_DIR = Path("/var/run/netns")
+ISOLATION_CHAIN = "STASIS-SANDBOX"
+
+
+def validate_address(address: str) -> str:
+    if not address:
+        return ""
+    try:
+        ip = ipaddress.IPv4Address(address)
+    except ipaddress.AddressValueError as exc:
+        raise InvalidSpec("address", f"{address!r} is not an IPv4 address") from exc
+    if ip.is_loopback or ip.is_multicast or ip.is_unspecified or ip.is_link_local:
+        raise InvalidSpec("address", f"{address} is loopback, link-local, multicast or unspecified")
+    return str(ip)
+
+
+def _short(node: str, sandbox_id: str) -> str:
+    return hashlib.sha1(f"{node}/{sandbox_id}".encode()).hexdigest()[:11]
+
+
+def netns_name(node: str, sandbox_id: str) -> str:
+    return f"stasis-{_short(node, sandbox_id)}"
+
+
+def netns_path(node: str, sandbox_id: str) -> Path:
+    return NETNS_DIR / netns_name(node, sandbox_id)
+
+
+def veth_name(node: str, sandbox_id: str) -> str:
+    return f"{VETH_PREFIX}{_short(node, sandbox_id)}"
+
+
+def _ip(*args: str, check: bool = True) -> _command.Completed:
+    return _command.run(["ip", *args], check=check, what=f"ip {' '.join(args[:3])}")
+
+
+def _iptables(*args: str, check: bool = True) -> _command.Completed:
+    return _command.run(["iptables", "-w", *args], check=check, what=f"iptables {' '.join(args[:3])}")
+
+
+def prepare_node(allowed_ports: Sequence[int]) -> None:
+    """Give the node 169.254.1.1 and the rule that sandboxes reach nothing but its allowed ports."""
+    if GATEWAY_IP not in _ip("-4", "addr", "show", "dev", "lo").stdout.decode():
+        _ip("addr", "add", f"{GATEWAY_IP}/32", "dev", "lo", check=False)
+    if _iptables("-n", "-L", ISOLATION_CHAIN, check=False).returncode != 0:
+        _iptables("-N", ISOLATION_CHAIN, check=False)
+    wanted: list[tuple[str, ...]] = [
+        ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"),
+        *(
+            ("-d", GATEWAY_IP, "-p", "tcp", "--dport", str(p), "-j", "RETURN")
+            for p in sorted(set(allowed_ports))
+        ),
+    ]
+    for rule in wanted:
+        if _iptables("-C", ISOLATION_CHAIN, *rule, check=False).returncode != 0:
+            # Insert before the final DROP.
+            _iptables("-I", ISOLATION_CHAIN, "1", *rule)
+    if _iptables("-C", ISOLATION_CHAIN, "-j", "DROP", check=False).returncode != 0:
+        _iptables("-A", ISOLATION_CHAIN, "-j", "DROP")
+    for chain in ("INPUT", "FORWARD"):
+        jump = ("-i", f"{VETH_PREFIX}+", "-j", ISOLATION_CHAIN)
+        if _iptables("-C", chain, *jump, check=False).returncode != 0:
+            _iptables("-I", chain, "1", *jump)
+    jump_out = (
+        "-o",
+        f"{VETH_PREFIX}+",
+        "-m",
+        "conntrack",
+        "!",
+        "--ctstate",
+        "ESTABLISHED,RELATED",
+        "-j",
+        "DROP",
+    )
+    if _iptables("-C", "FORWARD", *jump_out, check=False).returncode != 0:
+        _iptables("-I", "FORWARD", "1", *jump_out)
+
+
+def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
+    """Make the sandbox's netns; with an address, wire its veth. Returns the netns path."""
+    ns = netns_name(node, sandbox_id)
+    if address and _ip("-4", "route", "show", f"{address}/32", check=False).stdout.strip():
+        raise AlreadyExists(f"address {address} is already routed to a sandbox on this host")
+    _ip("netns", "add", ns)
+    try:
+        _ip("-n", ns, "link", "set", "lo", "up")
+        if address:
+            host_side = veth_name(node, sandbox_id)
+            peer = "stp" + host_side[len(VETH_PREFIX) :]
+            _ip("link", "add", host_side, "mtu", str(mtu), "type", "veth", "peer", "name", peer)
+            _ip("link", "set", peer, "netns", ns)
+            _ip("-n", ns, "link", "set", peer, "name", "eth0")
+            _ip("-n", ns, "addr", "add", f"{address}/32", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "route", "add", GATEWAY_IP, "dev", "eth0", "scope", "link")
+            _ip("-n", ns, "route", "add", "default", "via", GATEWAY_IP, "dev", "eth0")
+            Path(f"/proc/sys/net/ipv4/conf/{host_side}/proxy_arp").write_text("1")
+            _ip("link", "set", host_side, "up")
+            _ip("route", "add", f"{address}/32", "dev", host_side)
+    except Exception:
+        destroy(node, sandbox_id)
+        raise
+    return NETNS_DIR / ns
+
+
+def destroy(node: str, sandbox_id: str) -> None:
+    """Remove the veth (its route goes with it) and the netns; absent pieces are fine."""
+    host_side = veth_name(node, sandbox_id)
+    if Path(f"/sys/class/net/{host_side}").exists():
+        _ip("link", "del", host_side, check=False)
+    ns = netns_name(node, sandbox_id)
+    if (NETNS_DIR / ns).exists():
+        _ip("netns", "del", ns, check=False)

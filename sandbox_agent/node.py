@@ -1,0 +1,345 @@
+"""One node's sandboxes: create, checkpoint, restore, kill and delete, with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal as signals
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sandbox_agent import _command, network, overlay
+from sandbox_agent import checkpoint as ckpt
+from sandbox_agent.backend import EXIT_CODE, HARNESS_LOG, Backend, SandboxLayout
+from sandbox_agent.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    ImageMismatch,
+    InvalidSpec,
+    NotFound,
+)
+from sandbox_agent.images import Image, ImageCache
+from sandbox_agent.settings import AgentSettings
+from sandbox_agent.spec import (
+    SandboxRecord,
+    SandboxSpec,
+    SandboxState,
+    SandboxStatus,
+    validate_files,
+    validate_id,
+)
+
+log = logging.getLogger(__name__)
+
+
+def criu_version(criu: str) -> str:
+    out = _command.run([criu, "--version"], what="criu --version").stdout.decode()
+    for line in out.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    return out.strip()
+
+
+def make_backend(settings: AgentSettings) -> Backend:
+    if settings.backend == "runc":
+        from sandbox_agent.runc import RuncBackend
+
+        conf = settings.root / "criu-runc.conf"
+        # TCP connections come back closed, so the harness's HTTP client reconnects.
+        conf.write_text("tcp-close\n")
+        return RuncBackend(settings.node, settings.root / "runc", conf, criu=settings.criu)
+    if settings.backend == "docker":
+        from sandbox_agent.docker_backend import DockerBackend
+
+        return DockerBackend(settings.node, settings.docker_url)
+    raise InvalidSpec("backend", f"{settings.backend!r} is not a backend; use runc or docker")
+
+
+class Node:
+    """The sandboxes of one node; safe to call from many gRPC threads."""
+
+    def __init__(self, settings: AgentSettings, backend: Backend | None = None) -> None:
+        self.settings = settings
+        self.name = validate_id("node", settings.node)
+        settings.root.mkdir(parents=True, exist_ok=True)
+        self.images = ImageCache(settings.root / "images")
+        self.backend = backend or make_backend(settings)
+        self.criu_version = criu_version(settings.criu)
+        self._sandboxes_dir = settings.root / "sandboxes"
+        self._sandboxes_dir.mkdir(exist_ok=True)
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()
+        network.prepare_node(settings.allowed_ports)
+        self._import_base_image()
+        self._recover()
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def _import_base_image(self) -> None:
+        tar = self.settings.base_image_tar
+        if tar is None:
+            return
+        try:
+            self.images.resolve("base")
+        except NotFound:
+            if tar.is_file():
+                image = self.images.import_tarball(tar, name="base")
+                log.info("node %s imported base image %s", self.name, image.digest)
+
+    def _recover(self) -> None:
+        """Drop half-made sandboxes and containers that have no record after a crash."""
+        known = set()
+        for d in self._sandboxes_dir.iterdir():
+            if d.name.startswith(".") or not (d / "sandbox.json").exists():
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            known.add(d.name)
+        for leftover in self.backend.remove_leftovers(known):
+            log.warning("node %s removed container %s that had no record", self.name, leftover)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _layout(self, sandbox_id: str) -> SandboxLayout:
+        return SandboxLayout(self._sandboxes_dir / sandbox_id)
+
+    def _record(self, sandbox_id: str) -> SandboxRecord:
+        path = self._layout(sandbox_id).record
+        try:
+            return SandboxRecord.from_json(json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise NotFound(f"sandbox {sandbox_id!r} does not exist on node {self.name}") from None
+
+    @contextmanager
+    def _exclusive(self, sandbox_id: str) -> Iterator[None]:
+        """One operation at a time per sandbox; a concurrent one is refused, not queued."""
+        with self._lock:
+            if sandbox_id in self._busy:
+                raise FailedPrecondition(
+                    f"sandbox {sandbox_id!r} on node {self.name} is busy with another operation"
+                )
+            self._busy.add(sandbox_id)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy.discard(sandbox_id)
+
+    @contextmanager
+    def _new_sandbox(self, sandbox_id: str, record: SandboxRecord) -> Iterator[SandboxLayout]:
+        """Reserve the id and undo everything if building the sandbox fails."""
+        layout = self._layout(sandbox_id)
+        with self._lock:
+            if layout.dir.exists() or sandbox_id in self._busy:
+                raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
+            layout.dir.mkdir(parents=True)
+            self._busy.add(sandbox_id)
+        try:
+            record.save(layout.record)
+            if self.backend.wants_netns:
+                network.create(self.name, sandbox_id, record.spec.address)
+            yield layout
+        except BaseException:
+            self._teardown(record, layout)
+            raise
+        finally:
+            with self._lock:
+                self._busy.discard(sandbox_id)
+
+    def _teardown(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        try:
+            self.backend.destroy(record, layout)
+        finally:
+            network.destroy(self.name, record.id)
+            shutil.rmtree(layout.dir, ignore_errors=True)
+
+    def _status(self, record: SandboxRecord) -> SandboxStatus:
+        layout = self._layout(record.id)
+        state, pid = self.backend.status(record, layout)
+        exit_code = None
+        if state == SandboxState.EXITED:
+            code_file = self.backend.upper_dir(record, layout) / EXIT_CODE.lstrip("/")
+            try:
+                exit_code = int(code_file.read_text().strip())
+            except (OSError, ValueError):
+                exit_code = None
+        return SandboxStatus(record=record, state=state, pid=pid, exit_code=exit_code)
+
+    # -- operations -------------------------------------------------------------------------
+
+    def create(
+        self, sandbox_id: str, spec: SandboxSpec, files: dict[str, bytes] | None = None
+    ) -> SandboxStatus:
+        validate_id("sandbox_id", sandbox_id)
+        spec = spec.validated()
+        files = validate_files(files or {})
+        image = self.images.resolve(spec.image)
+        record = SandboxRecord(
+            id=sandbox_id,
+            node=self.name,
+            backend=self.backend.name,
+            spec=spec,
+            image_digest=image.digest,
+            created_at=time.time(),
+        )
+        with self._new_sandbox(sandbox_id, record) as layout:
+            self.backend.create(record, layout, image, files)
+            self.backend.start(record, layout)
+        return self._status(record)
+
+    def checkpoint(self, sandbox_id: str, dest: Path, *, leave_running: bool) -> ckpt.Checkpoint:
+        """Freeze, dump memory and the writable layer into dest; then thaw, or stop and free the node.
+
+        Memory and layer are captured in one freeze, so files match memory. A failed
+        checkpoint leaves the sandbox running and dest absent.
+        """
+        record = self._record(sandbox_id)
+        if dest.exists():
+            raise AlreadyExists(f"checkpoint destination {dest} already exists")
+        with self._exclusive(sandbox_id):
+            layout = self._layout(sandbox_id)
+            state, _ = self.backend.status(record, layout)
+            if state != SandboxState.RUNNING:
+                raise FailedPrecondition(
+                    f"sandbox {sandbox_id!r} on node {self.name} is {state}, not running"
+                )
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
+            staging.mkdir()
+            started = time.monotonic()
+            try:
+                self.backend.freeze(record, layout)
+                frozen_at = time.monotonic()
+                try:
+                    self.backend.dump(record, layout, staging / ckpt.CRIU_DIR)
+                    dumped_at = time.monotonic()
+                    layer_bytes = overlay.export_layer(
+                        self.backend.upper_dir(record, layout), staging / ckpt.LAYER
+                    )
+                    layered_at = time.monotonic()
+                except BaseException:
+                    self.backend.thaw(record, layout)
+                    raise
+                if leave_running:
+                    self.backend.thaw(record, layout)
+                thawed_at = time.monotonic()
+                result = ckpt.seal(
+                    ckpt.Checkpoint(
+                        sandbox_id=sandbox_id,
+                        node=self.name,
+                        backend=self.backend.name,
+                        spec=record.spec,
+                        image_digest=record.image_digest,
+                        criu_version=self.criu_version,
+                        created_at=time.time(),
+                        leave_running=leave_running,
+                        timings=ckpt.Timings(
+                            frozen_ms=round(
+                                ((thawed_at if leave_running else layered_at) - frozen_at) * 1000, 1
+                            ),
+                            dump_ms=round((dumped_at - frozen_at) * 1000, 1),
+                            layer_ms=round((layered_at - dumped_at) * 1000, 1),
+                            total_ms=round((time.monotonic() - started) * 1000, 1),
+                        ),
+                        sizes=ckpt.Sizes(
+                            criu_bytes=sum(p.stat().st_size for p in (staging / ckpt.CRIU_DIR).iterdir()),
+                            layer_bytes=layer_bytes,
+                        ),
+                        oci_spec=self.backend.oci_spec(record, layout),
+                        directory=staging,
+                    )
+                )
+                os.rename(staging, dest)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            if not leave_running:
+                self.backend.kill(record, layout, signals.SIGKILL)
+                self._teardown(record, layout)
+        return ckpt.Checkpoint(
+            **{**{f: getattr(result, f) for f in result.__dataclass_fields__}, "directory": dest}
+        )
+
+    def restore(
+        self, sandbox_id: str, checkpoint_dir: Path, *, image: str = "", verify: bool = True
+    ) -> SandboxStatus:
+        """Start a new sandbox from a checkpoint, on this node, under a new id if need be."""
+        validate_id("sandbox_id", sandbox_id)
+        checkpoint = ckpt.load(checkpoint_dir, verify=verify)
+        local = self._restore_image(checkpoint, image)
+        if checkpoint.backend != self.backend.name:
+            raise FailedPrecondition(
+                f"checkpoint {checkpoint_dir} was taken by the {checkpoint.backend} backend; "
+                f"node {self.name} runs {self.backend.name}"
+            )
+        record = SandboxRecord(
+            id=sandbox_id,
+            node=self.name,
+            backend=self.backend.name,
+            spec=checkpoint.spec,
+            image_digest=local.digest,
+            created_at=time.time(),
+            restored_from=str(checkpoint_dir),
+        )
+        with self._new_sandbox(sandbox_id, record) as layout:
+            self.backend.restore(record, layout, local, checkpoint)
+        return self._status(record)
+
+    def _restore_image(self, checkpoint: ckpt.Checkpoint, image: str) -> Image:
+        ref = image or checkpoint.spec.image
+        try:
+            local = self.images.resolve(ref)
+        except NotFound:
+            if self.images.has(checkpoint.image_digest):
+                return self.images.resolve(checkpoint.image_digest)
+            raise
+        if local.digest != checkpoint.image_digest:
+            raise ImageMismatch(checkpoint.image_digest, local.digest, ref)
+        return local
+
+    def kill(self, sandbox_id: str, signal: int = signals.SIGKILL) -> SandboxStatus:
+        if signal not in signals.valid_signals() or signal == 0:
+            raise InvalidSpec("signal", f"{signal} is not a signal number")
+        record = self._record(sandbox_id)
+        with self._exclusive(sandbox_id):
+            self.backend.kill(record, self._layout(sandbox_id), signal)
+        return self._status(record)
+
+    def delete(self, sandbox_id: str) -> None:
+        record = self._record(sandbox_id)
+        with self._exclusive(sandbox_id):
+            layout = self._layout(sandbox_id)
+            self.backend.kill(record, layout, signals.SIGKILL)
+            self._teardown(record, layout)
+
+    def get(self, sandbox_id: str) -> SandboxStatus:
+        return self._status(self._record(sandbox_id))
+
+    def list(self) -> list[SandboxStatus]:
+        out = []
+        for d in sorted(self._sandboxes_dir.iterdir()):
+            try:
+                out.append(self._status(self._record(d.name)))
+            except NotFound:
+                continue  # created or deleted concurrently
+        return out
+
+    def harness_log(self, sandbox_id: str, tail_bytes: int = 65536) -> bytes:
+        record = self._record(sandbox_id)
+        path = self.backend.upper_dir(record, self._layout(sandbox_id)) / HARNESS_LOG.lstrip("/")
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - tail_bytes))
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    def delete_all(self) -> None:
+        """Delete every sandbox of this node: for tests and decommissioning."""
+        for status in self.list():
+            self.delete(status.record.id)

@@ -1,0 +1,92 @@
+"""Overlay root filesystems and the writable layer that moves between nodes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+from sandbox_agent import _command
+from sandbox_agent.errors import CheckpointCorrupt, InvalidSpec
+
+# These xattrs name the source node's lower filesystem (file handles, fs uuid); a layer
+# carrying them confuses overlay on another node, so they never leave the node.
+NODE_BOUND_XATTRS = ("trusted.overlay.origin", "trusted.overlay.impure", "trusted.overlay.uuid")
+
+_TAR_COMMON = ("--xattrs", "--xattrs-include=*", "--numeric-owner")
+
+
+def mount(lower: Path, upper: Path, work: Path, target: Path) -> None:
+    for d in (upper, work, target):
+        d.mkdir(parents=True, exist_ok=True)
+    _command.run(
+        [
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={lower},upperdir={upper},workdir={work}",
+            str(target),
+        ],
+        what=f"mounting overlay at {target}",
+    )
+
+
+def is_mounted(target: Path) -> bool:
+    wanted = os.fsencode(str(target))
+    with open("/proc/self/mounts", "rb") as f:
+        return any(line.split(b" ")[1] == wanted for line in f)
+
+
+def unmount(target: Path) -> None:
+    if is_mounted(target):
+        result = _command.run(["umount", str(target)], check=False)
+        if result.returncode != 0:
+            # A process of the sandbox may still be exiting; a lazy unmount detaches now.
+            _command.run(["umount", "-l", str(target)], what=f"unmounting {target}")
+
+
+def export_layer(upper: Path, dest: Path) -> int:
+    """Write the writable layer as an overlay-native tar; returns its size in bytes."""
+    excludes = [f"--xattrs-exclude={x}" for x in NODE_BOUND_XATTRS]
+    _command.run(
+        ["tar", "-C", str(upper), *_TAR_COMMON, *excludes, "--sparse", "-cf", str(dest), "."],
+        what=f"archiving writable layer {upper}",
+    )
+    return dest.stat().st_size
+
+
+def import_layer(layer: Path, upper: Path) -> None:
+    """Unpack a layer tar into an empty upper dir, whiteouts and opaque dirs included."""
+    if not layer.is_file():
+        raise CheckpointCorrupt(f"writable layer {layer} is missing")
+    upper.mkdir(parents=True, exist_ok=True)
+    try:
+        _command.run(
+            ["tar", "-C", str(upper), *_TAR_COMMON, "--same-permissions", "-xf", str(layer)],
+            what=f"unpacking writable layer {layer}",
+        )
+    except Exception as exc:
+        raise CheckpointCorrupt(f"writable layer {layer} cannot be unpacked: {exc}") from exc
+
+
+def sandbox_path(field: str, path: str) -> PurePosixPath:
+    """Validate an absolute in-sandbox path that must not climb out of the rootfs."""
+    p = PurePosixPath(path)
+    if not p.is_absolute() or ".." in p.parts or p == PurePosixPath("/"):
+        raise InvalidSpec(field, f"{path!r} must be an absolute file path inside the sandbox without '..'")
+    return p
+
+
+def place_files(rootfs: Path, files: dict[str, bytes]) -> None:
+    """Write spec files through the mounted rootfs, so they land in the writable layer."""
+    for path, content in files.items():
+        rel = sandbox_path(f"files[{path}]", path).relative_to("/")
+        target = rootfs / rel
+        # Resolve inside the rootfs: a symlink in the image must not point the write at the host.
+        parent = Path(os.path.realpath(rootfs / rel.parent, strict=False))
+        if parent != rootfs and rootfs not in parent.parents:
+            raise InvalidSpec(f"files[{path}]", "resolves outside the sandbox through a symlink")
+        parent.mkdir(parents=True, exist_ok=True)
+        target = parent / rel.name
+        target.write_bytes(content)

@@ -1,0 +1,220 @@
+"""The default backend: runc over an overlay rootfs, with CRIU through `runc checkpoint/restore`."""
+
+from __future__ import annotations
+
+import json
+import signal as signals
+from pathlib import Path
+from typing import Any
+
+from sandbox_agent import _command, network, overlay
+from sandbox_agent.backend import STATE_DIR, SandboxLayout, wrapped_command
+from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.errors import CommandFailed
+from sandbox_agent.images import Image
+from sandbox_agent.spec import SandboxRecord, SandboxState
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_PARENT = "stasis"
+
+# Docker's default capability set without NET_RAW: enough for a harness to install packages
+# and chown files, not enough to forge packets.
+CAPABILITIES = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_SETGID",
+    "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
+    "CAP_KILL", "CAP_AUDIT_WRITE",
+]  # fmt: skip
+
+_MOUNTS: list[dict[str, Any]] = [
+    {"destination": "/proc", "type": "proc", "source": "proc"},
+    {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+    {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+     "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+    {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+    {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+    {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+]  # fmt: skip
+
+_MASKED_PATHS = [
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+]  # fmt: skip
+
+
+class RuncBackend:
+    name = "runc"
+    wants_netns = True
+    """The node makes the sandbox's network namespace; runc joins it by path."""
+
+    def __init__(self, node: str, state_root: Path, criu_restore_config: Path, criu: str = "criu") -> None:
+        self.node = node
+        self.state_root = state_root
+        """runc's own state dir; one per node keeps two agents on one host apart."""
+        self.criu_restore_config = criu_restore_config
+        self.criu = criu
+        state_root.mkdir(parents=True, exist_ok=True)
+
+    def _runc(self, *args: str, check: bool = True, what: str = "") -> _command.Completed:
+        return _command.run(
+            ["runc", "--root", str(self.state_root), "--criu", self.criu, *args],
+            check=check,
+            stdin=_command.DEVNULL,
+            what=what or f"runc {args[0]}",
+        )
+
+    def _cgroups_path(self, record: SandboxRecord) -> str:
+        return f"/{CGROUP_PARENT}/{self.node}/{record.id}"
+
+    def oci_spec(self, record: SandboxRecord, layout: SandboxLayout) -> dict[str, Any]:
+        spec = record.spec
+        res = spec.resources
+        namespaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+        namespaces.append({"type": "network", "path": str(network.netns_path(self.node, record.id))})
+        caps = list(CAPABILITIES)
+        return {
+            "ociVersion": "1.0.2",
+            "process": {
+                "terminal": False,
+                "user": {"uid": 0, "gid": 0},
+                "args": wrapped_command(spec.command),
+                "env": [
+                    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    f"HOSTNAME={spec.hostname}",
+                    *(f"{k}={v}" for k, v in sorted(spec.env.items())),
+                ],
+                "cwd": spec.cwd,
+                "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
+                # The host's hard limit here is 20000; asking for more fails at start.
+                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+                "noNewPrivileges": True,
+            },
+            "root": {"path": str(layout.rootfs), "readonly": False},
+            "hostname": spec.hostname,
+            "mounts": _MOUNTS,
+            "annotations": {"org.criu.config": str(self.criu_restore_config)},
+            "linux": {
+                "resources": {
+                    "devices": [{"allow": False, "access": "rwm"}],
+                    "memory": {"limit": res.memory_mb << 20},
+                    "cpu": {"quota": int(res.cpus * 100_000), "period": 100_000},
+                    "pids": {"limit": res.pids},
+                },
+                "cgroupsPath": self._cgroups_path(record),
+                "namespaces": namespaces,
+                "maskedPaths": _MASKED_PATHS,
+                "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
+            },
+        }
+
+    def _write_bundle(self, record: SandboxRecord, layout: SandboxLayout, image: Image) -> None:
+        overlay.mount(image.rootfs, layout.upper, layout.work, layout.rootfs)
+        (layout.bundle / "config.json").write_text(json.dumps(self.oci_spec(record, layout), indent=1))
+
+    def create(
+        self, record: SandboxRecord, layout: SandboxLayout, image: Image, files: dict[str, bytes]
+    ) -> None:
+        self._write_bundle(record, layout, image)
+        (layout.rootfs / STATE_DIR.lstrip("/")).mkdir(exist_ok=True)
+        overlay.place_files(layout.rootfs, files)
+
+    def start(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        self._runc(
+            "run", "--detach", "--bundle", str(layout.bundle), record.id, what=f"starting sandbox {record.id}"
+        )
+
+    def upper_dir(self, record: SandboxRecord, layout: SandboxLayout) -> Path:
+        return layout.upper
+
+    def freeze(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        self._runc("pause", record.id, what=f"freezing sandbox {record.id}")
+
+    def thaw(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        self._runc("resume", record.id, what=f"thawing sandbox {record.id}")
+
+    def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        work = layout.criu_work / "dump"
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            # On a paused container CRIU leaves the freezer as it found it: still frozen.
+            self._runc(
+                "checkpoint", "--leave-running", "--tcp-established", "--file-locks",
+                "--image-path", str(images_dir), "--work-path", str(work), record.id,
+            )  # fmt: skip
+        except CommandFailed as exc:
+            raise exc.with_log(
+                f"CRIU dump of sandbox {record.id} failed", _log_tail(work / "dump.log")
+            ) from exc
+
+    def restore(
+        self, record: SandboxRecord, layout: SandboxLayout, image: Image, checkpoint: Checkpoint
+    ) -> None:
+        overlay.import_layer(checkpoint.layer, layout.upper)
+        self._write_bundle(record, layout, image)
+        work = layout.criu_work / "restore"
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            self._runc(
+                "restore", "--detach", "--tcp-established", "--file-locks",
+                "--image-path", str(checkpoint.criu_dir), "--work-path", str(work),
+                "--bundle", str(layout.bundle), record.id,
+            )  # fmt: skip
+        except CommandFailed as exc:
+            raise exc.with_log(
+                f"CRIU restore of sandbox {record.id} failed", _log_tail(work / "restore.log")
+            ) from exc
+
+    def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
+        result = self._runc("state", record.id, check=False)
+        if result.returncode != 0:
+            return SandboxState.EXITED, 0
+        state = json.loads(result.stdout)
+        status = state.get("status")
+        if status == "running":
+            return SandboxState.RUNNING, int(state.get("pid", 0))
+        if status == "paused":
+            return SandboxState.PAUSED, int(state.get("pid", 0))
+        return SandboxState.EXITED, 0
+
+    def kill(self, record: SandboxRecord, layout: SandboxLayout, signal: int) -> None:
+        state, _ = self.status(record, layout)
+        if state == SandboxState.PAUSED and signal == signals.SIGKILL:
+            # A frozen task acts on SIGKILL only once thawed.
+            self._runc("resume", record.id, check=False)
+        if state != SandboxState.EXITED:
+            self._runc("kill", "--all", record.id, str(signal), check=False)
+
+    def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        self._runc("delete", "--force", record.id, check=False)
+        overlay.unmount(layout.rootfs)
+        self._remove_cgroups(record.id)
+
+    def _remove_cgroups(self, sandbox_id: str) -> None:
+        for controller in CGROUP_ROOT.iterdir():
+            node_dir = controller / CGROUP_PARENT / self.node
+            for d in (node_dir / sandbox_id, node_dir, node_dir.parent):
+                try:
+                    d.rmdir()
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                except OSError:
+                    break  # still in use by another sandbox or node
+
+    def remove_leftovers(self, keep: set[str]) -> list[str]:
+        result = self._runc("list", "--format", "json", check=False)
+        found = json.loads(result.stdout or b"null") or []
+        removed = []
+        for container in found:
+            if container["id"] not in keep:
+                self._runc("delete", "--force", container["id"], check=False)
+                self._remove_cgroups(container["id"])
+                removed.append(container["id"])
+        return removed
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in text if "Error" in line or "error" in line]
+    return "\n".join(([*errors[-8:], "..."] if errors else []) + text[-lines:])

@@ -1,0 +1,252 @@
+"""The agent's gRPC face: protobuf in, domain calls, protobuf out; errors map to status codes here."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal as signals
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from protos.stasis.v1 import agent_pb2 as pb
+from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
+from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.errors import (
+    AgentError,
+    AlreadyExists,
+    CommandFailed,
+    FailedPrecondition,
+    InvalidSpec,
+    NotFound,
+    ToolUnavailable,
+)
+from sandbox_agent.images import Image
+from sandbox_agent.node import Node
+from sandbox_agent.spec import Resources, SandboxSpec, SandboxState, SandboxStatus
+
+log = logging.getLogger(__name__)
+
+_STATUS: list[tuple[type[AgentError], grpc.StatusCode]] = [
+    (InvalidSpec, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (ToolUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (CommandFailed, grpc.StatusCode.INTERNAL),
+]
+
+_STATE = {
+    SandboxState.RUNNING: pb.SANDBOX_STATE_RUNNING,
+    SandboxState.PAUSED: pb.SANDBOX_STATE_PAUSED,
+    SandboxState.EXITED: pb.SANDBOX_STATE_EXITED,
+    SandboxState.UNKNOWN: pb.SANDBOX_STATE_UNKNOWN,
+}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def status_code(exc: AgentError) -> grpc.StatusCode:
+    return next((code for kind, code in _STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+
+
+def _rpc(method: F) -> F:
+    @functools.wraps(method)
+    def wrapper(self: AgentService, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except AgentError as exc:
+            code = status_code(exc)
+            if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
+                log.error("%s failed: %s", method.__name__, exc)
+            context.abort(code, f"node {self.node.name}: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:
+    defaults = Resources()
+    r = msg.resources
+    return SandboxSpec(
+        image=msg.image,
+        command=tuple(msg.command),
+        env=dict(msg.env),
+        cwd=msg.cwd or "/",
+        hostname=msg.hostname or "sandbox",
+        address=msg.address,
+        resources=Resources(
+            cpus=r.cpus or defaults.cpus,
+            memory_mb=r.memory_mb or defaults.memory_mb,
+            pids=r.pids or defaults.pids,
+        ),
+    )
+
+
+def spec_to_pb(spec: SandboxSpec) -> pb.SandboxSpec:
+    r = spec.resources
+    return pb.SandboxSpec(
+        image=spec.image,
+        command=list(spec.command),
+        env=spec.env,
+        cwd=spec.cwd,
+        hostname=spec.hostname,
+        address=spec.address,
+        resources=pb.Resources(cpus=r.cpus, memory_mb=r.memory_mb, pids=r.pids),
+    )
+
+
+def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
+    rec = status.record
+    return pb.Sandbox(
+        id=rec.id,
+        node=rec.node,
+        backend=rec.backend,
+        state=_STATE[status.state],
+        spec=spec_to_pb(rec.spec),
+        image_digest=rec.image_digest,
+        pid=status.pid,
+        has_exit_code=status.exit_code is not None,
+        exit_code=status.exit_code or 0,
+        created_at=rec.created_at,
+        restored_from=rec.restored_from,
+    )
+
+
+def checkpoint_to_pb(c: Checkpoint) -> pb.CheckpointResult:
+    t = c.timings
+    return pb.CheckpointResult(
+        directory=str(c.directory),
+        sandbox_id=c.sandbox_id,
+        node=c.node,
+        backend=c.backend,
+        image_digest=c.image_digest,
+        criu_version=c.criu_version,
+        timings=pb.CheckpointTimings(
+            frozen_ms=t.frozen_ms, dump_ms=t.dump_ms, layer_ms=t.layer_ms, total_ms=t.total_ms
+        ),
+        criu_bytes=c.sizes.criu_bytes,
+        layer_bytes=c.sizes.layer_bytes,
+        created_at=c.created_at,
+    )
+
+
+def image_to_pb(image: Image) -> pb.Image:
+    return pb.Image(digest=image.digest, names=list(image.names), size_bytes=image.size_bytes)
+
+
+def _path(field: str, value: str) -> Path:
+    if not value or not value.startswith("/"):
+        raise InvalidSpec(field, f"{value!r} must be an absolute path on the node")
+    return Path(value)
+
+
+class AgentService(pb_grpc.SandboxAgentServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    @_rpc
+    def CreateSandbox(self, request: pb.CreateSandboxRequest, context: grpc.ServicerContext) -> pb.Sandbox:
+        if not request.HasField("spec"):
+            raise InvalidSpec("spec", "is required")
+        status = self.node.create(request.sandbox_id, spec_from_pb(request.spec), dict(request.files))
+        return sandbox_to_pb(status)
+
+    @_rpc
+    def Checkpoint(self, request: pb.CheckpointRequest, context: grpc.ServicerContext) -> pb.CheckpointResult:
+        dest = _path("directory", request.directory)
+        return checkpoint_to_pb(
+            self.node.checkpoint(request.sandbox_id, dest, leave_running=request.leave_running)
+        )
+
+    @_rpc
+    def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.Sandbox:
+        source = _path("directory", request.directory)
+        status = self.node.restore(
+            request.sandbox_id, source, image=request.image, verify=not request.skip_verify
+        )
+        return sandbox_to_pb(status)
+
+    @_rpc
+    def Kill(self, request: pb.KillRequest, context: grpc.ServicerContext) -> pb.Sandbox:
+        return sandbox_to_pb(self.node.kill(request.sandbox_id, request.signal or signals.SIGKILL))
+
+    @_rpc
+    def DeleteSandbox(
+        self, request: pb.DeleteSandboxRequest, context: grpc.ServicerContext
+    ) -> pb.DeleteSandboxResponse:
+        self.node.delete(request.sandbox_id)
+        return pb.DeleteSandboxResponse()
+
+    @_rpc
+    def GetSandbox(self, request: pb.GetSandboxRequest, context: grpc.ServicerContext) -> pb.Sandbox:
+        return sandbox_to_pb(self.node.get(request.sandbox_id))
+
+    @_rpc
+    def ListSandboxes(
+        self, request: pb.ListSandboxesRequest, context: grpc.ServicerContext
+    ) -> pb.ListSandboxesResponse:
+        return pb.ListSandboxesResponse(sandboxes=[sandbox_to_pb(s) for s in self.node.list()])
+
+    @_rpc
+    def GetHarnessLog(
+        self, request: pb.GetHarnessLogRequest, context: grpc.ServicerContext
+    ) -> pb.GetHarnessLogResponse:
+        content = self.node.harness_log(request.sandbox_id, request.tail_bytes or 65536)
+        return pb.GetHarnessLogResponse(content=content)
+
+    @_rpc
+    def GetNodeInfo(self, request: pb.GetNodeInfoRequest, context: grpc.ServicerContext) -> pb.NodeInfo:
+        s = self.node.settings
+        running = sum(1 for st in self.node.list() if st.state != SandboxState.EXITED)
+        return pb.NodeInfo(
+            name=self.node.name,
+            backend=self.node.backend.name,
+            criu_version=self.node.criu_version,
+            slots=s.slots,
+            memory_mb=s.memory_mb,
+            images=[image_to_pb(i) for i in self.node.images.list()],
+            running=running,
+            labels=s.labels,
+        )
+
+    @_rpc
+    def ImportImage(self, request: pb.ImportImageRequest, context: grpc.ServicerContext) -> pb.Image:
+        source = request.WhichOneof("source")
+        if source == "tarball":
+            image = self.node.images.import_tarball(_path("tarball", request.tarball), request.name)
+        elif source == "directory":
+            image = self.node.images.import_directory(_path("directory", request.directory), request.name)
+        elif source == "docker_image":
+            from sandbox_agent.docker_backend import import_docker_image
+
+            image = import_docker_image(
+                self.node.images, request.docker_image, request.name, self.node.settings
+            )
+        else:
+            raise InvalidSpec("source", "one of tarball, directory or docker_image is required")
+        return image_to_pb(image)
+
+
+def serve(node: Node, listen: str, max_workers: int = 16) -> tuple[grpc.Server, int]:
+    """Start the agent's gRPC server with health and reflection; returns it and its bound port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"agent-{node.name}"),
+        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
+    )
+    pb_grpc.add_SandboxAgentServicer_to_server(AgentService(node), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    service_name = pb.DESCRIPTOR.services_by_name["SandboxAgent"].full_name
+    health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise FailedPrecondition(f"cannot listen on {listen}")
+    server.start()
+    return server, port

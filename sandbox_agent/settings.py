@@ -1,0 +1,33 @@
+"""Settings of one node agent, built once at start-up from flags and environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_BASE_IMAGE_TAR = Path("/var/cache/stasis/images/base/rootfs.tar")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    node: str
+    """Node name; unique in the cluster, it also keys this agent's runc state, cgroups and netns names."""
+    root: Path
+    """The agent's own state root: image cache, sandboxes, staging. Two agents never share one."""
+    backend: str = "runc"
+    """`runc` (default: no daemon in the checkpoint path) or `docker` (a Docker Engine on the node)."""
+    listen: str = "127.0.0.1:0"
+    """gRPC listen address; port 0 picks a free one and the agent prints it."""
+    base_image_tar: Path | None = DEFAULT_BASE_IMAGE_TAR
+    """Imported as image `base` at start if the cache lacks it; built by scripts/host-setup.sh."""
+    criu: str = "criu"
+    """CRIU binary; 4.2 or newer is needed on kernels >= 6.16 for TCP sockets."""
+    allowed_ports: tuple[int, ...] = ()
+    """TCP ports on 169.254.1.1 that sandboxes may reach (the inference gateway's); all else is dropped."""
+    slots: int = 4
+    """Sandboxes this node runs at once; the scheduler never places more."""
+    memory_mb: int = 16384
+    """Memory the node offers to sandboxes, in MiB."""
+    docker_url: str = "unix:///var/run/docker.sock"
+    """Docker Engine for the docker backend."""
+    labels: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,147 @@
+"""What a sandbox is: its validated spec, its state and its node-local record."""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox_agent import network
+from sandbox_agent.errors import InvalidSpec
+from sandbox_agent.overlay import sandbox_path
+
+_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+MAX_FILE_BYTES = 16 << 20
+"""Spec files travel inside one gRPC message; bigger payloads belong in the image."""
+
+
+class SandboxState(enum.StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+def validate_id(field_name: str, value: str) -> str:
+    if not _ID.match(value or ""):
+        raise InvalidSpec(
+            field_name, f"{value!r} must be 1-63 of [a-z0-9_.-], starting with a letter or digit"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: float = 1.0
+    """CPU cores as a CFS quota; 1 core keeps a 2-core node able to run two sandboxes."""
+    memory_mb: int = 2048
+    """Hard memory limit in MiB; room for a Python or Node.js harness with a model client."""
+    pids: int = 1024
+    """Process limit; stops a fork bomb in a harness's shell tool from taking the node."""
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything needed to build the same sandbox again on any node."""
+
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = "/"
+    hostname: str = "sandbox"
+    address: str = ""
+    resources: Resources = field(default_factory=Resources)
+
+    def validated(self) -> SandboxSpec:
+        if not self.image:
+            raise InvalidSpec("image", "must name an image")
+        if not self.command or any(not isinstance(a, str) for a in self.command):
+            raise InvalidSpec("command", "must be a non-empty list of strings (argv)")
+        if not self.command[0]:
+            raise InvalidSpec("command[0]", "the program must not be empty")
+        for key, value in self.env.items():
+            if not _ENV_KEY.match(key):
+                raise InvalidSpec(f"env[{key}]", "is not a valid environment variable name")
+            if "\0" in value:
+                raise InvalidSpec(f"env[{key}]", "contains a NUL byte")
+        if self.cwd != "/":
+            sandbox_path("cwd", self.cwd)
+        if not _HOSTNAME.match(self.hostname):
+            raise InvalidSpec("hostname", f"{self.hostname!r} is not a valid lowercase host name")
+        network.validate_address(self.address)
+        r = self.resources
+        if not 0 < r.cpus <= 256:
+            raise InvalidSpec("resources.cpus", f"{r.cpus} must be > 0 and <= 256")
+        if not 16 <= r.memory_mb <= 1 << 20:
+            raise InvalidSpec("resources.memory_mb", f"{r.memory_mb} must be between 16 and 1048576")
+        if not 8 <= r.pids <= 1 << 22:
+            raise InvalidSpec("resources.pids", f"{r.pids} must be between 8 and 4194304")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["command"] = list(self.command)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SandboxSpec:
+        return cls(
+            image=d["image"],
+            command=tuple(d["command"]),
+            env=dict(d.get("env", {})),
+            cwd=d.get("cwd", "/"),
+            hostname=d.get("hostname", "sandbox"),
+            address=d.get("address", ""),
+            resources=Resources(**d.get("resources", {})),
+        )
+
+
+def validate_files(files: dict[str, bytes]) -> dict[str, bytes]:
+    for path, content in files.items():
+        sandbox_path(f"files[{path}]", path)
+        if len(content) > MAX_FILE_BYTES:
+            raise InvalidSpec(f"files[{path}]", f"is {len(content)} bytes; the limit is {MAX_FILE_BYTES}")
+    return files
+
+
+@dataclass
+class SandboxRecord:
+    """The node's durable note of one sandbox, kept in `<root>/sandboxes/<id>/sandbox.json`."""
+
+    id: str
+    node: str
+    backend: str
+    spec: SandboxSpec
+    image_digest: str
+    created_at: float
+    restored_from: str = ""
+    container_ref: str = ""
+    """Backend's handle for the container (runc id, or Docker container id)."""
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spec"] = self.spec.to_json()
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SandboxRecord:
+        return cls(**{**d, "spec": SandboxSpec.from_json(d["spec"])})
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    record: SandboxRecord
+    state: SandboxState
+    pid: int = 0
+    exit_code: int | None = None

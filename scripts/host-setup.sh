@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Idempotent host set-up for Stasis: Debian packages, CRIU 4.2.1 from source,
+# the built-in base sandbox image and the Python environment.
+# A second run only checks what is there and takes seconds.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cache=${STASIS_CACHE:-/var/cache/stasis}
+criu_version=4.2.1
+criu_sha256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
+base_suite=bookworm
+
+log() { printf '[host-setup] %s\n' "$*" >&2; }
+
+[ "$(id -u)" = 0 ] || { log "must run as root"; exit 1; }
+mkdir -p "$cache"
+
+packages=(
+  runc iptables iproute2 docker.io debootstrap tar xz-utils zstd procps
+  build-essential pkg-config dpkg-dev
+  libprotobuf-dev libprotobuf-c-dev libnl-3-dev libnet1-dev libcap-dev libbsd-dev
+  libgnutls28-dev libnftables-dev libaio-dev
+  protobuf-c-compiler protobuf-compiler python3-protobuf python3-venv
+)
+
+install_packages() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_criu() {
+  if command -v criu >/dev/null && criu --version 2>/dev/null | grep -q "Version: ${criu_version}"; then
+    return 0
+  fi
+  log "building CRIU ${criu_version} from Debian's source package"
+  # Only a deb-src entry: newer binary criu packages need a newer glibc.
+  local src=/etc/apt/sources.list.d/stasis-criu-src.sources
+  if [ ! -f "$src" ]; then
+    cat >"$src" <<SRC
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: sid forky
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    apt-get update -qq
+  fi
+  local work="$cache/criu-src"
+  local tarball="$work/criu_${criu_version}.orig.tar.xz"
+  mkdir -p "$work"
+  if ! echo "${criu_sha256}  ${tarball}" | sha256sum -c --status 2>/dev/null; then
+    # The .debian.tar.xz may 404 while the orig tarball arrives: trust the checksum, not the exit code.
+    (cd "$work" && apt-get source --download-only "criu=${criu_version}-1" >/dev/null 2>&1 || true)
+    echo "${criu_sha256}  ${tarball}" | sha256sum -c --status || { log "CRIU source checksum mismatch or download failed"; exit 1; }
+  fi
+  rm -rf "$work/build" && mkdir -p "$work/build"
+  tar -xJf "$tarball" -C "$work/build" --strip-components=1
+  make -C "$work/build" -j"$(nproc)" criu >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
+  install -m 0755 "$work/build/criu/criu" /usr/local/sbin/criu
+  hash -r
+  criu --version | grep -q "Version: ${criu_version}"
+}
+
+check_criu() {
+  local stamp="$cache/criu-check.ok"
+  [ -f "$stamp" ] && [ "$stamp" -nt /usr/local/sbin/criu ] && return 0
+  log "criu check"
+  criu check >/dev/null
+  touch "$stamp"
+}
+
+configure_runc_criu() {
+  # runc passes this file to CRIU: TCP connections come back closed on restore.
+  mkdir -p /etc/criu
+  grep -qx 'tcp-close' /etc/criu/runc.conf 2>/dev/null || echo 'tcp-close' >>/etc/criu/runc.conf
+}
+
+build_base_image() {
+  local out="$cache/images/base"
+  [ -f "$out/rootfs.tar" ] && [ -f "$out/digest" ] && return 0
+  log "building the base sandbox image (debootstrap ${base_suite} minbase + python3)"
+  local tmp="$cache/images/base.tmp"
+  rm -rf "$tmp" && mkdir -p "$tmp/rootfs"
+  debootstrap --variant=minbase --include=python3,procps,iproute2 "$base_suite" "$tmp/rootfs" http://deb.debian.org/debian >"$tmp/debootstrap.log" 2>&1 \
+    || { tail -30 "$tmp/debootstrap.log"; exit 1; }
+  rm -rf "$tmp/rootfs/var/cache/apt/archives/"*.deb "$tmp/rootfs/var/lib/apt/lists/"*
+  # A reproducible tarball: sorted names, fixed mtimes for the digest to be stable.
+  tar --sort=name --numeric-owner --xattrs --xattrs-include='*' -C "$tmp/rootfs" -cf "$tmp/rootfs.tar" .
+  sha256sum "$tmp/rootfs.tar" | awk '{print "sha256:" $1}' >"$tmp/digest"
+  rm -rf "$tmp/rootfs" "$out"
+  mv "$tmp" "$out"
+}
+
+python_env() {
+  local venv="$repo/.venv"
+  local stamp="$venv/.installed"
+  if [ -f "$stamp" ] && [ "$stamp" -nt "$repo/pyproject.toml" ]; then
+    return 0
+  fi
+  log "installing the Python environment in .venv"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install -q -e "$repo[dev]" >"$venv/pip.log" 2>&1 || { tail -30 "$venv/pip.log"; exit 1; }
+  touch "$stamp"
+}
+
+install_packages
+install_criu
+check_criu
+configure_runc_criu
+build_base_image
+python_env
+log "ready: criu $(criu --version | awk '/Version/{print $2}'), runc $(runc --version | awk 'NR==1{print $3}'), base image $(cat "$cache/images/base/digest")"

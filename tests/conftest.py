@@ -1,0 +1,79 @@
+"""Suite-wide fixtures: real root, real runc/CRIU/overlayfs, a real dockerd, and a leak check."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import hostcheck
+
+DOCKER_ROOT = Path("/var/lib/stasis-test-docker")
+DOCKER_EXEC_ROOT = Path("/run/stasis-test-docker")
+DOCKER_SOCKET = Path("/run/stasis-test-docker.sock")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.geteuid() != 0:
+        raise pytest.UsageError(
+            "the Stasis suite runs as root: it drives runc, CRIU, overlayfs and netns for real"
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftovers() -> Iterator[None]:
+    """Fail the session if any test left sandbox mounts, netns, veths, cgroups or containers behind."""
+    before = hostcheck.leftovers()
+    yield
+    after = hostcheck.leftovers()
+    leaked = {k: sorted(set(v) - set(before.get(k, []))) for k, v in after.items()}
+    leaked = {k: v for k, v in leaked.items() if v}
+    assert not leaked, f"the suite left these behind: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def dockerd() -> Iterator[str]:
+    """A Docker Engine in experimental mode on its own socket and data root, stopped at the end."""
+    if shutil.which("dockerd") is None:
+        pytest.fail("dockerd is not installed; run scripts/host-setup.sh")
+    url = f"unix://{DOCKER_SOCKET}"
+    argv = [
+        "dockerd",
+        "--experimental",
+        "--host",
+        url,
+        "--pidfile",
+        str(DOCKER_EXEC_ROOT.with_suffix(".pid")),
+    ]
+    argv += ["--data-root", str(DOCKER_ROOT), "--exec-root", str(DOCKER_EXEC_ROOT)]
+    argv += ["--bridge", "none", "--iptables=false", "--ip-masq=false"]
+    argv += ["--containerd-namespace", "stasis-test", "--containerd-plugins-namespace", "stasis-test-plugins"]
+    log_path = DOCKER_EXEC_ROOT.with_suffix(".log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(["docker", "-H", url, "info"], capture_output=True).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"dockerd did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        ids = subprocess.run(
+            ["docker", "-H", url, "ps", "-aq"], capture_output=True, text=True
+        ).stdout.split()
+        if ids:
+            subprocess.run(["docker", "-H", url, "rm", "-f", *ids], capture_output=True)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        hostcheck.unmount_below(DOCKER_EXEC_ROOT)
+        hostcheck.unmount_below(DOCKER_ROOT)

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_agent import AgentSettings, Node
+
+NodeFactory = Callable[..., Node]
+
+
+@pytest.fixture(params=["runc", "docker"])
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "docker":
+        request.getfixturevalue("dockerd")
+    return str(request.param)
+
+
+@pytest.fixture
+def make_node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[NodeFactory]:
+    """Nodes with their own roots on this host; every sandbox they hold is deleted at the end."""
+    nodes: list[Node] = []
+
+    def factory(name: str, backend: str = "runc", **overrides: object) -> Node:
+        docker_url = (
+            request.getfixturevalue("dockerd") if backend == "docker" else "unix:///var/run/docker.sock"
+        )
+        settings = AgentSettings(
+            node=name,
+            root=tmp_path / name,
+            backend=backend,
+            docker_url=docker_url,
+            **overrides,  # type: ignore[arg-type]
+        )
+        node = Node(settings)
+        nodes.append(node)
+        return node
+
+    yield factory
+    for node in nodes:
+        if node.settings.root.exists():
+            node.delete_all()
+        else:
+            node.backend.remove_leftovers(set())
+
+
+def wait_for_log(node: Node, sandbox_id: str, predicate: Callable[[str], object], timeout: float = 30) -> str:
+    """Poll the harness log until predicate(log) is truthy; return the log."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = node.harness_log(sandbox_id, 1 << 20).decode()
+        if predicate(text):
+            return text
+        time.sleep(0.1)
+    raise AssertionError(
+        f"sandbox {sandbox_id} on {node.name} never logged what was expected; log tail:\n{text[-1500:]}"
+    )
+
+
+def remove_node_dirs(node: Node) -> None:
+    shutil.rmtree(node.settings.root)

@@ -1,0 +1,79 @@
+"""Harness stand-ins that run inside sandboxes and report what they see to their log."""
+
+MEMORY = r"""
+import hashlib, random, sys, time
+size = int(sys.argv[1]) << 20
+buf = bytearray(random.Random(1234).randbytes(size))
+print("start", flush=True)
+counter = 0
+while True:
+    counter += 1
+    if counter % 10 == 1:
+        print("sha", hashlib.sha256(buf).hexdigest(), "counter", counter, flush=True)
+    time.sleep(0.05)
+"""
+
+FILES = r"""
+import hashlib, os, shutil, time
+os.makedirs("/work/dir", exist_ok=True)
+with open("/work/new.txt", "w") as f:
+    f.write("created in the sandbox\n")
+with open("/etc/issue", "a") as f:
+    f.write("modified in the sandbox\n")
+os.remove("/etc/debian_version")
+shutil.rmtree("/usr/share/doc/bash")
+os.makedirs("/usr/share/doc/bash")
+with open("/usr/share/doc/bash/only-new", "w") as f:
+    f.write("opaque\n")
+os.symlink("../new.txt", "/work/dir/link")
+os.link("/work/new.txt", "/work/hard.txt")
+os.chmod("/work/new.txt", 0o640)
+os.chown("/work/dir", 1234, 4321)
+os.setxattr("/work/new.txt", "user.stasis", b"kept")
+with open("/work/sparse.bin", "wb") as f:
+    f.seek(8 << 20)
+    f.write(b"end")
+
+def view():
+    out = []
+    for top in ("/work", "/etc", "/usr/share/doc/bash"):
+        for root, dirs, files in os.walk(top):
+            dirs.sort()
+            for name in sorted(dirs + files):
+                p = os.path.join(root, name)
+                st = os.lstat(p)
+                entry = f"{p} {st.st_mode:o} {st.st_uid}:{st.st_gid} {st.st_nlink}"
+                if os.path.islink(p):
+                    entry += " -> " + os.readlink(p)
+                elif os.path.isfile(p):
+                    entry += " " + hashlib.sha256(open(p, "rb").read()).hexdigest()[:16]
+                    entry += " " + ",".join(f"{k}={os.getxattr(p, k).decode()}" for k in os.listxattr(p))
+                out.append(entry)
+    return hashlib.sha256("\n".join(out).encode()).hexdigest(), len(out)
+
+print("gone", os.path.exists("/etc/debian_version"), flush=True)
+while True:
+    digest, n = view()
+    print("view", digest, n, flush=True)
+    time.sleep(0.3)
+"""
+
+TCP = r"""
+import socket, sys, time
+addr = (sys.argv[1], int(sys.argv[2]))
+sock = None
+sent = 0
+while True:
+    try:
+        if sock is None:
+            sock = socket.create_connection(addr, timeout=5)
+            print("connected", flush=True)
+        sent += 1
+        sock.sendall(f"ping {sent}\n".encode())
+        if not sock.recv(64):
+            raise ConnectionError("closed by peer")
+    except OSError as exc:
+        print("reconnect after", type(exc).__name__, flush=True)
+        sock = None
+    time.sleep(0.1)
+"""

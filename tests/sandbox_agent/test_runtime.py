@@ -1,0 +1,197 @@
+"""The sandbox runtime for real, on both backends: memory, files and sockets survive a move between nodes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_agent import SandboxSpec, SandboxState
+from tests.sandbox_agent import programs
+from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
+
+
+def _last_sha_counter(log: str) -> tuple[str, int]:
+    sha, counter = re.findall(r"sha (\w+) counter (\d+)", log)[-1]
+    return sha, int(counter)
+
+
+@pytest.mark.timeout(180)
+def test_memory_survives_move_to_another_node(make_node: NodeFactory, backend: str, tmp_path: Path) -> None:
+    a, b = make_node("node-a", backend), make_node("node-b", backend)
+    spec = SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "64"), address="10.201.0.2")
+    a.create("mem", spec)
+    log = wait_for_log(a, "mem", lambda t: t.count("sha ") >= 2)
+    sha_before, _ = _last_sha_counter(log)
+
+    checkpoint = a.checkpoint("mem", tmp_path / "ck", leave_running=False)
+    assert checkpoint.sizes.criu_bytes > 64 << 20
+    assert checkpoint.timings.frozen_ms >= checkpoint.timings.dump_ms > 0
+    assert a.list() == []
+    remove_node_dirs(a)
+
+    restored = b.restore("mem-restored", tmp_path / "ck")
+    assert restored.state == SandboxState.RUNNING
+    assert restored.record.node == "node-b"
+    before = log.count("sha ")
+    after = wait_for_log(b, "mem-restored", lambda t: t.count("sha ") >= before + 2)
+    sha_after, counter_after = _last_sha_counter(after)
+    assert sha_after == sha_before
+    assert after.count("start") == 1, "the process started over instead of continuing"
+    counters = [int(c) for c in re.findall(r"counter (\d+)", after)]
+    assert counters == sorted(counters) and len(set(counters)) == len(counters)
+    assert counter_after > _last_sha_counter(log)[1]
+
+
+@pytest.mark.timeout(180)
+def test_files_are_exactly_as_they_were(make_node: NodeFactory, backend: str, tmp_path: Path) -> None:
+    a, b = make_node("node-a", backend), make_node("node-b", backend)
+    a.create("files", SandboxSpec(image="base", command=("python3", "-c", programs.FILES)))
+    log = wait_for_log(a, "files", lambda t: t.count("view ") >= 2)
+    assert "gone False" in log
+    view_before = re.findall(r"view (\w+ \d+)", log)[-1]
+
+    a.checkpoint("files", tmp_path / "ck", leave_running=False)
+    remove_node_dirs(a)
+    b.restore("files", tmp_path / "ck")
+    after = wait_for_log(b, "files", lambda t: t.count("view ") >= log.count("view ") + 2)
+    assert set(re.findall(r"view (\w+ \d+)", after)) == {view_before}
+    assert after.count("gone ") == 1
+
+
+@pytest.mark.timeout(120)
+def test_autosave_leaves_the_sandbox_running(make_node: NodeFactory, backend: str, tmp_path: Path) -> None:
+    a, b = make_node("node-a", backend), make_node("node-b", backend)
+    a.create("auto", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "8")))
+    log = wait_for_log(a, "auto", lambda t: "sha " in t)
+    checkpoint = a.checkpoint("auto", tmp_path / "ck", leave_running=True)
+    assert checkpoint.leave_running
+    assert a.get("auto").state == SandboxState.RUNNING
+    wait_for_log(a, "auto", lambda t: t.count("sha ") > log.count("sha ") + 1)
+    b.restore("auto-copy", tmp_path / "ck")
+    wait_for_log(b, "auto-copy", lambda t: t.count("sha ") > log.count("sha ") + 1)
+
+
+class _Server:
+    """A TCP echo server on the node's gateway address: the only place sandboxes may reach."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("169.254.1.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.peers: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, peer = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            self.peers.append(peer[0])
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    def _echo(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(0.5)
+            while not self._stop.is_set():
+                try:
+                    data = conn.recv(4096)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                try:
+                    conn.sendall(data)
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+        self._thread.join()
+
+
+@pytest.fixture
+def tcp_server() -> Iterator[_Server]:
+    server = _Server()
+    yield server
+    server.close()
+
+
+@pytest.mark.timeout(120)
+def test_tcp_connection_comes_back_closed_and_reconnects(
+    make_node: NodeFactory, tcp_server: _Server, tmp_path: Path
+) -> None:
+    ports = (tcp_server.port,)
+    a, b = make_node("node-a", allowed_ports=ports), make_node("node-b", allowed_ports=ports)
+    argv = ("python3", "-c", programs.TCP, "169.254.1.1", str(tcp_server.port))
+    a.create("tcp", SandboxSpec(image="base", command=argv, address="10.201.0.3"))
+    wait_for_log(a, "tcp", lambda t: "connected" in t)
+    assert tcp_server.peers == ["10.201.0.3"]
+
+    a.checkpoint("tcp", tmp_path / "ck", leave_running=False)
+    remove_node_dirs(a)
+    b.restore("tcp", tmp_path / "ck")
+    log = wait_for_log(b, "tcp", lambda t: t.count("connected") >= 2)
+    assert "reconnect after" in log
+    assert tcp_server.peers == ["10.201.0.3", "10.201.0.3"], "the restored sandbox kept its own address"
+
+
+@pytest.mark.timeout(60)
+def test_two_nodes_on_one_host_do_not_interfere(make_node: NodeFactory, tmp_path: Path) -> None:
+    a, b = make_node("node-a"), make_node("node-b")
+    spec = SandboxSpec(image="base", command=("sleep", "600"))
+    a.create("same-id", spec)
+    b.create("same-id", spec)
+    assert [s.record.id for s in a.list()] == ["same-id"]
+    a.delete("same-id")
+    assert b.get("same-id").state == SandboxState.RUNNING
+    # A restarted agent of node-a must not take node-b's containers for its own leftovers.
+    a2 = make_node("node-a-again")
+    assert a2.backend.remove_leftovers(set()) == []
+    assert b.get("same-id").state == SandboxState.RUNNING
+
+
+@pytest.mark.timeout(60)
+def test_exit_code_and_log(make_node: NodeFactory) -> None:
+    node = make_node("node-a")
+    node.create("short", SandboxSpec(image="base", command=("sh", "-c", "echo out; echo err >&2; exit 7")))
+    wait_for_log(node, "short", lambda t: "err" in t)
+    deadline = time.monotonic() + 10
+    while node.get("short").exit_code is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    status = node.get("short")
+    assert status.state == SandboxState.EXITED
+    assert status.exit_code == 7
+    assert node.harness_log("short") == b"out\nerr\n"
+
+
+@pytest.mark.timeout(60)
+def test_files_from_the_spec_and_delete_leaves_nothing(make_node: NodeFactory) -> None:
+    node = make_node("node-a")
+    node.create(
+        "cat",
+        SandboxSpec(
+            image="base", command=("sh", "-c", "cat /task/prompt.txt; sleep 600"), address="10.201.0.4"
+        ),
+        files={"/task/prompt.txt": b"solve it\n"},
+    )
+    wait_for_log(node, "cat", lambda t: "solve it" in t)
+    node.delete("cat")
+    assert node.list() == []
+    assert not (node.settings.root / "sandboxes" / "cat").exists()
+    assert not Path("/sys/class/net").joinpath("stx").exists()
+    assert shutil.which("runc")
