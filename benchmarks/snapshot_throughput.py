@@ -1,0 +1,245 @@
+"""Snapshot store throughput against plain `tar | zstd -3`, measured in the same run on the same files.
+
+Usage: python benchmarks/snapshot_throughput.py [--tree DIR] [--memory-mib 256] [--workdir DIR]
+
+Without --tree it builds a checkpoint-like directory: a memory image mixing
+random pages, zero pages and repeated text (runs of pages, as heaps and
+mapped regions look), a few small CRIU image files and a layer tar. It then
+prints local-backend write and read(+verify) throughput beside tar+zstd, and
+the deduplication of a second snapshot after ~10% of the memory changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from snapshots import ChunkingSettings, SnapshotMeta, SnapshotSizes, SnapshotStore, StoreSettings
+
+PAGE = 4096
+MiB = 1 << 20
+
+
+def _text_block(rng: random.Random) -> bytes:
+    words = [rng.randbytes(rng.randint(2, 9)).hex() for _ in range(2000)]
+    return " ".join(rng.choice(words) for _ in range(300_000)).encode()[: 2 * MiB]
+
+
+def build_memory(path: Path, size: int, seed: int) -> None:
+    """Runs of random, zero and text pages: roughly 45% random, 20% zero, 35% text by volume."""
+    rng = random.Random(seed)
+    text = _text_block(rng)
+    zero = bytes(64 * PAGE)
+    written = 0
+    with open(path, "wb") as f:
+        while written < size:
+            pages = min(rng.randint(1, 64), (size - written) // PAGE)
+            kind = rng.random()
+            n = pages * PAGE
+            if kind < 0.45:
+                f.write(rng.randbytes(n))
+            elif kind < 0.65:
+                f.write(zero[:n])
+            else:
+                start = rng.randrange(0, len(text) - n)
+                f.write(text[start : start + n])
+            written += n
+
+
+def build_tree(root: Path, memory_mib: int) -> None:
+    """A checkpoint directory shaped like the agent's: checkpoint.json, criu/, layer.tar."""
+    rng = random.Random(7)
+    (root / "criu").mkdir(parents=True)
+    build_memory(root / "criu" / "pages-1.img", memory_mib * MiB, seed=1)
+    for i in range(40):
+        (root / "criu" / f"core-{i}.img").write_bytes(rng.randbytes(rng.randint(200, 20_000)))
+    (root / "criu" / "descriptors.json").write_text('["/dev/null", "pipe:[1]", "pipe:[2]"]')
+    layer_src = root.parent / "layer-src"
+    (layer_src / "workspace").mkdir(parents=True)
+    text = _text_block(rng)
+    for i in range(200):
+        (layer_src / "workspace" / f"file{i}.py").write_bytes(text[i * 20_000 : (i + 1) * 20_000])
+    subprocess.run(["tar", "-cf", str(root / "layer.tar"), "-C", str(layer_src), "."], check=True)
+    shutil.rmtree(layer_src)
+    (root / "checkpoint.json").write_text(
+        '{"sandbox_id": "bench", "oci_spec": {}, "created_at": "2026-01-01T00:00:00Z"}'
+    )
+
+
+def mutate_memory(path: Path, fraction: float, regions: int, seed: int) -> None:
+    """Overwrite `fraction` of the image with fresh random bytes in a few contiguous regions."""
+    rng = random.Random(seed)
+    size = path.stat().st_size
+    region = int(size * fraction / regions) // PAGE * PAGE
+    with open(path, "r+b") as f:
+        for i in range(regions):
+            slot = size // regions
+            start = (i * slot + rng.randrange(0, slot - region)) // PAGE * PAGE
+            f.seek(start)
+            f.write(rng.randbytes(region))
+
+
+def scatter_pages(path: Path, fraction: float, seed: int) -> None:
+    """Dirty `fraction` of the pages in small clusters of 1-8 pages, as a running heap does."""
+    rng = random.Random(seed)
+    pages = path.stat().st_size // PAGE
+    todo = int(pages * fraction)
+    with open(path, "r+b") as f:
+        while todo > 0:
+            n = min(rng.randint(1, 8), todo)
+            f.seek(rng.randrange(0, pages - n) * PAGE)
+            f.write(rng.randbytes(n * PAGE))
+            todo -= n
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Seconds for one durability mode, ours and tar+zstd's, on the same tree."""
+
+    durable: bool
+    write_s: float
+    read_s: float
+    tar_write_s: float
+    tar_read_s: float
+    tar_bytes: int
+    sizes: SnapshotSizes
+
+
+def measure(
+    tree: Path, scratch: Path, chunking: ChunkingSettings, threads: int, durable: bool
+) -> Measurement:
+    """Time tar|zstd and the store on the same files; durable adds a sync to tar and syncfs to ours."""
+    archive = scratch / "tree.tar.zst"
+    untarred = scratch / "untar"
+    sync = ["sync"]
+    subprocess.run(sync, check=True)
+    start = time.perf_counter()
+    subprocess.run(["sh", "-c", f"tar -C {tree} -cf - . | zstd -3 -q -T1 -o {archive}"], check=True)
+    if durable:
+        subprocess.run(sync, check=True)
+    tar_write_s = time.perf_counter() - start
+    untarred.mkdir()
+    start = time.perf_counter()
+    subprocess.run(["sh", "-c", f"zstd -d -q -c {archive} | tar -C {untarred} -xf -"], check=True)
+    tar_read_s = time.perf_counter() - start
+    tar_bytes = archive.stat().st_size
+    archive.unlink()
+    shutil.rmtree(untarred)
+    subprocess.run(sync, check=True)
+
+    store_dir = scratch / "store"
+    settings = StoreSettings(url=str(store_dir), chunking=chunking, durable=durable, io_threads=threads)
+    with SnapshotStore(settings) as store:
+        start = time.perf_counter()
+        manifest = store.put(tree, meta("s1", 1, None))
+        write_s = time.perf_counter() - start
+        start = time.perf_counter()
+        store.fetch("s1", scratch / "fetched")
+        read_s = time.perf_counter() - start
+    shutil.rmtree(scratch / "fetched")
+    shutil.rmtree(store_dir)
+    return Measurement(durable, write_s, read_s, tar_write_s, tar_read_s, tar_bytes, manifest.sizes)
+
+
+def meta(snapshot_id: str, seq: int, parent: str | None) -> SnapshotMeta:
+    return SnapshotMeta(
+        snapshot_id=snapshot_id,
+        episode_id="bench",
+        seq=seq,
+        parent_id=parent,
+        node="bench-node",
+        reason="time-slice",
+        created_at=datetime.datetime.now(datetime.UTC),
+        image_digest="sha256:" + "0" * 64,
+        runtime_backend="runc",
+        criu_version="4.2.1",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--tree", type=Path, help="existing checkpoint directory to use instead of a generated one"
+    )
+    parser.add_argument("--memory-mib", type=int, default=256, help="size of the generated memory image")
+    parser.add_argument(
+        "--workdir", type=Path, default=Path("/var/tmp"), help="where scratch files go (a real disk)"
+    )
+    parser.add_argument("--avg-kib", type=int, default=ChunkingSettings().avg_size // 1024)
+    parser.add_argument("--threads", type=int, default=StoreSettings(url="x").io_threads)
+    args = parser.parse_args()
+
+    avg = args.avg_kib * 1024
+    chunking = ChunkingSettings(min_size=avg // 4, avg_size=avg, max_size=avg * 4)
+    with tempfile.TemporaryDirectory(prefix="stasis-bench-", dir=args.workdir) as scratch_name:
+        scratch = Path(scratch_name)
+        if args.tree is not None:
+            tree = scratch / "tree"
+            shutil.copytree(args.tree, tree, symlinks=True)
+        else:
+            tree = scratch / "build" / "tree"
+            build_tree(tree, args.memory_mib)
+        logical = tree_bytes(tree)
+        mb = logical / 1e6
+        print(
+            f"input: {logical / MiB:.1f} MiB in {sum(1 for _ in tree.rglob('*'))} entries; chunking {chunking}"
+        )
+        print(f"threads: {args.threads}, cpus: {os.cpu_count()}")
+
+        rows = [measure(tree, scratch, chunking, args.threads, durable) for durable in (False, True)]
+        print()
+        print(f"{'mode':<24}{'store MB/s':>12}{'tar|zstd MB/s':>15}{'ratio':>8}")
+        for row in rows:
+            label = "durable" if row.durable else "page cache"
+            print(
+                f"{'write, ' + label:<24}{mb / row.write_s:>12.0f}{mb / row.tar_write_s:>15.0f}{row.tar_write_s / row.write_s:>8.2f}"
+            )
+            print(
+                f"{'read+verify, ' + label:<24}{mb / row.read_s:>12.0f}{mb / row.tar_read_s:>15.0f}{row.tar_read_s / row.read_s:>8.2f}"
+            )
+        sizes = rows[-1].sizes
+        print(
+            f"stored: {sizes.stored_bytes / MiB:.1f} MiB in {sizes.unique_chunks} chunks "
+            f"(tar.zst {rows[-1].tar_bytes / MiB:.1f} MiB), logical/stored {sizes.dedup_ratio:.2f}"
+        )
+
+        memory = tree / "criu" / "pages-1.img"
+        if memory.exists():
+            with SnapshotStore(StoreSettings(url=str(scratch / "store-dedup"), chunking=chunking)) as store:
+                a = store.put(tree, meta("d1", 1, None))
+                mutate_memory(memory, 0.10, regions=4, seed=11)
+                t2 = time.perf_counter()
+                b = store.put(tree, meta("d2", 2, "d1"))
+                t2 = time.perf_counter() - t2
+                scatter_pages(memory, 0.02, seed=12)
+                c = store.put(tree, meta("d3", 3, "d2"))
+            share = b.sizes.new_bytes / a.sizes.stored_bytes
+            print(
+                f"second snapshot after changing 10% of memory in 4 regions: new {b.sizes.new_bytes / MiB:.1f} MiB "
+                f"= {share:.1%} of the first's {a.sizes.stored_bytes / MiB:.1f} MiB stored; put took {t2:.2f} s"
+            )
+            print(
+                f"third snapshot after dirtying 2% of pages in 1-8 page clusters: new {c.sizes.new_bytes / MiB:.1f} MiB "
+                f"= {c.sizes.new_bytes / a.sizes.stored_bytes:.1%} of the first's stored bytes"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Stasis snapshots: format, content-addressed chunk store, history, verification, GC and archives.
+
+Depends on nothing else in Stasis. Everything importable from here is the
+public API; the underscore modules are internal.
+"""
+
+from ._archive import export_checkpoint_archive, import_checkpoint_archive
+from ._errors import (
+    InvalidCheckpoint,
+    InvalidSettings,
+    InvalidSnapshotMeta,
+    SnapshotCorrupt,
+    SnapshotError,
+    SnapshotExists,
+    SnapshotNotFound,
+    StoreError,
+    StoreLocked,
+    StoreRejected,
+    StoreUnavailable,
+)
+from ._gc import GcReport, RetentionPolicy
+from ._history import SnapshotInfo
+from ._manifest import FORMAT, ChunkRef, Entry, EntryKind, Manifest, Reason, SnapshotMeta, SnapshotSizes
+from ._settings import ChunkingSettings, LockSettings, RetrySettings, StoreSettings
+from ._store import SnapshotStore
+from ._verify import Problem, VerifyReport
+
+__all__ = [
+    "FORMAT",
+    "ChunkRef",
+    "ChunkingSettings",
+    "Entry",
+    "EntryKind",
+    "GcReport",
+    "InvalidCheckpoint",
+    "InvalidSettings",
+    "InvalidSnapshotMeta",
+    "LockSettings",
+    "Manifest",
+    "Problem",
+    "Reason",
+    "RetentionPolicy",
+    "RetrySettings",
+    "SnapshotCorrupt",
+    "SnapshotError",
+    "SnapshotExists",
+    "SnapshotInfo",
+    "SnapshotMeta",
+    "SnapshotNotFound",
+    "SnapshotSizes",
+    "SnapshotStore",
+    "StoreError",
+    "StoreLocked",
+    "StoreRejected",
+    "StoreSettings",
+    "StoreUnavailable",
+    "VerifyReport",
+    "export_checkpoint_archive",
+    "import_checkpoint_archive",
+]

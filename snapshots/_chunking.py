@@ -1,0 +1,102 @@
+"""Content-defined chunking (FastCDC) and the stored chunk encoding (sha256-addressed zstd frames)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator
+
+import zstandard
+from fastcdc.fastcdc_cy import fastcdc_cy
+
+from ._settings import ChunkingSettings
+
+CHUNK_PREFIX = "chunks/"
+
+
+def chunk_key(digest: str) -> str:
+    """Object key of a chunk: fanned out by the first byte so no directory holds millions."""
+    return f"{CHUNK_PREFIX}{digest[:2]}/{digest}"
+
+
+def digest_of_key(key: str) -> str | None:
+    """The chunk hash a key names, or None if the key is not a chunk key."""
+    if not key.startswith(CHUNK_PREFIX):
+        return None
+    name = key.rsplit("/", 1)[-1]
+    return name if len(name) == 64 and key == chunk_key(name) else None
+
+
+def cut_points(view: memoryview, settings: ChunkingSettings) -> Iterator[tuple[int, int]]:
+    """Yield (offset, length) of each content-defined chunk of view, in order."""
+    for chunk in fastcdc_cy(view, settings.min_size, settings.avg_size, settings.max_size):
+        yield chunk.offset, chunk.length
+
+
+def describe(settings: ChunkingSettings) -> dict[str, object]:
+    """The chunking parameters as recorded in each manifest."""
+    return {
+        "algorithm": "fastcdc-2016",
+        "min_size": settings.min_size,
+        "avg_size": settings.avg_size,
+        "max_size": settings.max_size,
+        "hash": "sha256",
+        "compression": f"zstd-{settings.compression_level}",
+    }
+
+
+class ChunkMismatch(Exception):
+    """A stored chunk does not decode to the bytes its key promises (internal; callers add context)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+
+class ChunkCodec:
+    """Compresses and verifies chunks; zstd contexts are per thread because they are not thread-safe."""
+
+    def __init__(self, level: int) -> None:
+        self._level = level
+        self._local = threading.local()
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        c: zstandard.ZstdCompressor | None = getattr(self._local, "c", None)
+        if c is None:
+            c = self._local.c = zstandard.ZstdCompressor(level=self._level, write_content_size=True)
+        return c
+
+    def _decompressor(self) -> zstandard.ZstdDecompressor:
+        d: zstandard.ZstdDecompressor | None = getattr(self._local, "d", None)
+        if d is None:
+            d = self._local.d = zstandard.ZstdDecompressor()
+        return d
+
+    @staticmethod
+    def digest(raw: memoryview | bytes) -> str:
+        """sha256 hex of raw chunk bytes."""
+        return hashlib.sha256(raw).hexdigest()
+
+    def encode(self, raw: memoryview | bytes) -> bytes:
+        """The stored form of a chunk: one zstd frame that records its content size."""
+        return self._compressor().compress(raw)
+
+    def decode(self, blob: bytes, digest: str, length: int) -> bytes:
+        """Decompress and verify a stored chunk against its hash and expected raw length."""
+        try:
+            # A corrupt header could claim any size; refuse before allocating it.
+            declared = zstandard.frame_content_size(blob)
+            if declared != length:
+                raise ChunkMismatch(
+                    "length-mismatch", f"frame declares {declared} bytes, manifest says {length}"
+                )
+            raw = self._decompressor().decompress(blob, max_output_size=length)
+        except zstandard.ZstdError as exc:
+            raise ChunkMismatch("undecodable-chunk", f"zstd frame does not decode: {exc}") from None
+        if len(raw) != length:
+            raise ChunkMismatch("length-mismatch", f"decodes to {len(raw)} bytes, manifest says {length}")
+        actual = hashlib.sha256(raw).hexdigest()
+        if actual != digest:
+            raise ChunkMismatch("hash-mismatch", f"content hashes to {actual}")
+        return raw

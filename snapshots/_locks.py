@@ -1,0 +1,237 @@
+"""Store locks: writers and readers share, GC excludes (restic's protocol, safe on S3 and shared dirs).
+
+Each side first writes its own lock object, then lists all locks. With
+read-after-write and list-after-write consistency, of two racing parties at
+least the later lister sees the other's lock, so a writer and a sweep can
+never both proceed. See docs/snapshot-format.md for the full argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import TracebackType
+
+from ._backends import Backend, ObjectMissing
+from ._errors import SnapshotError, StoreLocked
+from ._settings import LockSettings
+
+LOCK_PREFIX = "locks/"
+
+
+class LockKind(enum.StrEnum):
+    """Shared locks (put, fetch, verify) coexist; an exclusive lock (GC sweep) coexists with nothing."""
+
+    SHARED = "shared"
+    EXCLUSIVE = "exclusive"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock: enough to tell, on the same host, whether the process still lives."""
+
+    host: str
+    boot_id: str
+    pidns: str
+    pid: int
+
+    @staticmethod
+    def current() -> Holder:
+        """The calling process."""
+        return Holder(socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"), _pidns(), os.getpid())
+
+    def dead(self, here: Holder) -> bool:
+        """True only when certain: same host and boot, same PID namespace, and no such process."""
+        if self.host != here.host or not self.boot_id or not here.boot_id:
+            return False
+        if self.boot_id != here.boot_id:
+            return True  # The host rebooted since; every process of the old boot is gone.
+        if not self.pidns or self.pidns != here.pidns:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pidns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class LockRecord:
+    """A lock object as found in the store."""
+
+    key: str
+    kind: LockKind
+    holder: Holder
+    purpose: str
+    refreshed: float
+    """Unix time of the holder's last refresh, by the holder's clock."""
+
+    def describe(self) -> str:
+        """Short form for error messages."""
+        h = self.holder
+        return f"{self.kind.value} lock for {self.purpose} by {h.host} pid {h.pid}"
+
+    def stale(self, now: float, settings: LockSettings, here: Holder) -> bool:
+        """Whether others may ignore this lock."""
+        return now - self.refreshed > settings.stale_after_s or self.holder.dead(here)
+
+
+def _encode(kind: LockKind, holder: Holder, purpose: str, refreshed: float) -> bytes:
+    return json.dumps(
+        {
+            "kind": kind.value,
+            "host": holder.host,
+            "boot_id": holder.boot_id,
+            "pidns": holder.pidns,
+            "pid": holder.pid,
+            "purpose": purpose,
+            "refreshed": refreshed,
+        }
+    ).encode()
+
+
+def read_locks(backend: Backend) -> Iterator[LockRecord]:
+    """Every readable lock in the store; undecodable ones count as stale exclusive locks."""
+    for key in backend.list(LOCK_PREFIX):
+        try:
+            doc = json.loads(backend.get(key))
+            holder = Holder(str(doc["host"]), str(doc["boot_id"]), str(doc["pidns"]), int(doc["pid"]))
+            yield LockRecord(key, LockKind(doc["kind"]), holder, str(doc["purpose"]), float(doc["refreshed"]))
+        except ObjectMissing:
+            continue  # Released between list and get.
+        except (ValueError, KeyError, TypeError):
+            # Our locks are written whole, so garbage here was not written by a live holder.
+            yield LockRecord(key, LockKind.EXCLUSIVE, Holder("?", "", "", 0), "undecodable", 0.0)
+
+
+def remove_stale(backend: Backend, settings: LockSettings) -> int:
+    """Delete locks nobody may honour any more; returns how many."""
+    here = Holder.current()
+    now = time.time()
+    stale = [lock.key for lock in read_locks(backend) if lock.stale(now, settings, here)]
+    backend.delete(stale)
+    return len(stale)
+
+
+class StoreLock:
+    """One held lock, refreshed in the background until released; use as a context manager."""
+
+    def __init__(self, backend: Backend, settings: LockSettings, kind: LockKind, purpose: str) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._kind = kind
+        self._purpose = purpose
+        self._holder = Holder.current()
+        self._key = f"{LOCK_PREFIX}{uuid.uuid4().hex}.json"
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+        self._last_refresh = 0.0
+        self._rng = random.Random()
+
+    def _write(self) -> None:
+        self._backend.put(self._key, _encode(self._kind, self._holder, self._purpose, time.time()))
+        self._last_refresh = time.monotonic()
+
+    def _conflicts(self) -> list[LockRecord]:
+        now = time.time()
+        found = []
+        for lock in read_locks(self._backend):
+            if lock.key == self._key or lock.stale(now, self._settings, self._holder):
+                continue
+            if self._kind is LockKind.EXCLUSIVE or lock.kind is LockKind.EXCLUSIVE:
+                found.append(lock)
+        return found
+
+    def acquire(self, timeout_s: float) -> StoreLock:
+        """Take the lock, backing off while a conflicting one is held; StoreLocked after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while True:
+            self._write()
+            conflicts = self._conflicts()
+            if not conflicts:
+                break
+            self._backend.delete([self._key])
+            if time.monotonic() + delay > deadline:
+                raise StoreLocked(
+                    f"could not take a {self._kind.value} store lock for {self._purpose} within {timeout_s:g} s",
+                    tuple(c.describe() for c in conflicts),
+                )
+            # Jitter keeps two backing-off parties from colliding again in lockstep.
+            time.sleep(delay * (0.5 + self._rng.random()))
+            delay = min(delay * 2, 2.0)
+        self._refresher = threading.Thread(
+            target=self._refresh_loop, name=f"stasis-lock-{self._purpose}", daemon=True
+        )
+        self._refresher.start()
+        return self
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self._settings.refresh_interval_s):
+            with contextlib.suppress(SnapshotError):  # ensure_held() notices if refreshes keep failing.
+                self._write()
+
+    def ensure_held(self) -> None:
+        """Raise StoreLocked unless the lock is certainly still honoured by every other node.
+
+        Half of stale_after_s is the margin left for clock skew and for the
+        step that follows this check (publishing a manifest, one sweep batch).
+        """
+        age = time.monotonic() - self._last_refresh
+        if age > self._settings.stale_after_s / 2:
+            raise StoreLocked(
+                f"{self._kind.value} store lock for {self._purpose} not refreshed for {age:.0f} s"
+            )
+        if self._backend.size(self._key) is None:
+            raise StoreLocked(
+                f"{self._kind.value} store lock for {self._purpose} was removed by another node"
+            )
+
+    def release(self, quiet: bool = False) -> None:
+        """Stop refreshing and delete the lock object; quiet leaves a failed delete to go stale."""
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join()
+        try:
+            self._backend.delete([self._key])
+        except SnapshotError:
+            if not quiet:
+                raise
+
+    def __enter__(self) -> StoreLock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Do not let a failed delete mask the error that is already propagating.
+        self.release(quiet=exc is not None)

@@ -1,0 +1,307 @@
+"""The versioned snapshot manifest: what callers describe, what the store records, and its JSON form."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ._errors import InvalidSnapshotMeta, SnapshotCorrupt
+
+FORMAT = "stasis.snapshot/v1"
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
+# OCI image-spec digest grammar; sha256 is the only algorithm images use in practice.
+_DIGEST = re.compile(r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[A-Za-z0-9=_-]+")
+_SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_BACKEND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_CRIU_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)*(?:[-+~][A-Za-z0-9.+~-]+)?")
+_CHUNK_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+class Reason(enum.StrEnum):
+    """Why a snapshot was taken."""
+
+    MANUAL = "manual"
+    TIME_SLICE = "time-slice"
+    PRIORITY = "priority"
+    DRAIN = "drain"
+    AUTOSAVE = "autosave"
+
+
+class EntryKind(enum.StrEnum):
+    """Kinds of tree entries a snapshot can hold."""
+
+    DIR = "dir"
+    FILE = "file"
+    SYMLINK = "symlink"
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    """What the caller tells the store about a snapshot it is about to put."""
+
+    snapshot_id: str
+    episode_id: str
+    seq: int
+    node: str
+    reason: Reason | str
+    created_at: datetime
+    image_digest: str
+    runtime_backend: str
+    criu_version: str
+    parent_id: str | None = None
+    trajectory_cursor: Any = None
+    """Opaque JSON value (the ledger position this snapshot matches); stored verbatim."""
+    timings_ms: Mapping[str, float] = field(default_factory=dict)
+    """Caller-side phase timings in milliseconds (freeze, dump, ...)."""
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """One chunk of a file: sha256 of the raw bytes, raw length and stored (compressed) length."""
+
+    hash: str
+    length: int
+    stored_length: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One path of the stored tree, relative to the checkpoint directory, '/'-separated."""
+
+    path: str
+    kind: EntryKind
+    mode: int
+    """Permission bits (st_mode & 0o7777)."""
+    size: int = 0
+    chunks: tuple[ChunkRef, ...] = ()
+    target: str | None = None
+    """Link target, for symlinks only."""
+
+
+@dataclass(frozen=True)
+class SnapshotSizes:
+    """Byte counts of one snapshot.
+
+    logical: sum of file sizes. stored: compressed size of the distinct chunks
+    the snapshot references. new: compressed bytes this snapshot's put uploaded
+    (chunks no earlier snapshot had).
+    """
+
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    chunks: int
+    unique_chunks: int
+    new_chunks: int
+
+    @property
+    def dedup_ratio(self) -> float:
+        """Logical over stored bytes (compression plus in-snapshot deduplication)."""
+        return self.logical_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A committed snapshot: metadata plus every entry of the tree with its chunks."""
+
+    snapshot_id: str
+    episode_id: str
+    seq: int
+    parent_id: str | None
+    node: str
+    reason: Reason
+    created_at: datetime
+    image_digest: str
+    runtime_backend: str
+    criu_version: str
+    trajectory_cursor: Any
+    timings_ms: Mapping[str, float]
+    sizes: SnapshotSizes
+    chunking: Mapping[str, Any]
+    entries: tuple[Entry, ...]
+
+    def files(self) -> tuple[Entry, ...]:
+        """Regular-file entries, in manifest order."""
+        return tuple(e for e in self.entries if e.kind is EntryKind.FILE)
+
+
+def valid_id(value: object) -> bool:
+    """Whether value is usable as a snapshot or episode id (also a safe object-key component)."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
+
+
+def validate_meta(meta: SnapshotMeta) -> None:
+    """Raise InvalidSnapshotMeta naming the first bad field."""
+    for name in ("snapshot_id", "episode_id"):
+        if not valid_id(getattr(meta, name)):
+            raise InvalidSnapshotMeta(name, f"must match {_ID.pattern}")
+    if meta.parent_id is not None:
+        if not valid_id(meta.parent_id):
+            raise InvalidSnapshotMeta("parent_id", f"must be None or match {_ID.pattern}")
+        if meta.parent_id == meta.snapshot_id:
+            raise InvalidSnapshotMeta("parent_id", "a snapshot cannot be its own parent")
+    if isinstance(meta.seq, bool) or not isinstance(meta.seq, int) or meta.seq < 0:
+        raise InvalidSnapshotMeta("seq", "must be a non-negative integer")
+    if not isinstance(meta.node, str) or not _NODE.fullmatch(meta.node):
+        raise InvalidSnapshotMeta("node", f"must match {_NODE.pattern}")
+    try:
+        Reason(meta.reason)
+    except ValueError:
+        raise InvalidSnapshotMeta("reason", f"must be one of {[r.value for r in Reason]}") from None
+    if not isinstance(meta.created_at, datetime) or meta.created_at.utcoffset() is None:
+        raise InvalidSnapshotMeta("created_at", "must be a timezone-aware datetime")
+    digest = meta.image_digest
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise InvalidSnapshotMeta("image_digest", "must be an OCI digest such as sha256:<64 hex>")
+    if digest.startswith("sha256:") and not _SHA256_DIGEST.fullmatch(digest):
+        raise InvalidSnapshotMeta("image_digest", "a sha256 digest needs exactly 64 lowercase hex digits")
+    if not isinstance(meta.runtime_backend, str) or not _BACKEND.fullmatch(meta.runtime_backend):
+        raise InvalidSnapshotMeta("runtime_backend", f"must match {_BACKEND.pattern} (e.g. runc, docker)")
+    if not isinstance(meta.criu_version, str) or not _CRIU_VERSION.fullmatch(meta.criu_version):
+        raise InvalidSnapshotMeta("criu_version", "must be a dotted version such as 4.2.1")
+    try:
+        json.dumps(meta.trajectory_cursor, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSnapshotMeta("trajectory_cursor", f"must be JSON-serialisable: {exc}") from None
+    if not isinstance(meta.timings_ms, Mapping):
+        raise InvalidSnapshotMeta("timings_ms", "must be a mapping of phase name to milliseconds")
+    for key, value in meta.timings_ms.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidSnapshotMeta("timings_ms", f"phase name {key!r} must be a non-empty string")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise InvalidSnapshotMeta("timings_ms", f"{key}: {value!r} is not a non-negative number of ms")
+
+
+def rfc3339(moment: datetime) -> str:
+    """RFC 3339 in UTC with a Z suffix, the form Go's time.Time and our agents parse."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def encode(manifest: Manifest) -> bytes:
+    """Serialise a manifest to its stored JSON form."""
+    entries: list[dict[str, Any]] = []
+    for e in manifest.entries:
+        item: dict[str, Any] = {"path": e.path, "type": e.kind.value, "mode": e.mode}
+        if e.kind is EntryKind.FILE:
+            item["size"] = e.size
+            item["chunks"] = [[c.hash, c.length, c.stored_length] for c in e.chunks]
+        elif e.kind is EntryKind.SYMLINK:
+            item["target"] = e.target
+        entries.append(item)
+    s = manifest.sizes
+    doc = {
+        "format": FORMAT,
+        "snapshot_id": manifest.snapshot_id,
+        "episode_id": manifest.episode_id,
+        "seq": manifest.seq,
+        "parent_id": manifest.parent_id,
+        "node": manifest.node,
+        "reason": manifest.reason.value,
+        "created_at": rfc3339(manifest.created_at),
+        "image_digest": manifest.image_digest,
+        "runtime_backend": manifest.runtime_backend,
+        "criu_version": manifest.criu_version,
+        "trajectory_cursor": manifest.trajectory_cursor,
+        "timings_ms": dict(manifest.timings_ms),
+        "sizes": {
+            "logical_bytes": s.logical_bytes,
+            "stored_bytes": s.stored_bytes,
+            "new_bytes": s.new_bytes,
+            "chunks": s.chunks,
+            "unique_chunks": s.unique_chunks,
+            "new_chunks": s.new_chunks,
+        },
+        "chunking": dict(manifest.chunking),
+        "entries": entries,
+    }
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _safe_path(path: object) -> bool:
+    if not isinstance(path, str) or not path or path.startswith("/") or "\0" in path:
+        return False
+    return all(part not in ("", ".", "..") for part in path.split("/"))
+
+
+def decode(raw: bytes, snapshot_id: str) -> Manifest:
+    """Parse and check a stored manifest; anything malformed is SnapshotCorrupt."""
+
+    def bad(detail: str) -> SnapshotCorrupt:
+        return SnapshotCorrupt(snapshot_id, None, None, f"unreadable manifest: {detail}")
+
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad(f"not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise bad("not a JSON object")
+    if doc.get("format") != FORMAT:
+        raise bad(f"format {doc.get('format')!r}, this reader understands {FORMAT!r}")
+    try:
+        if doc["snapshot_id"] != snapshot_id:
+            raise bad(f"records snapshot id {doc['snapshot_id']!r}")
+        entries = tuple(_decode_entry(item) for item in doc["entries"])
+        sizes = SnapshotSizes(**{k: int(v) for k, v in doc["sizes"].items()})
+        created_at = datetime.fromisoformat(doc["created_at"])
+        manifest = Manifest(
+            snapshot_id=doc["snapshot_id"],
+            episode_id=str(doc["episode_id"]),
+            seq=int(doc["seq"]),
+            parent_id=doc["parent_id"],
+            node=str(doc["node"]),
+            reason=Reason(doc["reason"]),
+            created_at=created_at,
+            image_digest=str(doc["image_digest"]),
+            runtime_backend=str(doc["runtime_backend"]),
+            criu_version=str(doc["criu_version"]),
+            trajectory_cursor=doc["trajectory_cursor"],
+            timings_ms={str(k): float(v) for k, v in doc["timings_ms"].items()},
+            sizes=sizes,
+            chunking=dict(doc["chunking"]),
+            entries=entries,
+        )
+    except SnapshotCorrupt:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise bad(f"{type(exc).__name__}: {exc}") from None
+    if not valid_id(manifest.episode_id):
+        raise bad("bad episode_id")
+    return manifest
+
+
+def _decode_entry(item: dict[str, Any]) -> Entry:
+    path = item["path"]
+    if not _safe_path(path):
+        raise ValueError(f"unsafe entry path {path!r}")
+    kind = EntryKind(item["type"])
+    mode = int(item["mode"])
+    if not 0 <= mode <= 0o7777:
+        raise ValueError(f"{path}: mode {mode:o} out of range")
+    if kind is EntryKind.FILE:
+        chunks = tuple(ChunkRef(str(h), int(n), int(z)) for h, n, z in item["chunks"])
+        for c in chunks:
+            if not _CHUNK_HASH.fullmatch(c.hash) or c.length <= 0 or c.stored_length <= 0:
+                raise ValueError(f"{path}: bad chunk reference {c}")
+        size = int(item["size"])
+        if sum(c.length for c in chunks) != size:
+            raise ValueError(f"{path}: chunk lengths do not add up to size {size}")
+        return Entry(path, kind, mode, size, chunks)
+    if kind is EntryKind.SYMLINK:
+        target = item["target"]
+        if not isinstance(target, str) or not target:
+            raise ValueError(f"{path}: symlink without target")
+        return Entry(path, kind, mode, target=target)
+    return Entry(path, kind, mode)

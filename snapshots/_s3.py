@@ -1,0 +1,197 @@
+"""S3-compatible backend: the only module that touches boto3, and where its errors become ours."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from ._backends import ObjectMissing
+from ._errors import StoreRejected, StoreUnavailable
+from ._settings import StoreSettings
+
+T = TypeVar("T")
+
+_THROTTLING = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "InternalError",
+        "ServiceUnavailable",
+        # AWS answers 409 when two conditional writes race; the retry then sees 412.
+        "ConditionalRequestConflict",
+        "OperationAborted",
+    }
+)
+_MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+_DELETE_BATCH = 1000  # DeleteObjects accepts at most 1000 keys per request.
+
+
+def _status(exc: botocore.exceptions.ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return _status(exc) >= 500 or _status(exc) == 429 or _code(exc) in _THROTTLING
+    return isinstance(
+        exc,
+        botocore.exceptions.ConnectionError
+        | botocore.exceptions.HTTPClientError
+        | botocore.exceptions.IncompleteReadError,
+    )
+
+
+class S3Backend:
+    """Objects under ``prefix/`` in one bucket; every request retried on transient failures."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        endpoint: str | None,
+        region: str | None,
+        settings: StoreSettings,
+    ) -> None:
+        self._bucket = bucket
+        self._prefix = f"{prefix}/" if prefix else ""
+        self._endpoint = endpoint
+        config = botocore.config.Config(
+            # tenacity below owns retries, so that the policy lives in one place.
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=max(10, settings.io_threads * 2),
+            connect_timeout=settings.s3_timeout_s,
+            read_timeout=settings.s3_timeout_s,
+            s3={"addressing_style": "path"} if endpoint else {},
+        )
+        self._client: Any = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint, region_name=region or "us-east-1", config=config
+        )
+        retry = settings.retry
+        self._retrying = Retrying(
+            stop=stop_after_attempt(retry.attempts),
+            wait=wait_exponential_jitter(
+                multiplier=retry.initial_backoff_s, max=retry.max_backoff_s, jitter=retry.initial_backoff_s
+            ),
+            retry=retry_if_exception(_transient),
+            reraise=True,
+        )
+
+    @property
+    def location(self) -> str:
+        where = f"s3://{self._bucket}/{self._prefix}"
+        return f"{where} at {self._endpoint}" if self._endpoint else where
+
+    def _call(self, key: str | None, fn: Callable[[], T]) -> T:
+        try:
+            return self._retrying(fn)
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) in _MISSING and key is not None:
+                raise ObjectMissing(key) from None
+            detail = f"{_code(exc) or 'error'} (HTTP {_status(exc)}): {exc}"
+            if _transient(exc):
+                raise StoreUnavailable(self.location, key, f"{detail}; gave up after retries") from None
+            raise StoreRejected(self.location, key, detail) from None
+        except botocore.exceptions.BotoCoreError as exc:
+            if _transient(exc):
+                raise StoreUnavailable(self.location, key, f"{exc}; gave up after retries") from None
+            raise StoreRejected(self.location, key, str(exc)) from None
+
+    def put(self, key: str, data: bytes) -> None:
+        self._call(
+            key, lambda: self._client.put_object(Bucket=self._bucket, Key=self._prefix + key, Body=data)
+        )
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        def attempt() -> bool:
+            try:
+                self._client.put_object(
+                    Bucket=self._bucket, Key=self._prefix + key, Body=data, IfNoneMatch="*"
+                )
+            except botocore.exceptions.ClientError as exc:
+                if _status(exc) == 412 or _code(exc) == "PreconditionFailed":
+                    return False
+                raise
+            return True
+
+        return self._call(key, attempt)
+
+    def get(self, key: str) -> bytes:
+        def attempt() -> bytes:
+            # Reading the body sits inside the retried call: a connection cut mid-body retries too.
+            body: bytes = self._client.get_object(Bucket=self._bucket, Key=self._prefix + key)["Body"].read()
+            return body
+
+        return self._call(key, attempt)
+
+    def _head(self, key: str) -> dict[str, Any] | None:
+        try:
+            head: dict[str, Any] = self._call(
+                key, lambda: self._client.head_object(Bucket=self._bucket, Key=self._prefix + key)
+            )
+            return head
+        except ObjectMissing:
+            return None
+
+    def size(self, key: str) -> int | None:
+        head = self._head(key)
+        return None if head is None else int(head["ContentLength"])
+
+    def mtime(self, key: str) -> float | None:
+        head = self._head(key)
+        return None if head is None else float(head["LastModified"].timestamp())
+
+    def list(self, prefix: str) -> Iterator[str]:
+        def attempt() -> list[str]:
+            keys: list[str] = []
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self._bucket, Prefix=self._prefix + prefix):
+                keys.extend(obj["Key"][len(self._prefix) :] for obj in page.get("Contents", ()))
+            return keys
+
+        return iter(self._call(prefix, attempt))
+
+    def delete(self, keys: Iterable[str]) -> None:
+        pending = list(keys)
+        for start in range(0, len(pending), _DELETE_BATCH):
+            batch = pending[start : start + _DELETE_BATCH]
+            objects = [{"Key": self._prefix + k} for k in batch]
+
+            def attempt(objects: list[dict[str, str]] = objects) -> dict[str, Any]:
+                result: dict[str, Any] = self._client.delete_objects(
+                    Bucket=self._bucket, Delete={"Objects": objects, "Quiet": True}
+                )
+                return result
+
+            result = self._call(batch[0], attempt)
+            errors = result.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise StoreUnavailable(
+                    self.location,
+                    str(first.get("Key", ""))[len(self._prefix) :],
+                    f"{len(errors)} deletes failed, first: {first.get('Code')}: {first.get('Message')}",
+                )
+
+    def flush(self) -> None:
+        pass  # An acknowledged PUT is already durable.
+
+    def discard_partial(self, older_than_s: float) -> int:
+        return 0  # Single-request PUTs never leave partial objects behind.
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,126 @@
+"""Settings of the snapshot store, one dataclass per concern, built once at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._errors import InvalidSettings
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True)
+class ChunkingSettings:
+    """How files are cut into content-defined chunks and compressed.
+
+    Changing any of these keeps old snapshots readable (the manifest records
+    every chunk) but stops new chunks from deduplicating against old ones.
+    """
+
+    min_size: int = 16 * KiB
+    """Smallest chunk in bytes. Four 4 KiB pages: CRIU page images are page-aligned,
+    so no real change is smaller than a page, and cutting finer only adds objects."""
+
+    avg_size: int = 64 * KiB
+    """Target mean chunk in bytes (16 pages). A dirtied page costs about this much
+    upload; 64 KiB keeps a 1 GiB image at ~16k chunks (a ~1.5 MB manifest, ~16k S3
+    PUTs on first upload) and is casync's default for the same trade-off."""
+
+    max_size: int = 256 * KiB
+    """Largest chunk in bytes (64 pages). Long zero or repeated runs, which never hit
+    a cut point, become identical 256 KiB chunks that deduplicate to one object."""
+
+    compression_level: int = 3
+    """zstd level per chunk. 3 is zstd's default: memory pages are mostly
+    incompressible or highly repetitive, and higher levels cost CPU on the
+    checkpoint's critical path for a few percent of size."""
+
+    def __post_init__(self) -> None:
+        if not 64 <= self.min_size <= self.avg_size <= self.max_size:
+            raise InvalidSettings("chunking", "need 64 <= min_size <= avg_size <= max_size")
+        if not 256 <= self.avg_size <= 256 * MiB or not 1 * KiB <= self.max_size <= 1024 * MiB:
+            raise InvalidSettings("chunking", "avg_size or max_size outside fastcdc's limits")
+        if not 1 <= self.compression_level <= 22:
+            raise InvalidSettings("chunking", "compression_level must be within 1..22")
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """Retries of transient backend failures (connection errors, 5xx, throttling)."""
+
+    attempts: int = 6
+    """Total tries per request, first included. Six exponential waits span
+    roughly 10 s, enough to ride out an S3 SlowDown burst or a gateway restart."""
+
+    initial_backoff_s: float = 0.2
+    """First wait in seconds; doubles each retry, with jitter so that parallel
+    chunk uploads do not retry in lockstep."""
+
+    max_backoff_s: float = 5.0
+    """Cap of one wait in seconds, so a long outage fails within a bounded time
+    and surfaces as StoreUnavailable instead of hanging a checkpoint."""
+
+
+@dataclass(frozen=True)
+class LockSettings:
+    """Timing of the store locks that keep garbage collection away from live writers."""
+
+    stale_after_s: float = 600.0
+    """Seconds after its last refresh at which another node may ignore a lock.
+    Must exceed refresh_interval_s plus the worst clock skew between nodes;
+    10 minutes also bounds how long a crashed writer on another node blocks GC
+    (a lock of a dead process on the same host is ignored at once)."""
+
+    refresh_interval_s: float = 60.0
+    """Seconds between lock refreshes while an operation runs. A tenth of
+    stale_after_s, so several refreshes may fail before the lock goes stale."""
+
+    acquire_timeout_s: float = 300.0
+    """Seconds a writer or reader waits for a running GC sweep before giving up
+    with StoreLocked. A sweep deletes only unreferenced chunks and is short."""
+
+    gc_acquire_timeout_s: float = 30.0
+    """Seconds GC keeps trying for its exclusive lock. GC is periodic, so when
+    writers are busy it is cheaper to skip this round than to stall them."""
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Where the store lives and how it moves bytes.
+
+    ``url`` is ``file:///abs/path`` (or a plain path) for a local or shared
+    directory, or ``s3://bucket/prefix?endpoint=http://host:port&region=r``
+    for an S3-compatible service (credentials come from the usual AWS
+    environment variables or config files).
+    """
+
+    url: str
+    """Location of the store, see the class docstring."""
+
+    chunking: ChunkingSettings = field(default_factory=ChunkingSettings)
+    """Chunk sizes and compression."""
+
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    """Retry policy for transient S3 failures."""
+
+    locks: LockSettings = field(default_factory=LockSettings)
+    """Lock timing for the GC protocol."""
+
+    io_threads: int = 4
+    """Worker threads for hashing, compressing and moving chunks. sha256, zstd
+    and file/socket I/O release the GIL; the nodes have 2 cores, and 4 threads
+    also hide S3 request latency without flooding the connection pool."""
+
+    durable: bool = True
+    """Local backend: make chunk data durable (one syncfs of the store's
+    filesystem) before publishing a manifest, and fsync the manifest. Turn off
+    only for throwaway stores; S3 PUTs are durable when acknowledged."""
+
+    s3_timeout_s: float = 30.0
+    """Connect and read timeout of one S3 request in seconds; a hung request
+    then fails and is retried instead of stalling a checkpoint."""
+
+    def __post_init__(self) -> None:
+        if self.io_threads < 1:
+            raise InvalidSettings("io_threads", "must be at least 1")

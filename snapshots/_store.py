@@ -1,0 +1,320 @@
+"""SnapshotStore: put, fetch, inspect and delete snapshots in a chunk store over one backend."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import time
+import uuid
+from collections.abc import Collection
+from pathlib import Path
+from types import TracebackType
+
+from . import _archive, _gc, _history, _verify
+from ._backends import Backend, ObjectMissing, open_backend
+from ._chunking import describe
+from ._chunkstore import ChunkStore
+from ._errors import InvalidCheckpoint, InvalidSnapshotMeta, SnapshotExists, SnapshotNotFound
+from ._layout import (
+    EPISODE_PREFIX,
+    MANIFEST_PREFIX,
+    episode_key,
+    manifest_id,
+    manifest_key,
+    split_episode_key,
+)
+from ._locks import LockKind, StoreLock
+from ._manifest import (
+    Entry,
+    EntryKind,
+    Manifest,
+    Reason,
+    SnapshotMeta,
+    SnapshotSizes,
+    decode,
+    encode,
+    valid_id,
+    validate_meta,
+)
+from ._settings import StoreSettings
+
+
+def _scan(root: Path) -> list[tuple[str, EntryKind, int, int, str | None]]:
+    """(path, kind, mode, size, link target) of every entry under root, parents before children."""
+    if not root.is_dir():
+        raise InvalidCheckpoint(str(root), "not a directory")
+    found: list[tuple[str, EntryKind, int, int, str | None]] = []
+
+    def walk(directory: Path, prefix: str) -> None:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError as exc:
+            raise InvalidCheckpoint(str(directory), f"cannot list: {exc.strerror or exc}") from None
+        for name in names:
+            path = directory / name
+            rel = prefix + name
+            st = path.lstat()
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISDIR(st.st_mode):
+                found.append((rel, EntryKind.DIR, mode, 0, None))
+                walk(path, rel + "/")
+            elif stat.S_ISREG(st.st_mode):
+                found.append((rel, EntryKind.FILE, mode, st.st_size, None))
+            elif stat.S_ISLNK(st.st_mode):
+                found.append((rel, EntryKind.SYMLINK, mode, 0, os.readlink(path)))
+            else:
+                raise InvalidCheckpoint(
+                    str(path), "only directories, regular files and symlinks can be stored"
+                )
+
+    walk(root, "")
+    return found
+
+
+class SnapshotStore:
+    """Content-addressed, deduplicating snapshot store over a local directory or S3.
+
+    Thread-safe; one instance per process is enough. Close it (or use it as a
+    context manager) to stop its worker threads.
+    """
+
+    def __init__(self, settings: StoreSettings) -> None:
+        self._settings = settings
+        self._backend: Backend = open_backend(settings)
+        self._chunks = ChunkStore(self._backend, settings.chunking, settings.io_threads)
+
+    @classmethod
+    def open(cls, store: str | StoreSettings) -> SnapshotStore:
+        """Open a store from a URL (file:///path, s3://bucket/prefix?endpoint=...) or settings."""
+        return cls(store if isinstance(store, StoreSettings) else StoreSettings(url=store))
+
+    @property
+    def settings(self) -> StoreSettings:
+        """The settings this store was opened with."""
+        return self._settings
+
+    def close(self) -> None:
+        """Stop worker threads and release connections."""
+        self._chunks.close()
+        self._backend.close()
+
+    def __enter__(self) -> SnapshotStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _lock(self, kind: LockKind, purpose: str) -> StoreLock:
+        locks = self._settings.locks
+        timeout = locks.gc_acquire_timeout_s if kind is LockKind.EXCLUSIVE else locks.acquire_timeout_s
+        return StoreLock(self._backend, locks, kind, purpose).acquire(timeout)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def put(self, checkpoint_dir: str | os.PathLike[str], meta: SnapshotMeta) -> Manifest:
+        """Store a checkpoint directory as an immutable snapshot and return its manifest.
+
+        Metadata is validated before anything is written. Chunks go first and
+        the manifest last, in one atomic create; a put that dies before that
+        leaves no visible snapshot. Raises InvalidSnapshotMeta, InvalidCheckpoint,
+        SnapshotExists, StoreLocked or a StoreError.
+        """
+        started = time.monotonic()
+        validate_meta(meta)
+        root = Path(checkpoint_dir)
+        tree = _scan(root)
+        if self._backend.size(manifest_key(meta.snapshot_id)) is not None:
+            raise SnapshotExists(meta.snapshot_id)
+        if meta.parent_id is not None:
+            self._check_parent(meta)
+
+        with self._lock(LockKind.SHARED, f"put {meta.snapshot_id}") as lock:
+            locked = time.monotonic()
+            # The marker goes before any chunk: a put killed later leaves a marker without a
+            # manifest, which listings skip and GC removes, never a manifest nobody lists.
+            self._backend.put(episode_key(meta.episode_id, meta.snapshot_id), b"")
+            files = [(root / path, size) for path, kind, _m, size, _t in tree if kind is EntryKind.FILE]
+            lists, tally = self._chunks.store_files(files)
+            chunk_lists = iter(lists)
+            entries = tuple(
+                Entry(path, kind, mode, size, next(chunk_lists) if kind is EntryKind.FILE else (), target)
+                for path, kind, mode, size, target in tree
+            )
+            self._backend.flush()
+            uploaded = time.monotonic()
+            timings = dict(meta.timings_ms)
+            timings["store_lock"] = round((locked - started) * 1000, 3)
+            timings["store_upload"] = round((uploaded - locked) * 1000, 3)
+            refs = [c for e in entries for c in e.chunks]
+            manifest = Manifest(
+                snapshot_id=meta.snapshot_id,
+                episode_id=meta.episode_id,
+                seq=meta.seq,
+                parent_id=meta.parent_id,
+                node=meta.node,
+                reason=Reason(meta.reason),
+                created_at=meta.created_at,
+                image_digest=meta.image_digest,
+                runtime_backend=meta.runtime_backend,
+                criu_version=meta.criu_version,
+                trajectory_cursor=meta.trajectory_cursor,
+                timings_ms=timings,
+                sizes=SnapshotSizes(
+                    logical_bytes=sum(e.size for e in entries),
+                    stored_bytes=tally.stored_bytes,
+                    new_bytes=tally.new_bytes,
+                    chunks=len(refs),
+                    unique_chunks=tally.unique_chunks,
+                    new_chunks=tally.new_chunks,
+                ),
+                chunking=describe(self._settings.chunking),
+                entries=entries,
+            )
+            # A lock that may have gone stale could mean a sweep ran under us: do not publish.
+            lock.ensure_held()
+            if not self._backend.put_if_absent(manifest_key(meta.snapshot_id), encode(manifest)):
+                raise SnapshotExists(meta.snapshot_id)
+        return manifest
+
+    def _check_parent(self, meta: SnapshotMeta) -> None:
+        try:
+            parent = self.manifest(meta.parent_id or "")
+        except SnapshotNotFound:
+            raise InvalidSnapshotMeta("parent_id", f"no snapshot {meta.parent_id!r} in the store") from None
+        if parent.episode_id != meta.episode_id:
+            raise InvalidSnapshotMeta("parent_id", f"parent belongs to episode {parent.episode_id!r}")
+        if parent.seq >= meta.seq:
+            raise InvalidSnapshotMeta("seq", f"must exceed the parent's seq {parent.seq}")
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def manifest(self, snapshot_id: str) -> Manifest:
+        """The manifest of a committed snapshot; SnapshotNotFound or SnapshotCorrupt otherwise."""
+        if not valid_id(snapshot_id):
+            raise SnapshotNotFound(snapshot_id)
+        try:
+            raw = self._backend.get(manifest_key(snapshot_id))
+        except ObjectMissing:
+            raise SnapshotNotFound(snapshot_id) from None
+        return decode(raw, snapshot_id)
+
+    def exists(self, snapshot_id: str) -> bool:
+        """Whether a committed snapshot has this id."""
+        return valid_id(snapshot_id) and self._backend.size(manifest_key(snapshot_id)) is not None
+
+    def fetch(self, snapshot_id: str, dest: str | os.PathLike[str]) -> Manifest:
+        """Recreate a snapshot's tree at dest (which must not exist), verifying every chunk.
+
+        The tree is built beside dest and renamed into place, so dest appears
+        complete or not at all. Raises SnapshotNotFound or SnapshotCorrupt
+        naming the snapshot, file and chunk.
+        """
+        target = Path(dest)
+        if target.exists() or target.is_symlink():
+            raise FileExistsError(f"fetch destination {target} already exists")
+        with self._lock(LockKind.SHARED, f"fetch {snapshot_id}"):
+            manifest = self.manifest(snapshot_id)
+            work = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex}")
+            work.mkdir(mode=0o700)
+            try:
+                files: list[tuple[Entry, Path]] = []
+                for entry in manifest.entries:
+                    path = work / entry.path
+                    if entry.kind is EntryKind.DIR:
+                        path.mkdir(mode=0o700)
+                    elif entry.kind is EntryKind.SYMLINK:
+                        os.symlink(entry.target or "", path)
+                    else:
+                        with open(path, "wb") as f:
+                            f.truncate(entry.size)
+                        files.append((entry, path))
+                self._chunks.restore_files(snapshot_id, files)
+                # Modes last, deepest first, so read-only files and dirs do not block their own filling.
+                for entry in reversed(manifest.entries):
+                    if entry.kind is not EntryKind.SYMLINK:
+                        os.chmod(work / entry.path, entry.mode)
+                os.rename(work, target)
+            except BaseException:
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+        return manifest
+
+    # -- history and housekeeping -------------------------------------------------------------
+
+    def episodes(self) -> list[str]:
+        """Ids of episodes that have snapshot markers in the store, sorted."""
+        return sorted({m[0] for key in self._backend.list(EPISODE_PREFIX) if (m := split_episode_key(key))})
+
+    def history(self, episode_id: str) -> list[_history.SnapshotInfo]:
+        """Committed snapshots of an episode in seq order, with lineage and sizes."""
+        if not valid_id(episode_id):
+            return []
+        ids = [
+            m[1]
+            for key in self._backend.list(f"{EPISODE_PREFIX}{episode_id}/")
+            if (m := split_episode_key(key))
+        ]
+        manifests = [m for m in self._chunks.map(self._manifest_or_none, ids) if m is not None]
+        return _history.build(manifests)
+
+    def _manifest_or_none(self, snapshot_id: str) -> Manifest | None:
+        try:
+            return self.manifest(snapshot_id)
+        except SnapshotNotFound:
+            return None
+
+    def delete(self, snapshot_id: str) -> None:
+        """Remove a snapshot: its manifest now, its unshared chunks at the next GC."""
+        manifest = self.manifest(snapshot_id)
+        self._backend.delete([manifest_key(snapshot_id)])
+        self._backend.delete([episode_key(manifest.episode_id, snapshot_id)])
+
+    def verify(self, snapshot_id: str | None = None) -> _verify.VerifyReport:
+        """Check one snapshot, or every manifest in the store, reading and hashing every chunk.
+
+        Returns every problem found (missing chunk, hash mismatch, unreadable
+        manifest) rather than stopping at the first.
+        """
+        with self._lock(LockKind.SHARED, "verify"):
+            if snapshot_id is not None:
+                ids = [snapshot_id]
+            else:
+                ids = sorted(
+                    found for key in self._backend.list(MANIFEST_PREFIX) if (found := manifest_id(key))
+                )
+            return _verify.run(ids, self.manifest, self._chunks)
+
+    def gc(self, retention: _gc.RetentionPolicy, ended_episodes: Collection[str] = ()) -> _gc.GcReport:
+        """Apply retention, then sweep chunks no manifest references, under the exclusive lock.
+
+        ended_episodes are episodes whose trajectories are persisted elsewhere;
+        all their snapshots go. Raises StoreLocked if writers keep the store
+        busy for longer than LockSettings.gc_acquire_timeout_s.
+        """
+        with self._lock(LockKind.EXCLUSIVE, "gc") as lock:
+            return _gc.run(
+                self._backend,
+                self._chunks,
+                self._settings.locks,
+                lock,
+                retention,
+                frozenset(ended_episodes),
+                self._manifest_or_none,
+            )
+
+    # -- archives ----------------------------------------------------------------------------
+
+    def export_archive(self, snapshot_id: str, dest: str | os.PathLike[str]) -> Path:
+        """Write a snapshot as a standard container checkpoint archive (see export_checkpoint_archive)."""
+        target = Path(dest)
+        with tempfile.TemporaryDirectory(prefix=".stasis-export-", dir=target.parent) as scratch:
+            tree = Path(scratch) / "checkpoint"
+            self.fetch(snapshot_id, tree)
+            return _archive.export_checkpoint_archive(tree, target)

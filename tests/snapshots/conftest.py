@@ -1,0 +1,173 @@
+"""Fixtures for the snapshots tests: scratch dirs on the real disk, checkpoint trees, a moto S3 server."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from snapshots import LockSettings, RetrySettings, SnapshotMeta, SnapshotStore, StoreSettings
+
+REPO = Path(__file__).resolve().parents[2]
+# trusted.* xattrs and device nodes need a real filesystem; tmpfs may refuse them.
+SCRATCH_PARENT = Path("/var/tmp")
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A fresh directory on the real disk, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="stasis-snapshots-test-", dir=SCRATCH_PARENT))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def make_meta(
+    snapshot_id: str, episode_id: str = "ep-1", seq: int = 1, parent_id: str | None = None
+) -> SnapshotMeta:
+    """Valid metadata for a test snapshot."""
+    return SnapshotMeta(
+        snapshot_id=snapshot_id,
+        episode_id=episode_id,
+        seq=seq,
+        parent_id=parent_id,
+        node="node-a",
+        reason="time-slice",
+        created_at=datetime.datetime(2026, 5, 1, 12, 0, seq % 60, tzinfo=datetime.UTC),
+        image_digest="sha256:" + "ab" * 32,
+        runtime_backend="runc",
+        criu_version="4.2.1",
+        trajectory_cursor={"turn": seq, "branch": "main"},
+        timings_ms={"dump": 1800.0},
+    )
+
+
+def make_tree(root: Path, memory: bytes = b"") -> Path:
+    """A checkpoint-shaped tree with files, nested and empty dirs, an empty file, modes and a symlink."""
+    (root / "criu" / "nested" / "deeper").mkdir(parents=True)
+    (root / "empty-dir").mkdir()
+    (root / "checkpoint.json").write_text('{"sandbox_id": "sb-1"}')
+    (root / "criu" / "pages-1.img").write_bytes(memory or os.urandom(300_000))
+    (root / "criu" / "empty.img").write_bytes(b"")
+    (root / "criu" / "nested" / "deeper" / "core-1.img").write_bytes(b"core" * 5000)
+    os.chmod(root / "criu" / "empty.img", 0o600)
+    os.chmod(root / "criu" / "nested", 0o750)
+    os.chmod(root / "checkpoint.json", 0o640)
+    (root / "criu" / "exec.sh").write_bytes(b"#!/bin/sh\n")
+    os.chmod(root / "criu" / "exec.sh", 0o755)
+    os.symlink("criu/pages-1.img", root / "pages-link")
+    return root
+
+
+def tree_listing(root: Path) -> dict[str, tuple[str, int, bytes | str | None]]:
+    """Kind, permission bits and content (or link target) of every entry under root."""
+    out: dict[str, tuple[str, int, bytes | str | None]] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        st = path.lstat()
+        if path.is_symlink():
+            out[rel] = ("symlink", 0, os.readlink(path))
+        elif path.is_dir():
+            out[rel] = ("dir", st.st_mode & 0o7777, None)
+        else:
+            out[rel] = ("file", st.st_mode & 0o7777, path.read_bytes())
+    return out
+
+
+def fast_settings(url: str, **overrides: object) -> StoreSettings:
+    """Settings with short retry and lock timings so failure paths finish quickly in tests."""
+    base = {
+        "url": url,
+        "retry": RetrySettings(attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2),
+        "locks": LockSettings(
+            stale_after_s=30, refresh_interval_s=1, acquire_timeout_s=30, gc_acquire_timeout_s=5
+        ),
+    }
+    base.update(overrides)
+    return StoreSettings(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def local_store(scratch: Path) -> Iterator[SnapshotStore]:
+    """A store in a local directory."""
+    with SnapshotStore(fast_settings(f"file://{scratch}/store")) as store:
+        yield store
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MotoServer:
+    """A real moto S3 server process on 127.0.0.1 (the one S3 endpoint this machine can run)."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def create_bucket(self, name: str) -> None:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket=name)
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    """One moto server for the session, terminated at the end."""
+    env = pytest.MonkeyPatch()
+    env.setenv("AWS_ACCESS_KEY_ID", "testing")
+    env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    server = MotoServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+        env.undo()
+
+
+@pytest.fixture
+def s3_store(moto_server: MotoServer, request: pytest.FixtureRequest) -> Iterator[SnapshotStore]:
+    """A store in a fresh bucket of the moto server."""
+    bucket = "stasis-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:40]
+    moto_server.create_bucket(bucket)
+    with SnapshotStore(fast_settings(f"s3://{bucket}/snaps?endpoint={moto_server.endpoint}")) as store:
+        yield store

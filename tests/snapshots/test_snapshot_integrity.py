@@ -1,0 +1,132 @@
+"""Verification finds every damaged chunk; fetch refuses them; a killed writer leaves nothing visible."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from snapshots import RetentionPolicy, SnapshotCorrupt, SnapshotNotFound, SnapshotStore
+from tests.snapshots.conftest import REPO, fast_settings, make_meta, make_tree
+
+
+def _chunk_path(store_dir: Path, digest: str) -> Path:
+    return store_dir / "chunks" / digest[:2] / digest
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("position", ["first", "middle", "last"])
+def test_flipped_byte_fails_verify_and_fetch_naming_snapshot_file_chunk(
+    local_store: SnapshotStore, scratch: Path, position: str
+) -> None:
+    tree = make_tree(scratch / "tree", os.urandom(2 << 20))
+    manifest = local_store.put(tree, make_meta("snap-1"))
+    local_store.put(make_tree(scratch / "other"), make_meta("snap-2", seq=2, parent_id="snap-1"))
+    pages = next(e for e in manifest.files() if e.path == "criu/pages-1.img")
+    ref = {
+        "first": pages.chunks[0],
+        "middle": pages.chunks[len(pages.chunks) // 2],
+        "last": pages.chunks[-1],
+    }[position]
+    path = _chunk_path(scratch / "store", ref.hash)
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    path.write_bytes(bytes(blob))
+
+    report = local_store.verify("snap-1")
+    assert not report.ok
+    assert [(p.snapshot_id, p.path, p.chunk) for p in report.problems] == [
+        ("snap-1", "criu/pages-1.img", ref.hash)
+    ]
+    assert report.problems[0].kind in {"hash-mismatch", "undecodable-chunk"}
+
+    with pytest.raises(SnapshotCorrupt) as caught:
+        local_store.fetch("snap-1", scratch / "out")
+    assert (caught.value.snapshot_id, caught.value.path, caught.value.chunk) == (
+        "snap-1",
+        "criu/pages-1.img",
+        ref.hash,
+    )
+    assert (
+        "snap-1" in str(caught.value)
+        and ref.hash in str(caught.value)
+        and "criu/pages-1.img" in str(caught.value)
+    )
+    assert not (scratch / "out").exists(), "a failed fetch leaves no partial tree"
+    assert not [p for p in scratch.iterdir() if p.name.startswith(".out.")]
+
+
+@pytest.mark.timeout(60)
+def test_verify_reports_every_problem(local_store: SnapshotStore, scratch: Path) -> None:
+    tree = make_tree(scratch / "tree", os.urandom(1 << 20))
+    manifest = local_store.put(tree, make_meta("snap-1"))
+    local_store.put(make_tree(scratch / "tree2"), make_meta("snap-2", seq=2, parent_id="snap-1"))
+    refs = {ref.hash: entry.path for entry in manifest.files() for ref in entry.chunks}
+    missing, swapped = sorted(refs)[:2]
+    _chunk_path(scratch / "store", missing).unlink()
+    # A valid zstd frame of other content of the same length: only the hash can catch this.
+    donor = _chunk_path(scratch / "store", swapped)
+    impostor = next(h for h in sorted(refs) if h not in (missing, swapped))
+    length = next(r.length for e in manifest.files() for r in e.chunks if r.hash == swapped)
+    import zstandard
+
+    donor.write_bytes(zstandard.ZstdCompressor().compress(os.urandom(length)))
+    (scratch / "store" / "snapshots" / "snap-2.json").write_text("{not json")
+
+    report = local_store.verify()
+    kinds = {(p.kind, p.snapshot_id, p.chunk) for p in report.problems}
+    assert ("missing-chunk", "snap-1", missing) in kinds
+    assert ("hash-mismatch", "snap-1", swapped) in kinds
+    assert ("unreadable-manifest", "snap-2", None) in kinds
+    assert impostor not in {p.chunk for p in report.problems}
+    assert set(report.snapshots_checked) == {"snap-1", "snap-2"}
+
+
+_WRITER = """
+import sys
+from snapshots import SnapshotStore
+from tests.snapshots.conftest import fast_settings, make_meta
+store = SnapshotStore(fast_settings(sys.argv[1], io_threads=1))
+store.put(sys.argv[2], make_meta("doomed"))
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_writer_killed_mid_put_leaves_no_visible_snapshot(scratch: Path) -> None:
+    url = f"file://{scratch}/store"
+    tree = make_tree(scratch / "tree", os.urandom(48 << 20))
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, url, str(tree)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+    )
+    chunks = scratch / "store" / "chunks"
+    deadline = time.monotonic() + 30
+    while sum(1 for p in chunks.rglob("*") if p.is_file() and not p.name.startswith(".tmp.")) < 20:
+        assert writer.poll() is None, "writer finished before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    writer.send_signal(signal.SIGKILL)
+    output, _ = writer.communicate()
+    assert writer.returncode == -signal.SIGKILL and b"finished" not in output
+
+    with SnapshotStore(fast_settings(url)) as store:
+        assert not store.exists("doomed")
+        with pytest.raises(SnapshotNotFound):
+            store.manifest("doomed")
+        assert store.history("ep-1") == []
+        assert store.verify().ok
+        # The dead writer's lock is recognised as dead (same host), so GC runs and clears the debris.
+        report = store.gc(RetentionPolicy(keep_last=1))
+        assert report.removed_markers == 1 and report.deleted_chunks >= 20 and report.removed_locks == 1
+        assert not any(p.is_file() for p in chunks.rglob("*") if not p.name.startswith(".tmp."))
+        # The id is still free for the retried checkpoint.
+        store.put(tree, make_meta("doomed"))
+        assert store.verify().ok

@@ -1,0 +1,171 @@
+"""Round trips, metadata validation and history on the local and S3 backends."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from snapshots import (
+    FORMAT,
+    InvalidCheckpoint,
+    InvalidSnapshotMeta,
+    Reason,
+    SnapshotExists,
+    SnapshotNotFound,
+    SnapshotStore,
+)
+from tests.snapshots.conftest import make_meta, make_tree, tree_listing
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest) -> SnapshotStore:
+    return request.getfixturevalue(f"{request.param}_store")  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(60)
+def test_round_trip_preserves_tree(store: SnapshotStore, scratch: Path) -> None:
+    tree = make_tree(scratch / "tree")
+    manifest = store.put(tree, make_meta("snap-1"))
+    assert manifest.sizes.logical_bytes == sum(
+        len(v[2]) for v in tree_listing(tree).values() if v[0] == "file"
+    )
+    assert manifest.reason is Reason.TIME_SLICE
+    assert store.exists("snap-1")
+
+    out = scratch / "out"
+    store.fetch("snap-1", out)
+    assert tree_listing(out) == tree_listing(tree)
+    assert (out / "empty-dir").is_dir() and not any((out / "empty-dir").iterdir())
+
+    again = store.manifest("snap-1")
+    assert again == manifest
+    assert again.trajectory_cursor == {"turn": 1, "branch": "main"}
+    assert again.timings_ms["dump"] == 1800.0 and "store_upload" in again.timings_ms
+
+
+@pytest.mark.timeout(60)
+def test_snapshots_are_immutable(store: SnapshotStore, scratch: Path) -> None:
+    tree = make_tree(scratch / "tree")
+    store.put(tree, make_meta("snap-1"))
+    with pytest.raises(SnapshotExists):
+        store.put(tree, make_meta("snap-1"))
+
+
+@pytest.mark.timeout(30)
+def test_missing_snapshot_is_not_found(store: SnapshotStore, scratch: Path) -> None:
+    with pytest.raises(SnapshotNotFound):
+        store.manifest("nope")
+    with pytest.raises(SnapshotNotFound):
+        store.fetch("nope", scratch / "out")
+    assert not (scratch / "out").exists()
+
+
+BAD_FIELDS = [
+    ("snapshot_id", "../escape"),
+    ("episode_id", ""),
+    ("seq", -1),
+    ("seq", True),
+    ("node", "bad node"),
+    ("reason", "nap"),
+    ("created_at", datetime.datetime(2026, 1, 1)),
+    ("image_digest", "sha256:1234"),
+    ("runtime_backend", "Runc!"),
+    ("criu_version", "latest"),
+    ("trajectory_cursor", {"x": object()}),
+    ("timings_ms", {"dump": -5}),
+    ("parent_id", "no-such-parent"),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("field", "value"), BAD_FIELDS, ids=[f"{f}-{i}" for i, (f, _v) in enumerate(BAD_FIELDS)]
+)
+def test_bad_metadata_names_the_field_and_writes_nothing(
+    local_store: SnapshotStore, scratch: Path, field: str, value: object
+) -> None:
+    tree = make_tree(scratch / "tree")
+    meta = dataclasses.replace(make_meta("snap-1"), **{field: value})
+    with pytest.raises(InvalidSnapshotMeta) as caught:
+        local_store.put(tree, meta)
+    assert caught.value.field == field
+    assert field in str(caught.value)
+    store_dir = scratch / "store"
+    assert [p for p in store_dir.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.timeout(30)
+def test_parent_must_be_older_snapshot_of_same_episode(local_store: SnapshotStore, scratch: Path) -> None:
+    tree = make_tree(scratch / "tree")
+    local_store.put(tree, make_meta("a", episode_id="ep-1", seq=5))
+    with pytest.raises(InvalidSnapshotMeta) as caught:
+        local_store.put(tree, make_meta("b", episode_id="ep-2", seq=6, parent_id="a"))
+    assert caught.value.field == "parent_id"
+    with pytest.raises(InvalidSnapshotMeta) as caught:
+        local_store.put(tree, make_meta("c", episode_id="ep-1", seq=5, parent_id="a"))
+    assert caught.value.field == "seq"
+
+
+@pytest.mark.timeout(30)
+def test_unsupported_file_type_is_rejected_before_writing(local_store: SnapshotStore, scratch: Path) -> None:
+    tree = make_tree(scratch / "tree")
+    os.mkfifo(tree / "criu" / "fifo")
+    with pytest.raises(InvalidCheckpoint, match="fifo"):
+        local_store.put(tree, make_meta("snap-1"))
+    assert not local_store.exists("snap-1")
+    assert local_store.episodes() == []
+
+
+@pytest.mark.timeout(60)
+def test_history_lineage_and_sizes(store: SnapshotStore, scratch: Path) -> None:
+    memory = os.urandom(1 << 20)
+    tree = make_tree(scratch / "tree", memory)
+    store.put(tree, make_meta("s1", seq=1))
+    store.put(tree, make_meta("s2", seq=2, parent_id="s1"))
+    (tree / "criu" / "pages-1.img").write_bytes(memory[:500_000] + os.urandom(100_000) + memory[600_000:])
+    store.put(tree, make_meta("s3", seq=3, parent_id="s2"))
+    store.put(tree, make_meta("other", episode_id="ep-2", seq=1))
+
+    history = store.history("ep-1")
+    assert [h.snapshot_id for h in history] == ["s1", "s2", "s3"]
+    assert history[2].lineage == ("s2", "s1") and history[2].lineage_complete
+    assert history[0].new_bytes == history[0].stored_bytes > 0
+    assert history[1].new_bytes == 0, "an identical snapshot adds nothing"
+    assert 0 < history[2].new_bytes < history[0].stored_bytes / 2
+    assert history[0].dedup_ratio == history[0].sizes.logical_bytes / history[0].stored_bytes
+    assert store.episodes() == ["ep-1", "ep-2"]
+    assert [h.snapshot_id for h in store.history("ep-2")] == ["other"]
+    assert history[1].new_bytes == 0 and store.history("ep-2")[0].new_bytes == 0, "dedup across episodes"
+
+    store.delete("s2")
+    history = store.history("ep-1")
+    assert [h.snapshot_id for h in history] == ["s1", "s3"]
+    assert history[1].lineage == ("s2",) and not history[1].lineage_complete
+
+
+@pytest.mark.timeout(30)
+def test_manifest_is_versioned_json(local_store: SnapshotStore, scratch: Path) -> None:
+    tree = make_tree(scratch / "tree")
+    local_store.put(tree, make_meta("snap-1"))
+    doc = json.loads((scratch / "store" / "snapshots" / "snap-1.json").read_bytes())
+    assert doc["format"] == FORMAT
+    assert doc["episode_id"] == "ep-1" and doc["reason"] == "time-slice" and doc["created_at"].endswith("Z")
+    by_path = {e["path"]: e for e in doc["entries"]}
+    assert by_path["empty-dir"]["type"] == "dir"
+    assert by_path["criu/empty.img"] == {
+        "path": "criu/empty.img",
+        "type": "file",
+        "mode": 0o600,
+        "size": 0,
+        "chunks": [],
+    }
+    assert by_path["pages-link"]["target"] == "criu/pages-1.img"
+    pages = by_path["criu/pages-1.img"]
+    assert sum(length for _h, length, _z in pages["chunks"]) == pages["size"] == 300_000
+    for digest, _length, _stored in pages["chunks"]:
+        assert (scratch / "store" / "chunks" / digest[:2] / digest).is_file()
