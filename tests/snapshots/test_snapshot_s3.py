@@ -1,0 +1,62 @@
+"""S3 backend failure handling against a real moto server: transient errors retried, then translated."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from snapshots import SnapshotStore, StoreRejected, StoreUnavailable
+from tests.snapshots.conftest import MotoServer, fast_settings, make_meta, make_tree
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_endpoint_is_unavailable_after_retries(moto_server: MotoServer, scratch: Path) -> None:
+    server = MotoServer()
+    server.create_bucket("flaky")
+    store = SnapshotStore(fast_settings(f"s3://flaky/p?endpoint={server.endpoint}"))
+    try:
+        tree = make_tree(scratch / "tree")
+        store.put(tree, make_meta("s1"))
+        server.stop()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as caught:
+            store.manifest("s1")
+        assert time.monotonic() - started >= 0.05, "retried with backoff before giving up"
+        assert "flaky" in str(caught.value) and caught.value.key == "snapshots/s1.json"
+    finally:
+        store.close()
+        server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_missing_bucket_is_rejected_not_retried(moto_server: MotoServer, scratch: Path) -> None:
+    url = f"s3://no-such-bucket?endpoint={moto_server.endpoint}"
+    with SnapshotStore(fast_settings(url)) as store, pytest.raises(StoreRejected, match="NoSuchBucket"):
+        store.put(make_tree(scratch / "tree"), make_meta("s1"))
+
+
+@pytest.mark.timeout(60)
+def test_s3_layout_and_dedup_across_stores(moto_server: MotoServer, scratch: Path) -> None:
+    import boto3
+
+    moto_server.create_bucket("layout")
+    url = f"s3://layout/team/snaps?endpoint={moto_server.endpoint}&region=us-east-1"
+    tree = make_tree(scratch / "tree")
+    with SnapshotStore(fast_settings(url)) as store:
+        first = store.put(tree, make_meta("s1", episode_id="ep-1"))
+    with SnapshotStore(fast_settings(url)) as store:
+        second = store.put(tree, make_meta("s2", episode_id="ep-2"))
+        assert second.sizes.new_bytes == 0 and second.sizes.stored_bytes == first.sizes.stored_bytes
+        assert store.verify().ok
+    client = boto3.client("s3", endpoint_url=moto_server.endpoint, region_name="us-east-1")
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="layout")["Contents"]]
+    client.close()
+    assert all(k.startswith("team/snaps/") for k in keys)
+    assert {
+        "team/snaps/snapshots/s1.json",
+        "team/snaps/episodes/ep-1/s1",
+        "team/snaps/episodes/ep-2/s2",
+    } <= set(keys)
+    assert not [k for k in keys if k.startswith("team/snaps/locks/")], "locks are released"
