@@ -121,7 +121,7 @@ class Measurement:
 
 
 def measure(
-    tree: Path, scratch: Path, chunking: ChunkingSettings, threads: int, durable: bool
+    tree: Path, scratch: Path, chunking: ChunkingSettings, threads: int | None, durable: bool
 ) -> Measurement:
     """Time tar|zstd and the store on the same files; durable adds a sync to tar and syncfs to ours."""
     archive = scratch / "tree.tar.zst"
@@ -183,7 +183,7 @@ def main() -> None:
         "--workdir", type=Path, default=Path("/var/tmp"), help="where scratch files go (a real disk)"
     )
     parser.add_argument("--avg-kib", type=int, default=ChunkingSettings().avg_size // 1024)
-    parser.add_argument("--threads", type=int, default=StoreSettings(url="x").io_threads)
+    parser.add_argument("--threads", type=int, default=None, help="io_threads (default: the store default)")
     args = parser.parse_args()
 
     avg = args.avg_kib * 1024

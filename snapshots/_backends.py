@@ -38,6 +38,11 @@ class Backend(Protocol):
         """Human-readable location for error messages."""
         ...
 
+    @property
+    def remote(self) -> bool:
+        """Whether requests cross a network (so more of them should be in flight)."""
+        ...
+
     def put(self, key: str, data: bytes) -> None:
         """Create or replace an object."""
         ...
@@ -105,6 +110,10 @@ class LocalBackend:
     @property
     def location(self) -> str:
         return f"file://{self._root}"
+
+    @property
+    def remote(self) -> bool:
+        return False
 
     def _error(self, key: str | None, exc: OSError) -> StoreRejected | StoreUnavailable:
         detail = f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno or 0, exc.errno)})"

@@ -73,7 +73,8 @@ class S3Backend:
         config = botocore.config.Config(
             # tenacity below owns retries, so that the policy lives in one place.
             retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=max(10, settings.io_threads * 2),
+            # Chunk workers plus lock refreshes and manifest reads never wait for a connection.
+            max_pool_connections=settings.threads_for(remote=True) + 4,
             connect_timeout=settings.s3_timeout_s,
             read_timeout=settings.s3_timeout_s,
             s3={"addressing_style": "path"} if endpoint else {},
@@ -90,6 +91,10 @@ class S3Backend:
             retry=retry_if_exception(_transient),
             reraise=True,
         )
+
+    @property
+    def remote(self) -> bool:
+        return True
 
     @property
     def location(self) -> str:

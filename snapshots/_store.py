@@ -83,7 +83,8 @@ class SnapshotStore:
     def __init__(self, settings: StoreSettings) -> None:
         self._settings = settings
         self._backend: Backend = open_backend(settings)
-        self._chunks = ChunkStore(self._backend, settings.chunking, settings.io_threads)
+        threads = settings.threads_for(remote=self._backend.remote)
+        self._chunks = ChunkStore(self._backend, settings.chunking, threads)
 
     @classmethod
     def open(cls, store: str | StoreSettings) -> SnapshotStore:
