@@ -14,7 +14,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ from sandbox_agent.backend import STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import AgentError, CommandFailed, NotFound, ToolUnavailable
 from sandbox_agent.images import Image, ImageCache
-from sandbox_agent.settings import AgentSettings
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
 CHECKPOINT_NAME = "stasis"
@@ -61,10 +60,13 @@ def _client(url: str) -> docker.DockerClient:
         return docker.DockerClient(base_url=url, version="auto", timeout=300)
 
 
-def import_docker_image(cache: ImageCache, ref: str, name: str, settings: AgentSettings) -> Image:
+def import_docker_image(cache: ImageCache, ref: str, name: str, docker_url: str) -> Image:
     """Import a local Docker image's root filesystem into the node's image cache."""
-    client = _client(settings.docker_url)
-    with _translated(f"exporting Docker image {ref!r}"), tempfile.TemporaryDirectory(dir=cache.root) as tmp:
+    with (
+        closing(_client(docker_url)) as client,
+        _translated(f"exporting Docker image {ref!r}"),
+        tempfile.TemporaryDirectory(dir=cache.root) as tmp,
+    ):
         client.images.get(ref)
         container = client.containers.create(ref, command=["/bin/true"], network_mode="none")
         try:

@@ -270,7 +270,9 @@ class Node:
     ) -> SandboxStatus:
         """Start a new sandbox from a checkpoint, on this node, under a new id if need be."""
         validate_id("sandbox_id", sandbox_id)
+        started = time.monotonic()
         checkpoint = ckpt.load(checkpoint_dir, verify=verify)
+        verified = time.monotonic()
         local = self._restore_image(checkpoint, image)
         if checkpoint.backend != self.backend.name:
             raise FailedPrecondition(
@@ -288,6 +290,13 @@ class Node:
         )
         with self._new_sandbox(sandbox_id, record) as layout:
             self.backend.restore(record, layout, local, checkpoint)
+            done = time.monotonic()
+            record.restore_timings = {
+                "verify_ms": round((verified - started) * 1000, 1),
+                "restore_ms": round((done - verified) * 1000, 1),
+                "total_ms": round((done - started) * 1000, 1),
+            }
+            record.save(layout.record)
         return self._status(record)
 
     def _restore_image(self, checkpoint: ckpt.Checkpoint, image: str) -> Image:

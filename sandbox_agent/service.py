@@ -114,6 +114,7 @@ def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
         exit_code=status.exit_code or 0,
         created_at=rec.created_at,
         restored_from=rec.restored_from,
+        restore_timings=pb.RestoreTimings(**rec.restore_timings),
     )
 
 
@@ -224,9 +225,8 @@ class AgentService(pb_grpc.SandboxAgentServicer):
         elif source == "docker_image":
             from sandbox_agent.docker_backend import import_docker_image
 
-            image = import_docker_image(
-                self.node.images, request.docker_image, request.name, self.node.settings
-            )
+            docker_url = self.node.settings.docker_url
+            image = import_docker_image(self.node.images, request.docker_image, request.name, docker_url)
         else:
             raise InvalidSpec("source", "one of tarball, directory or docker_image is required")
         return image_to_pb(image)

@@ -121,8 +121,8 @@ class SandboxRecord:
     image_digest: str
     created_at: float
     restored_from: str = ""
-    container_ref: str = ""
-    """Backend's handle for the container (runc id, or Docker container id)."""
+    restore_timings: dict[str, float] = field(default_factory=dict)
+    """For a restored sandbox: verify_ms (checkpoint hashes), restore_ms (layer + CRIU), total_ms."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -56,7 +56,7 @@ class SandboxSpec(_message.Message):
     def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from")
+    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "restore_timings")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class Sandbox(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     id: str
     node: str
     backend: str
@@ -79,7 +80,18 @@ class Sandbox(_message.Message):
     exit_code: int
     created_at: float
     restored_from: str
-    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ...) -> None: ...
+    restore_timings: RestoreTimings
+    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., restore_timings: _Optional[_Union[RestoreTimings, _Mapping]] = ...) -> None: ...
+
+class RestoreTimings(_message.Message):
+    __slots__ = ("verify_ms", "restore_ms", "total_ms")
+    VERIFY_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    verify_ms: float
+    restore_ms: float
+    total_ms: float
+    def __init__(self, verify_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
     __slots__ = ("sandbox_id", "spec", "files")

@@ -1,0 +1,161 @@
+"""Bad requests get an error naming what is wrong, and no running sandbox is harmed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_agent import (
+    AlreadyExists,
+    CheckpointCorrupt,
+    ImageMismatch,
+    InvalidSpec,
+    Node,
+    NotFound,
+    SandboxSpec,
+    SandboxState,
+)
+from sandbox_agent.spec import Resources
+from tests.sandbox_agent import programs
+from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
+
+
+@pytest.fixture
+def busy_node(make_node: NodeFactory, tmp_path: Path) -> Iterator[tuple[Node, Node, Path]]:
+    """Node a runs a sandbox that must stay unharmed; its checkpoint lies in tmp_path/ck."""
+    a, b = make_node("node-a"), make_node("node-b")
+    a.create("victim", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "4")))
+    wait_for_log(a, "victim", lambda t: "sha " in t)
+    a.checkpoint("victim", tmp_path / "ck", leave_running=True)
+    yield a, b, tmp_path / "ck"
+    assert a.get("victim").state == SandboxState.RUNNING
+    before = a.harness_log("victim").count(b"sha ")
+    wait_for_log(a, "victim", lambda t: t.count("sha ") > before)
+
+
+@pytest.mark.timeout(90)
+def test_unknown_image(busy_node: tuple[Node, Node, Path]) -> None:
+    a, _, _ = busy_node
+    with pytest.raises(
+        NotFound, match=r"image 'no-such-image' is not in this node's image cache; cached images: base"
+    ):
+        a.create("x", SandboxSpec(image="no-such-image", command=("true",)))
+    assert [s.record.id for s in a.list()] == ["victim"]
+
+
+@pytest.mark.timeout(90)
+def test_checkpoint_of_another_image_digest(busy_node: tuple[Node, Node, Path], tmp_path: Path) -> None:
+    _, b, ck = busy_node
+    base = b.images.resolve("base")
+    other_tree = tmp_path / "other"
+    subprocess.run(["cp", "-a", str(base.rootfs), str(other_tree)], check=True)  # the tree has device nodes
+    (other_tree / "etc" / "issue").write_text("another image\n")
+    other = b.images.import_directory(other_tree, name="other")
+    assert other.digest != base.digest
+    with pytest.raises(ImageMismatch) as err:
+        b.restore("victim", ck, image="other")
+    assert base.digest in str(err.value) and other.digest in str(err.value)
+    assert b.list() == []
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("damage", ["truncate", "flip", "drop-metadata", "drop-layer", "garble-metadata"])
+def test_damaged_checkpoint(busy_node: tuple[Node, Node, Path], tmp_path: Path, damage: str) -> None:
+    _, b, ck = busy_node
+    bad = tmp_path / "bad"
+    shutil.copytree(ck, bad)
+    pages = max((bad / "criu").glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    if damage == "truncate":
+        with open(pages, "r+b") as f:
+            f.truncate(pages.stat().st_size // 2)
+        expected = r"pages-\d+\.img is \d+ bytes, expected \d+"
+    elif damage == "flip":
+        with open(pages, "r+b") as f:
+            f.seek(4096)
+            byte = f.read(1)
+            f.seek(4096)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        expected = r"pages-\d+\.img does not match its recorded sha256"
+    elif damage == "drop-metadata":
+        (bad / "checkpoint.json").unlink()
+        expected = "checkpoint.json is missing"
+    elif damage == "drop-layer":
+        (bad / "layer.tar").unlink()
+        expected = "file layer.tar is missing"
+    else:
+        (bad / "checkpoint.json").write_text("{not json")
+        expected = "is not valid JSON"
+    with pytest.raises(CheckpointCorrupt, match=expected):
+        b.restore("victim", bad)
+    assert b.list() == []
+    # The intact checkpoint still restores.
+    b.restore("victim", ck)
+    assert b.get("victim").state == SandboxState.RUNNING
+
+
+@pytest.mark.timeout(90)
+def test_restore_same_checkpoint_twice_into_one_id(busy_node: tuple[Node, Node, Path]) -> None:
+    _, b, ck = busy_node
+    b.restore("twice", ck)
+    pid = b.get("twice").pid
+    with pytest.raises(AlreadyExists, match="sandbox 'twice' already exists on node node-b"):
+        b.restore("twice", ck)
+    assert b.get("twice").state == SandboxState.RUNNING
+    assert b.get("twice").pid == pid
+
+
+@pytest.mark.timeout(90)
+def test_checkpoint_into_existing_destination(busy_node: tuple[Node, Node, Path]) -> None:
+    a, _, ck = busy_node
+    with pytest.raises(AlreadyExists, match="already exists"):
+        a.checkpoint("victim", ck, leave_running=False)
+
+
+INVALID_REQUESTS = [
+    ("Bad/Id", SandboxSpec(image="base", command=("true",)), {}, "sandbox_id"),
+    ("ok", SandboxSpec(image="base", command=()), {}, "command"),
+    ("ok", SandboxSpec(image="base", command=("true",), env={"1BAD": "x"}), {}, "env[1BAD]"),
+    ("ok", SandboxSpec(image="base", command=("true",), address="300.1.1.1"), {}, "address"),
+    ("ok", SandboxSpec(image="base", command=("true",), address="127.0.0.1"), {}, "address"),
+    ("ok", SandboxSpec(image="base", command=("true",), hostname="Not_Valid"), {}, "hostname"),
+    (
+        "ok",
+        SandboxSpec(image="base", command=("true",), resources=Resources(memory_mb=1)),
+        {},
+        "resources.memory_mb",
+    ),
+    ("ok", SandboxSpec(image="base", command=("true",), resources=Resources(cpus=0)), {}, "resources.cpus"),
+    ("ok", SandboxSpec(image="base", command=("true",)), {"relative/path": b""}, "files[relative/path]"),
+    (
+        "ok",
+        SandboxSpec(image="base", command=("true",)),
+        {"/../../etc/passwd": b""},
+        "files[/../../etc/passwd]",
+    ),
+    ("ok", SandboxSpec(image="base", command=("true",), cwd="tmp"), {}, "cwd"),
+    ("victim", SandboxSpec(image="", command=("true",)), {}, "image"),
+]
+
+
+@pytest.mark.timeout(90)
+def test_invalid_spec_names_the_field(busy_node: tuple[Node, Node, Path]) -> None:
+    a, _, _ = busy_node
+    for sandbox_id, spec, files, field in INVALID_REQUESTS:
+        with pytest.raises(InvalidSpec) as err:
+            a.create(sandbox_id, spec, files)
+        assert err.value.field == field, f"{spec} with {files}: {err.value}"
+    assert [s.record.id for s in a.list()] == ["victim"]
+
+
+@pytest.mark.timeout(90)
+def test_unknown_sandbox(busy_node: tuple[Node, Node, Path], tmp_path: Path) -> None:
+    a, b, _ = busy_node
+    for call in (lambda: a.get("ghost"), lambda: a.kill("ghost"), lambda: a.delete("ghost")):
+        with pytest.raises(NotFound, match="sandbox 'ghost' does not exist on node node-a"):
+            call()
+    with pytest.raises(NotFound, match="does not exist"):
+        b.restore("x", tmp_path / "nowhere")

@@ -1,0 +1,112 @@
+"""The agent's gRPC service: every RPC, status codes, health and reflection, over a real channel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from protos.stasis.v1 import agent_pb2 as pb
+from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
+from sandbox_agent import serve
+from tests.sandbox_agent.conftest import NodeFactory
+
+
+@pytest.fixture
+def agents(make_node: NodeFactory) -> Iterator[tuple[pb_grpc.SandboxAgentStub, pb_grpc.SandboxAgentStub]]:
+    servers, stubs, channels = [], [], []
+    for name in ("node-a", "node-b"):
+        server, port = serve(make_node(name), "127.0.0.1:0")
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        servers.append(server)
+        channels.append(channel)
+        stubs.append(pb_grpc.SandboxAgentStub(channel))
+    yield stubs[0], stubs[1]
+    for channel in channels:
+        channel.close()
+    for server in servers:
+        server.stop(None)
+
+
+def _code(call: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as err:
+        call()  # type: ignore[operator]
+    return err.value.code()  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(120)
+def test_lifecycle_over_grpc(
+    agents: tuple[pb_grpc.SandboxAgentStub, pb_grpc.SandboxAgentStub], tmp_path: Path
+) -> None:
+    a, b = agents
+    spec = pb.SandboxSpec(image="base", command=["sh", "-c", "echo hi; sleep 600"], address="10.202.0.2")
+    created = a.CreateSandbox(pb.CreateSandboxRequest(sandbox_id="s1", spec=spec, files={"/in.txt": b"x"}))
+    assert created.state == pb.SANDBOX_STATE_RUNNING and created.node == "node-a"
+    assert [s.id for s in a.ListSandboxes(pb.ListSandboxesRequest()).sandboxes] == ["s1"]
+    info = a.GetNodeInfo(pb.GetNodeInfoRequest())
+    assert info.name == "node-a" and info.running == 1 and info.criu_version.startswith("4.")
+    assert [list(i.names) for i in info.images] == [["base"]]
+
+    result = a.Checkpoint(pb.CheckpointRequest(sandbox_id="s1", directory=str(tmp_path / "ck")))
+    assert result.timings.dump_ms > 0 and result.criu_bytes > 0 and result.layer_bytes > 0
+    assert _code(lambda: a.GetSandbox(pb.GetSandboxRequest(sandbox_id="s1"))) == grpc.StatusCode.NOT_FOUND
+
+    restored = b.Restore(pb.RestoreRequest(sandbox_id="s1", directory=str(tmp_path / "ck")))
+    assert restored.node == "node-b" and restored.spec.address == "10.202.0.2"
+    assert b"hi" in b.GetHarnessLog(pb.GetHarnessLogRequest(sandbox_id="s1")).content
+    killed = b.Kill(pb.KillRequest(sandbox_id="s1"))
+    assert killed.state == pb.SANDBOX_STATE_EXITED
+    b.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id="s1"))
+    assert list(b.ListSandboxes(pb.ListSandboxesRequest()).sandboxes) == []
+
+
+@pytest.mark.timeout(60)
+def test_status_codes(
+    agents: tuple[pb_grpc.SandboxAgentStub, pb_grpc.SandboxAgentStub], tmp_path: Path
+) -> None:
+    a, _ = agents
+    bad = pb.SandboxSpec(image="base", command=[])
+    assert (
+        _code(lambda: a.CreateSandbox(pb.CreateSandboxRequest(sandbox_id="x", spec=bad)))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    unknown = pb.SandboxSpec(image="nope", command=["true"])
+    assert (
+        _code(lambda: a.CreateSandbox(pb.CreateSandboxRequest(sandbox_id="x", spec=unknown)))
+        == grpc.StatusCode.NOT_FOUND
+    )
+    assert (
+        _code(lambda: a.Restore(pb.RestoreRequest(sandbox_id="x", directory="relative")))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert (
+        _code(lambda: a.Restore(pb.RestoreRequest(sandbox_id="x", directory=str(tmp_path))))
+        == grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert _code(lambda: a.ImportImage(pb.ImportImageRequest(name="x"))) == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as err:
+        a.Kill(pb.KillRequest(sandbox_id="ghost"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "node node-a: sandbox 'ghost' does not exist" in str(err.value.details())
+
+
+@pytest.mark.timeout(30)
+def test_health_and_reflection(make_node: NodeFactory) -> None:
+    server, port = serve(make_node("node-a"), "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = health.Check(health_pb2.HealthCheckRequest(service="stasis.v1.SandboxAgent"))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+            responses = reflect.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            )
+            names = {s.name for r in responses for s in r.list_services_response.service}
+            assert "stasis.v1.SandboxAgent" in names
+    finally:
+        server.stop(None)
