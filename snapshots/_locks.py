@@ -174,7 +174,13 @@ class StoreLock:
         delay = 0.05
         while True:
             self._write()
-            conflicts = self._conflicts()
+            try:
+                conflicts = self._conflicts()
+            except BaseException:
+                # A lock left behind would block GC until it went stale.
+                with contextlib.suppress(SnapshotError):
+                    self._backend.delete([self._key])
+                raise
             if not conflicts:
                 break
             self._backend.delete([self._key])

@@ -254,6 +254,7 @@ def decode(raw: bytes, snapshot_id: str) -> Manifest:
         if doc["snapshot_id"] != snapshot_id:
             raise bad(f"records snapshot id {doc['snapshot_id']!r}")
         entries = tuple(_decode_entry(item) for item in doc["entries"])
+        _check_tree(entries)
         sizes = SnapshotSizes(**{k: int(v) for k, v in doc["sizes"].items()})
         created_at = datetime.fromisoformat(doc["created_at"])
         manifest = Manifest(
@@ -280,6 +281,22 @@ def decode(raw: bytes, snapshot_id: str) -> Manifest:
     if not valid_id(manifest.episode_id):
         raise bad("bad episode_id")
     return manifest
+
+
+def _check_tree(entries: tuple[Entry, ...]) -> None:
+    """Every parent is an earlier directory entry and no path repeats, so a fetch can never
+    write through a symlink or outside its destination."""
+    dirs: set[str] = set()
+    seen: set[str] = set()
+    for e in entries:
+        parent = e.path.rpartition("/")[0]
+        if parent and parent not in dirs:
+            raise ValueError(f"{e.path}: parent is not an earlier directory entry")
+        if e.path in seen:
+            raise ValueError(f"{e.path}: listed twice")
+        seen.add(e.path)
+        if e.kind is EntryKind.DIR:
+            dirs.add(e.path)
 
 
 def _decode_entry(item: dict[str, Any]) -> Entry:

@@ -156,10 +156,6 @@ class S3Backend:
         head = self._head(key)
         return None if head is None else int(head["ContentLength"])
 
-    def mtime(self, key: str) -> float | None:
-        head = self._head(key)
-        return None if head is None else float(head["LastModified"].timestamp())
-
     def list(self, prefix: str) -> Iterator[str]:
         def attempt() -> list[str]:
             keys: list[str] = []

@@ -16,7 +16,7 @@ from . import _archive, _gc, _history, _verify
 from ._backends import Backend, ObjectMissing, open_backend
 from ._chunking import describe
 from ._chunkstore import ChunkStore
-from ._errors import InvalidCheckpoint, InvalidSnapshotMeta, SnapshotExists, SnapshotNotFound
+from ._errors import InvalidCheckpoint, InvalidSnapshotMeta, SnapshotCorrupt, SnapshotExists, SnapshotNotFound
 from ._layout import (
     EPISODE_PREFIX,
     MANIFEST_PREFIX,
@@ -273,9 +273,13 @@ class SnapshotStore:
 
     def delete(self, snapshot_id: str) -> None:
         """Remove a snapshot: its manifest now, its unshared chunks at the next GC."""
-        manifest = self.manifest(snapshot_id)
+        try:
+            episode_id: str | None = self.manifest(snapshot_id).episode_id
+        except SnapshotCorrupt:
+            episode_id = None  # GC removes the marker once it finds no manifest behind it.
         self._backend.delete([manifest_key(snapshot_id)])
-        self._backend.delete([episode_key(manifest.episode_id, snapshot_id)])
+        if episode_id is not None:
+            self._backend.delete([episode_key(episode_id, snapshot_id)])
 
     def verify(self, snapshot_id: str | None = None) -> _verify.VerifyReport:
         """Check one snapshot, or every manifest in the store, reading and hashing every chunk.
@@ -290,7 +294,7 @@ class SnapshotStore:
                 ids = sorted(
                     found for key in self._backend.list(MANIFEST_PREFIX) if (found := manifest_id(key))
                 )
-            return _verify.run(ids, self.manifest, self._chunks)
+            return _verify.run(ids, self.manifest, self._chunks, single=snapshot_id is not None)
 
     def gc(self, retention: _gc.RetentionPolicy, ended_episodes: Collection[str] = ()) -> _gc.GcReport:
         """Apply retention, then sweep chunks no manifest references, under the exclusive lock.

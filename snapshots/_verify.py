@@ -43,7 +43,9 @@ class VerifyReport:
         return not self.problems
 
 
-def run(ids: Sequence[str], load: Callable[[str], Manifest], chunks: ChunkStore) -> VerifyReport:
+def run(
+    ids: Sequence[str], load: Callable[[str], Manifest], chunks: ChunkStore, single: bool
+) -> VerifyReport:
     """Verify the given snapshots; each distinct chunk is read once however many files share it."""
     problems: list[Problem] = []
     manifests: list[Manifest] = []
@@ -52,7 +54,7 @@ def run(ids: Sequence[str], load: Callable[[str], Manifest], chunks: ChunkStore)
         try:
             manifests.append(load(snapshot_id))
         except SnapshotNotFound:
-            if len(ids) == 1:
+            if single:
                 raise
             continue  # Deleted since it was listed.
         except SnapshotCorrupt as exc:
