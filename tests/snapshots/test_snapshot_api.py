@@ -38,7 +38,7 @@ def test_every_error_is_a_snapshot_error() -> None:
 def test_no_stasis_imports_and_boto_only_in_the_s3_module() -> None:
     for module in PACKAGE.glob("*.py"):
         tree = ast.parse(module.read_text())
-        imported = set()
+        imported: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 imported.update(alias.name.split(".")[0] for alias in node.names)

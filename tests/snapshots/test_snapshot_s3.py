@@ -60,3 +60,47 @@ def test_s3_layout_and_dedup_across_stores(moto_server: MotoServer, scratch: Pat
         "team/snaps/episodes/ep-2/s2",
     } <= set(keys)
     assert not [k for k in keys if k.startswith("team/snaps/locks/")], "locks are released"
+
+
+@pytest.mark.timeout(60)
+def test_s3_gc_and_corruption_detection(moto_server: MotoServer, scratch: Path) -> None:
+    import boto3
+
+    from snapshots import RetentionPolicy, SnapshotCorrupt
+
+    moto_server.create_bucket("gc-test")
+    url = f"s3://gc-test/p?endpoint={moto_server.endpoint}"
+    client = boto3.client("s3", endpoint_url=moto_server.endpoint, region_name="us-east-1")
+
+    def chunk_keys() -> set[str]:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket="gc-test", Prefix="p/chunks/")
+        return {o["Key"] for page in pages for o in page.get("Contents", ())}
+
+    try:
+        with SnapshotStore(fast_settings(url)) as store:
+            for episode in ("live", "ended"):
+                parent = None
+                for seq in (1, 2, 3):
+                    tree = make_tree(scratch / f"{episode}-{seq}")
+                    store.put(
+                        tree, make_meta(f"{episode}-{seq}", episode_id=episode, seq=seq, parent_id=parent)
+                    )
+                    parent = f"{episode}-{seq}"
+            report = store.gc(RetentionPolicy(keep_last=1), ended_episodes={"ended"})
+            assert sorted(report.deleted_snapshots) == ["ended-1", "ended-2", "ended-3", "live-1", "live-2"]
+            assert report.deleted_chunks > 0
+            assert len(chunk_keys()) == report.live_chunks
+            assert [h.snapshot_id for h in store.history("live")] == ["live-3"]
+            assert store.verify().ok
+
+            victim = store.manifest("live-3").files()[-1]
+            key = f"p/chunks/{victim.chunks[0].hash[:2]}/{victim.chunks[0].hash}"
+            client.put_object(Bucket="gc-test", Key=key, Body=b"not a zstd frame")
+            problems = store.verify().problems
+            assert [(p.snapshot_id, p.path, p.chunk) for p in problems] == [
+                ("live-3", victim.path, victim.chunks[0].hash)
+            ]
+            with pytest.raises(SnapshotCorrupt, match=victim.chunks[0].hash):
+                store.fetch("live-3", scratch / "out")
+    finally:
+        client.close()

@@ -24,16 +24,16 @@ from tests.snapshots.conftest import make_meta, make_tree, tree_listing
 
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest) -> SnapshotStore:
-    return request.getfixturevalue(f"{request.param}_store")  # type: ignore[no-any-return]
+    store: SnapshotStore = request.getfixturevalue(f"{request.param}_store")
+    return store
 
 
 @pytest.mark.timeout(60)
 def test_round_trip_preserves_tree(store: SnapshotStore, scratch: Path) -> None:
     tree = make_tree(scratch / "tree")
     manifest = store.put(tree, make_meta("snap-1"))
-    assert manifest.sizes.logical_bytes == sum(
-        len(v[2]) for v in tree_listing(tree).values() if v[0] == "file"
-    )
+    files = [content for kind, _mode, content in tree_listing(tree).values() if kind == "file"]
+    assert manifest.sizes.logical_bytes == sum(len(c) for c in files if isinstance(c, bytes))
     assert manifest.reason is Reason.TIME_SLICE
     assert store.exists("snap-1")
 
@@ -90,7 +90,7 @@ def test_bad_metadata_names_the_field_and_writes_nothing(
     local_store: SnapshotStore, scratch: Path, field: str, value: object
 ) -> None:
     tree = make_tree(scratch / "tree")
-    meta = dataclasses.replace(make_meta("snap-1"), **{field: value})
+    meta = dataclasses.replace(make_meta("snap-1"), **{field: value})  # type: ignore[arg-type]
     with pytest.raises(InvalidSnapshotMeta) as caught:
         local_store.put(tree, meta)
     assert caught.value.field == field
