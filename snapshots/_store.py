@@ -55,15 +55,19 @@ def _scan(root: Path) -> list[tuple[str, EntryKind, int, int, str | None]]:
         for name in names:
             path = directory / name
             rel = prefix + name
-            st = path.lstat()
+            try:
+                st = path.lstat()
+                target = os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
+            except OSError as exc:
+                raise InvalidCheckpoint(str(path), f"cannot read: {exc.strerror or exc}") from None
             mode = stat.S_IMODE(st.st_mode)
             if stat.S_ISDIR(st.st_mode):
                 found.append((rel, EntryKind.DIR, mode, 0, None))
                 walk(path, rel + "/")
             elif stat.S_ISREG(st.st_mode):
                 found.append((rel, EntryKind.FILE, mode, st.st_size, None))
-            elif stat.S_ISLNK(st.st_mode):
-                found.append((rel, EntryKind.SYMLINK, mode, 0, os.readlink(path)))
+            elif target is not None:
+                found.append((rel, EntryKind.SYMLINK, mode, 0, target))
             else:
                 raise InvalidCheckpoint(
                     str(path), "only directories, regular files and symlinks can be stored"
@@ -136,6 +140,7 @@ class SnapshotStore:
         if meta.parent_id is not None:
             self._check_parent(meta)
 
+        waiting = time.monotonic()
         with self._lock(LockKind.SHARED, f"put {meta.snapshot_id}") as lock:
             locked = time.monotonic()
             # The marker goes before any chunk: a put killed later leaves a marker without a
@@ -151,7 +156,8 @@ class SnapshotStore:
             self._backend.flush()
             uploaded = time.monotonic()
             timings = dict(meta.timings_ms)
-            timings["store_lock"] = round((locked - started) * 1000, 3)
+            timings["store_prepare"] = round((waiting - started) * 1000, 3)
+            timings["store_lock"] = round((locked - waiting) * 1000, 3)
             timings["store_upload"] = round((uploaded - locked) * 1000, 3)
             refs = [c for e in entries for c in e.chunks]
             manifest = Manifest(
