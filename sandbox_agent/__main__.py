@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sandbox_agent.errors import AgentError
 from sandbox_agent.node import Node
+from sandbox_agent.registration import Registration
 from sandbox_agent.service import serve
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR, AgentSettings
 
@@ -37,6 +38,16 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     p.add_argument("--slots", type=int, default=int(env("STASIS_SLOTS", "4")))
     p.add_argument("--memory-mb", type=int, default=int(env("STASIS_MEMORY_MB", "16384")))
     p.add_argument("--label", action="append", default=[], help="KEY=VALUE")
+    p.add_argument(
+        "--snapshot-store", default=env("STASIS_SNAPSHOT_STORE", ""), help="file:///dir or s3://bucket/prefix"
+    )
+    p.add_argument(
+        "--orchestrator", default=env("STASIS_ORCHESTRATOR", ""), help="HOST:PORT to register with"
+    )
+    p.add_argument(
+        "--advertise", default=env("STASIS_ADVERTISE", ""), help="HOST:PORT the orchestrator dials"
+    )
+    p.add_argument("--heartbeat", type=float, default=float(env("STASIS_HEARTBEAT_S", "1.0")))
     a = p.parse_args(argv)
     labels = dict(kv.split("=", 1) for kv in a.label if "=" in kv)
     return AgentSettings(
@@ -50,6 +61,10 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         slots=a.slots,
         memory_mb=a.memory_mb,
         labels=labels,
+        snapshot_store=a.snapshot_store,
+        orchestrator=a.orchestrator,
+        advertise=a.advertise,
+        heartbeat_s=a.heartbeat,
     )
 
 
@@ -62,11 +77,19 @@ def main(argv: list[str] | None = None) -> None:
     except AgentError as exc:
         sys.exit(f"stasis-agent: {exc}")
     host = settings.listen.rsplit(":", 1)[0]
-    print(f"stasis-agent node={settings.node} listening on {host}:{port}", flush=True)
+    address = f"{host}:{port}"
+    print(f"stasis-agent node={settings.node} listening on {address}", flush=True)
+    registration = None
+    if settings.orchestrator:
+        registration = Registration(node, settings.orchestrator, settings.advertise or address)
+        registration.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+    # Sandboxes keep running: a restarted agent picks them up from its records.
+    if registration:
+        registration.stop()
     server.stop(grace=5).wait()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,18 +72,21 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _inventory(directory: Path) -> dict[str, dict[str, Any]]:
-    files = {}
+def _inventory(directory: Path, hash_files: bool) -> dict[str, dict[str, Any]]:
+    files: dict[str, dict[str, Any]] = {}
     for path in sorted(directory.rglob("*")):
         rel = str(path.relative_to(directory))
         if path.is_file() and rel != METADATA:
-            files[rel] = {"size": path.stat().st_size, "sha256": file_digest(path)}
+            entry: dict[str, Any] = {"size": path.stat().st_size}
+            if hash_files:
+                entry["sha256"] = file_digest(path)
+            files[rel] = entry
     return files
 
 
-def seal(checkpoint: Checkpoint) -> Checkpoint:
-    """Record every file's size and hash, then write the metadata last."""
-    sealed = Checkpoint(**{**_fields(checkpoint), "files": _inventory(checkpoint.directory)})
+def seal(checkpoint: Checkpoint, *, hash_files: bool = True) -> Checkpoint:
+    """Record every file's size (and hash, unless a store hashes it anyway), then write the metadata last."""
+    sealed = replace(checkpoint, files=_inventory(checkpoint.directory, hash_files))
     body = {"format": FORMAT, **_to_json(sealed)}
     tmp = checkpoint.directory / (METADATA + ".tmp")
     with open(tmp, "w") as f:
@@ -136,17 +139,17 @@ def load(directory: Path, *, verify: bool = True) -> Checkpoint:
             raise CheckpointCorrupt(
                 f"checkpoint {directory}: file {rel} is {size} bytes, expected {want['size']}"
             )
+        if verify and "sha256" not in want:
+            raise CheckpointCorrupt(
+                f"checkpoint {directory}: file {rel} has no recorded sha256 to verify against"
+            )
         if verify and file_digest(path) != want["sha256"]:
             raise CheckpointCorrupt(f"checkpoint {directory}: file {rel} does not match its recorded sha256")
     return checkpoint
 
 
-def _fields(c: Checkpoint) -> dict[str, Any]:
-    return {f: getattr(c, f) for f in c.__dataclass_fields__}
-
-
 def _to_json(c: Checkpoint) -> dict[str, Any]:
-    d = _fields(c)
+    d = {f: getattr(c, f) for f in c.__dataclass_fields__}
     d.pop("directory")
     d["spec"] = c.spec.to_json()
     d["timings"] = asdict(c.timings)

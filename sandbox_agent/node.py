@@ -12,6 +12,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sandbox_agent import _command, network, overlay
@@ -34,8 +36,13 @@ from sandbox_agent.spec import (
     validate_files,
     validate_id,
 )
+from snapshots import Manifest, SnapshotMeta, SnapshotStore
 
 log = logging.getLogger(__name__)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
 
 
 def criu_version(criu: str) -> str:
@@ -61,6 +68,18 @@ def make_backend(settings: AgentSettings) -> Backend:
     raise InvalidSpec("backend", f"{settings.backend!r} is not a backend; use runc or docker")
 
 
+@dataclass(frozen=True)
+class SnapshotTarget:
+    """Identity the orchestrator gives a snapshot before it exists."""
+
+    snapshot_id: str
+    episode_id: str
+    sequence: int
+    reason: str
+    parent_id: str = ""
+    trajectory_cursor: object = None
+
+
 class Node:
     """The sandboxes of one node; safe to call from many gRPC threads."""
 
@@ -71,8 +90,13 @@ class Node:
         self.images = ImageCache(settings.root / "images")
         self.backend = backend or make_backend(settings)
         self.criu_version = criu_version(settings.criu)
+        self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
         self._sandboxes_dir = settings.root / "sandboxes"
         self._sandboxes_dir.mkdir(exist_ok=True)
+        self._staging = settings.root / "staging"
+        # Whatever a crash left half-written here is garbage; committed checkpoints live elsewhere.
+        shutil.rmtree(self._staging, ignore_errors=True)
+        self._staging.mkdir()
         self._lock = threading.Lock()
         self._busy: set[str] = set()
         network.prepare_node(settings.allowed_ports)
@@ -198,9 +222,58 @@ class Node:
         Memory and layer are captured in one freeze, so files match memory. A failed
         checkpoint leaves the sandbox running and dest absent.
         """
-        record = self._record(sandbox_id)
         if dest.exists():
             raise AlreadyExists(f"checkpoint destination {dest} already exists")
+        with self._captured(
+            sandbox_id, dest.parent, leave_running=leave_running, hash_files=True
+        ) as captured:
+            os.rename(captured.directory, dest)
+        return replace(captured, directory=dest)
+
+    def checkpoint_to_store(
+        self, sandbox_id: str, target: SnapshotTarget, *, leave_running: bool
+    ) -> tuple[ckpt.Checkpoint, Manifest]:
+        """Checkpoint into the snapshot store. When stopping, the sandbox stays frozen until the
+        snapshot is committed, so a failed upload leaves it running rather than lost."""
+        store = self._require_store()
+        staging = self._staging
+        # The store hashes every chunk, so the checkpoint's own file hashes would be redundant work.
+        with self._captured(sandbox_id, staging, leave_running=leave_running, hash_files=False) as captured:
+            started = time.monotonic()
+            manifest = store.put(
+                captured.directory,
+                SnapshotMeta(
+                    snapshot_id=target.snapshot_id,
+                    episode_id=target.episode_id,
+                    seq=target.sequence,
+                    parent_id=target.parent_id or None,
+                    node=self.name,
+                    reason=target.reason,
+                    created_at=datetime.fromtimestamp(captured.created_at, UTC),
+                    image_digest=captured.image_digest,
+                    runtime_backend=captured.backend,
+                    criu_version=captured.criu_version,
+                    trajectory_cursor=target.trajectory_cursor,
+                    timings_ms={
+                        "frozen_ms": captured.timings.frozen_ms,
+                        "dump_ms": captured.timings.dump_ms,
+                        "layer_ms": captured.timings.layer_ms,
+                        "put_ms": round((time.monotonic() - started) * 1000, 1),
+                    },
+                ),
+            )
+        return captured, manifest
+
+    @contextmanager
+    def _captured(
+        self, sandbox_id: str, parent: Path, *, leave_running: bool, hash_files: bool
+    ) -> Iterator[ckpt.Checkpoint]:
+        """Capture memory and layer in one freeze and yield the sealed checkpoint in a staging dir.
+
+        The body commits it somewhere. If the body fails, the sandbox is thawed and keeps running;
+        if it succeeds and leave_running is false, the sandbox is stopped and the node freed.
+        """
+        record = self._record(sandbox_id)
         with self._exclusive(sandbox_id):
             layout = self._layout(sandbox_id)
             state, _ = self.backend.status(record, layout)
@@ -208,27 +281,25 @@ class Node:
                 raise FailedPrecondition(
                     f"sandbox {sandbox_id!r} on node {self.name} is {state}, not running"
                 )
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
+            parent.mkdir(parents=True, exist_ok=True)
+            staging = parent / f".{sandbox_id}.partial-{uuid.uuid4().hex[:8]}"
             staging.mkdir()
-            started = time.monotonic()
+            frozen = False
             try:
+                started = time.monotonic()
                 self.backend.freeze(record, layout)
+                frozen = True
                 frozen_at = time.monotonic()
-                try:
-                    self.backend.dump(record, layout, staging / ckpt.CRIU_DIR)
-                    dumped_at = time.monotonic()
-                    layer_bytes = overlay.export_layer(
-                        self.backend.upper_dir(record, layout), staging / ckpt.LAYER
-                    )
-                    layered_at = time.monotonic()
-                except BaseException:
-                    self.backend.thaw(record, layout)
-                    raise
+                self.backend.dump(record, layout, staging / ckpt.CRIU_DIR)
+                dumped_at = time.monotonic()
+                layer_bytes = overlay.export_layer(
+                    self.backend.upper_dir(record, layout), staging / ckpt.LAYER
+                )
+                layered_at = time.monotonic()
                 if leave_running:
                     self.backend.thaw(record, layout)
-                thawed_at = time.monotonic()
-                result = ckpt.seal(
+                    frozen = False
+                captured = ckpt.seal(
                     ckpt.Checkpoint(
                         sandbox_id=sandbox_id,
                         node=self.name,
@@ -239,12 +310,10 @@ class Node:
                         created_at=time.time(),
                         leave_running=leave_running,
                         timings=ckpt.Timings(
-                            frozen_ms=round(
-                                ((thawed_at if leave_running else layered_at) - frozen_at) * 1000, 1
-                            ),
-                            dump_ms=round((dumped_at - frozen_at) * 1000, 1),
-                            layer_ms=round((layered_at - dumped_at) * 1000, 1),
-                            total_ms=round((time.monotonic() - started) * 1000, 1),
+                            frozen_ms=_ms((time.monotonic() if leave_running else layered_at) - frozen_at),
+                            dump_ms=_ms(dumped_at - frozen_at),
+                            layer_ms=_ms(layered_at - dumped_at),
+                            total_ms=_ms(time.monotonic() - started),
                         ),
                         sizes=ckpt.Sizes(
                             criu_bytes=sum(p.stat().st_size for p in (staging / ckpt.CRIU_DIR).iterdir()),
@@ -252,21 +321,49 @@ class Node:
                         ),
                         oci_spec=self.backend.oci_spec(record, layout),
                         directory=staging,
-                    )
+                    ),
+                    hash_files=hash_files,
                 )
-                os.rename(staging, dest)
+                yield captured
             except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
+                if frozen:
+                    self.backend.thaw(record, layout)
                 raise
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
             if not leave_running:
                 self.backend.kill(record, layout, signals.SIGKILL)
                 self._teardown(record, layout)
-        return ckpt.Checkpoint(
-            **{**{f: getattr(result, f) for f in result.__dataclass_fields__}, "directory": dest}
-        )
+
+    def _require_store(self) -> SnapshotStore:
+        if self.store is None:
+            raise FailedPrecondition(f"node {self.name} has no snapshot store configured (--snapshot-store)")
+        return self.store
+
+    def restore_from_store(self, sandbox_id: str, snapshot_id: str, *, image: str = "") -> SandboxStatus:
+        """Fetch a snapshot (every chunk verified by hash) and restore it on this node."""
+        store = self._require_store()
+        validate_id("sandbox_id", sandbox_id)
+        if self._layout(sandbox_id).dir.exists():
+            raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
+        staging = self._staging / f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
+        try:
+            started = time.monotonic()
+            store.fetch(snapshot_id, staging)
+            fetch_ms = _ms(time.monotonic() - started)
+            status = self.restore(sandbox_id, staging, image=image, verify=False, fetch_ms=fetch_ms)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return status
 
     def restore(
-        self, sandbox_id: str, checkpoint_dir: Path, *, image: str = "", verify: bool = True
+        self,
+        sandbox_id: str,
+        checkpoint_dir: Path,
+        *,
+        image: str = "",
+        verify: bool = True,
+        fetch_ms: float = 0,
     ) -> SandboxStatus:
         """Start a new sandbox from a checkpoint, on this node, under a new id if need be."""
         validate_id("sandbox_id", sandbox_id)
@@ -292,9 +389,10 @@ class Node:
             self.backend.restore(record, layout, local, checkpoint)
             done = time.monotonic()
             record.restore_timings = {
-                "verify_ms": round((verified - started) * 1000, 1),
-                "restore_ms": round((done - verified) * 1000, 1),
-                "total_ms": round((done - started) * 1000, 1),
+                "fetch_ms": fetch_ms,
+                "verify_ms": _ms(verified - started),
+                "restore_ms": _ms(done - verified),
+                "total_ms": round(fetch_ms + _ms(done - started), 1),
             }
             record.save(layout.record)
         return self._status(record)

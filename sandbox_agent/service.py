@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import signal as signals
 from collections.abc import Callable
@@ -27,10 +28,28 @@ from sandbox_agent.errors import (
     ToolUnavailable,
 )
 from sandbox_agent.images import Image
-from sandbox_agent.node import Node
+from sandbox_agent.node import Node, SnapshotTarget
 from sandbox_agent.spec import Resources, SandboxSpec, SandboxState, SandboxStatus
+from snapshots import (
+    InvalidSnapshotMeta,
+    SnapshotCorrupt,
+    SnapshotError,
+    SnapshotExists,
+    SnapshotNotFound,
+    StoreLocked,
+    StoreUnavailable,
+)
 
 log = logging.getLogger(__name__)
+
+_SNAPSHOT_STATUS: list[tuple[type[SnapshotError], grpc.StatusCode]] = [
+    (InvalidSnapshotMeta, grpc.StatusCode.INVALID_ARGUMENT),
+    (SnapshotNotFound, grpc.StatusCode.NOT_FOUND),
+    (SnapshotExists, grpc.StatusCode.ALREADY_EXISTS),
+    (SnapshotCorrupt, grpc.StatusCode.DATA_LOSS),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (StoreLocked, grpc.StatusCode.UNAVAILABLE),
+]
 
 _STATUS: list[tuple[type[AgentError], grpc.StatusCode]] = [
     (InvalidSpec, grpc.StatusCode.INVALID_ARGUMENT),
@@ -51,8 +70,9 @@ _STATE = {
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def status_code(exc: AgentError) -> grpc.StatusCode:
-    return next((code for kind, code in _STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+def status_code(exc: AgentError | SnapshotError) -> grpc.StatusCode:
+    table: list[tuple[type[Exception], grpc.StatusCode]] = [*_STATUS, *_SNAPSHOT_STATUS]
+    return next((code for kind, code in table if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
 
 
 def _rpc(method: F) -> F:
@@ -60,7 +80,7 @@ def _rpc(method: F) -> F:
     def wrapper(self: AgentService, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
-        except AgentError as exc:
+        except (AgentError, SnapshotError) as exc:
             code = status_code(exc)
             if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
                 log.error("%s failed: %s", method.__name__, exc)
@@ -140,6 +160,21 @@ def image_to_pb(image: Image) -> pb.Image:
     return pb.Image(digest=image.digest, names=list(image.names), size_bytes=image.size_bytes)
 
 
+def node_info_pb(node: Node, sandboxes: list[SandboxStatus] | None = None) -> pb.NodeInfo:
+    s = node.settings
+    sandboxes = node.list() if sandboxes is None else sandboxes
+    return pb.NodeInfo(
+        name=node.name,
+        backend=node.backend.name,
+        criu_version=node.criu_version,
+        slots=s.slots,
+        memory_mb=s.memory_mb,
+        images=[image_to_pb(i) for i in node.images.list()],
+        running=sum(1 for st in sandboxes if st.state != SandboxState.EXITED),
+        labels=s.labels,
+    )
+
+
 def _path(field: str, value: str) -> Path:
     if not value or not value.startswith("/"):
         raise InvalidSpec(field, f"{value!r} must be an absolute path on the node")
@@ -159,17 +194,51 @@ class AgentService(pb_grpc.SandboxAgentServicer):
 
     @_rpc
     def Checkpoint(self, request: pb.CheckpointRequest, context: grpc.ServicerContext) -> pb.CheckpointResult:
-        dest = _path("directory", request.directory)
-        return checkpoint_to_pb(
-            self.node.checkpoint(request.sandbox_id, dest, leave_running=request.leave_running)
+        if request.HasField("snapshot") == bool(request.directory):
+            raise InvalidSpec("directory", "give exactly one of directory and snapshot")
+        if request.directory:
+            dest = _path("directory", request.directory)
+            return checkpoint_to_pb(
+                self.node.checkpoint(request.sandbox_id, dest, leave_running=request.leave_running)
+            )
+        t = request.snapshot
+        try:
+            cursor = json.loads(t.trajectory_cursor) if t.trajectory_cursor else None
+        except ValueError as exc:
+            raise InvalidSpec("snapshot.trajectory_cursor", f"is not JSON: {exc}") from exc
+        target = SnapshotTarget(
+            snapshot_id=t.snapshot_id,
+            episode_id=t.episode_id,
+            sequence=t.sequence,
+            reason=t.reason,
+            parent_id=t.parent_id,
+            trajectory_cursor=cursor,
         )
+        captured, manifest = self.node.checkpoint_to_store(
+            request.sandbox_id, target, leave_running=request.leave_running
+        )
+        result = checkpoint_to_pb(captured)
+        result.directory = ""
+        result.snapshot_id = manifest.snapshot_id
+        result.logical_bytes = manifest.sizes.logical_bytes
+        result.stored_bytes = manifest.sizes.stored_bytes
+        result.new_bytes = manifest.sizes.new_bytes
+        result.put_ms = float(manifest.timings_ms.get("put_ms", 0.0))
+        return result
 
     @_rpc
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.Sandbox:
-        source = _path("directory", request.directory)
-        status = self.node.restore(
-            request.sandbox_id, source, image=request.image, verify=not request.skip_verify
-        )
+        if bool(request.snapshot_id) == bool(request.directory):
+            raise InvalidSpec("directory", "give exactly one of directory and snapshot_id")
+        if request.snapshot_id:
+            status = self.node.restore_from_store(
+                request.sandbox_id, request.snapshot_id, image=request.image
+            )
+        else:
+            source = _path("directory", request.directory)
+            status = self.node.restore(
+                request.sandbox_id, source, image=request.image, verify=not request.skip_verify
+            )
         return sandbox_to_pb(status)
 
     @_rpc
@@ -202,18 +271,7 @@ class AgentService(pb_grpc.SandboxAgentServicer):
 
     @_rpc
     def GetNodeInfo(self, request: pb.GetNodeInfoRequest, context: grpc.ServicerContext) -> pb.NodeInfo:
-        s = self.node.settings
-        running = sum(1 for st in self.node.list() if st.state != SandboxState.EXITED)
-        return pb.NodeInfo(
-            name=self.node.name,
-            backend=self.node.backend.name,
-            criu_version=self.node.criu_version,
-            slots=s.slots,
-            memory_mb=s.memory_mb,
-            images=[image_to_pb(i) for i in self.node.images.list()],
-            running=running,
-            labels=s.labels,
-        )
+        return node_info_pb(self.node)
 
     @_rpc
     def ImportImage(self, request: pb.ImportImageRequest, context: grpc.ServicerContext) -> pb.Image:

@@ -30,4 +30,12 @@ class AgentSettings:
     """Memory the node offers to sandboxes, in MiB."""
     docker_url: str = "unix:///var/run/docker.sock"
     """Docker Engine for the docker backend."""
+    snapshot_store: str = ""
+    """Snapshot store URL shared by all nodes and the orchestrator (file:///shared/dir or s3://bucket/prefix)."""
+    orchestrator: str = ""
+    """Orchestrator address to register and heartbeat with; empty runs the agent standalone."""
+    advertise: str = ""
+    """Address the orchestrator should dial for this agent; empty means the bound listen address."""
+    heartbeat_s: float = 1.0
+    """Heartbeat period; the orchestrator declares a node lost after several missed ones."""
     labels: dict[str, str] = field(default_factory=dict)

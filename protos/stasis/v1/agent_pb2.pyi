@@ -84,14 +84,16 @@ class Sandbox(_message.Message):
     def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., restore_timings: _Optional[_Union[RestoreTimings, _Mapping]] = ...) -> None: ...
 
 class RestoreTimings(_message.Message):
-    __slots__ = ("verify_ms", "restore_ms", "total_ms")
+    __slots__ = ("verify_ms", "restore_ms", "total_ms", "fetch_ms")
     VERIFY_MS_FIELD_NUMBER: _ClassVar[int]
     RESTORE_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_MS_FIELD_NUMBER: _ClassVar[int]
     verify_ms: float
     restore_ms: float
     total_ms: float
-    def __init__(self, verify_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
+    fetch_ms: float
+    def __init__(self, verify_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., fetch_ms: _Optional[float] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
     __slots__ = ("sandbox_id", "spec", "files")
@@ -111,14 +113,32 @@ class CreateSandboxRequest(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., files: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
-    __slots__ = ("sandbox_id", "directory", "leave_running")
+    __slots__ = ("sandbox_id", "directory", "leave_running", "snapshot")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     LEAVE_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     directory: str
     leave_running: bool
-    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., leave_running: _Optional[bool] = ...) -> None: ...
+    snapshot: SnapshotTarget
+    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., leave_running: _Optional[bool] = ..., snapshot: _Optional[_Union[SnapshotTarget, _Mapping]] = ...) -> None: ...
+
+class SnapshotTarget(_message.Message):
+    __slots__ = ("snapshot_id", "episode_id", "sequence", "parent_id", "reason", "trajectory_cursor")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    episode_id: str
+    sequence: int
+    parent_id: str
+    reason: str
+    trajectory_cursor: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., sequence: _Optional[int] = ..., parent_id: _Optional[str] = ..., reason: _Optional[str] = ..., trajectory_cursor: _Optional[str] = ...) -> None: ...
 
 class CheckpointTimings(_message.Message):
     __slots__ = ("frozen_ms", "dump_ms", "layer_ms", "total_ms")
@@ -133,7 +153,7 @@ class CheckpointTimings(_message.Message):
     def __init__(self, frozen_ms: _Optional[float] = ..., dump_ms: _Optional[float] = ..., layer_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class CheckpointResult(_message.Message):
-    __slots__ = ("directory", "sandbox_id", "node", "backend", "image_digest", "criu_version", "timings", "criu_bytes", "layer_bytes", "created_at")
+    __slots__ = ("directory", "sandbox_id", "node", "backend", "image_digest", "criu_version", "timings", "criu_bytes", "layer_bytes", "created_at", "snapshot_id", "logical_bytes", "stored_bytes", "new_bytes", "put_ms")
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +164,11 @@ class CheckpointResult(_message.Message):
     CRIU_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAYER_BYTES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NEW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PUT_MS_FIELD_NUMBER: _ClassVar[int]
     directory: str
     sandbox_id: str
     node: str
@@ -154,19 +179,26 @@ class CheckpointResult(_message.Message):
     criu_bytes: int
     layer_bytes: int
     created_at: float
-    def __init__(self, directory: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., image_digest: _Optional[str] = ..., criu_version: _Optional[str] = ..., timings: _Optional[_Union[CheckpointTimings, _Mapping]] = ..., criu_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., created_at: _Optional[float] = ...) -> None: ...
+    snapshot_id: str
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    put_ms: float
+    def __init__(self, directory: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., image_digest: _Optional[str] = ..., criu_version: _Optional[str] = ..., timings: _Optional[_Union[CheckpointTimings, _Mapping]] = ..., criu_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., created_at: _Optional[float] = ..., snapshot_id: _Optional[str] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., put_ms: _Optional[float] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("sandbox_id", "directory", "image", "skip_verify")
+    __slots__ = ("sandbox_id", "directory", "image", "skip_verify", "snapshot_id")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     SKIP_VERIFY_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     directory: str
     image: str
     skip_verify: bool
-    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., image: _Optional[str] = ..., skip_verify: _Optional[bool] = ...) -> None: ...
+    snapshot_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., image: _Optional[str] = ..., skip_verify: _Optional[bool] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
 
 class KillRequest(_message.Message):
     __slots__ = ("sandbox_id", "signal")

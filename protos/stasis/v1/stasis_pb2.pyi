@@ -1,0 +1,416 @@
+from protos.stasis.v1 import agent_pb2 as _agent_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EpisodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EPISODE_STATE_UNSPECIFIED: _ClassVar[EpisodeState]
+    EPISODE_STATE_PENDING: _ClassVar[EpisodeState]
+    EPISODE_STATE_RUNNING: _ClassVar[EpisodeState]
+    EPISODE_STATE_CHECKPOINTING: _ClassVar[EpisodeState]
+    EPISODE_STATE_PREEMPTED: _ClassVar[EpisodeState]
+    EPISODE_STATE_RESTORING: _ClassVar[EpisodeState]
+    EPISODE_STATE_SUCCEEDED: _ClassVar[EpisodeState]
+    EPISODE_STATE_FAILED: _ClassVar[EpisodeState]
+    EPISODE_STATE_CANCELLED: _ClassVar[EpisodeState]
+
+class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_STATE_UNSPECIFIED: _ClassVar[NodeState]
+    NODE_STATE_READY: _ClassVar[NodeState]
+    NODE_STATE_CORDONED: _ClassVar[NodeState]
+    NODE_STATE_DRAINING: _ClassVar[NodeState]
+    NODE_STATE_LOST: _ClassVar[NodeState]
+EPISODE_STATE_UNSPECIFIED: EpisodeState
+EPISODE_STATE_PENDING: EpisodeState
+EPISODE_STATE_RUNNING: EpisodeState
+EPISODE_STATE_CHECKPOINTING: EpisodeState
+EPISODE_STATE_PREEMPTED: EpisodeState
+EPISODE_STATE_RESTORING: EpisodeState
+EPISODE_STATE_SUCCEEDED: EpisodeState
+EPISODE_STATE_FAILED: EpisodeState
+EPISODE_STATE_CANCELLED: EpisodeState
+NODE_STATE_UNSPECIFIED: NodeState
+NODE_STATE_READY: NodeState
+NODE_STATE_CORDONED: NodeState
+NODE_STATE_DRAINING: NodeState
+NODE_STATE_LOST: NodeState
+
+class Limits(_message.Message):
+    __slots__ = ("max_wall_s",)
+    MAX_WALL_S_FIELD_NUMBER: _ClassVar[int]
+    max_wall_s: float
+    def __init__(self, max_wall_s: _Optional[float] = ...) -> None: ...
+
+class Preemption(_message.Message):
+    __slots__ = ("time_slice_s", "priority", "autosave_s")
+    TIME_SLICE_S_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    AUTOSAVE_S_FIELD_NUMBER: _ClassVar[int]
+    time_slice_s: float
+    priority: int
+    autosave_s: float
+    def __init__(self, time_slice_s: _Optional[float] = ..., priority: _Optional[int] = ..., autosave_s: _Optional[float] = ...) -> None: ...
+
+class RewardSpec(_message.Message):
+    __slots__ = ("command", "files", "image", "timeout_s")
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    command: _containers.RepeatedScalarFieldContainer[str]
+    files: _containers.ScalarMap[str, bytes]
+    image: str
+    timeout_s: float
+    def __init__(self, command: _Optional[_Iterable[str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., image: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class EpisodeSpec(_message.Message):
+    __slots__ = ("image", "command", "env", "files", "resources", "limits", "preemption", "labels", "reward")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    files: _containers.ScalarMap[str, bytes]
+    resources: _agent_pb2.Resources
+    limits: Limits
+    preemption: Preemption
+    labels: _containers.ScalarMap[str, str]
+    reward: RewardSpec
+    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., resources: _Optional[_Union[_agent_pb2.Resources, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., preemption: _Optional[_Union[Preemption, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., reward: _Optional[_Union[RewardSpec, _Mapping]] = ...) -> None: ...
+
+class Episode(_message.Message):
+    __slots__ = ("id", "spec", "state", "reason", "node", "sandbox_id", "address", "snapshots", "last_snapshot_id", "has_reward", "reward", "has_exit_code", "exit_code", "submitted_at", "updated_at", "finished_at", "run_seconds", "runs", "held", "pinned_node")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    RUN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    PINNED_NODE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    spec: EpisodeSpec
+    state: EpisodeState
+    reason: str
+    node: str
+    sandbox_id: str
+    address: str
+    snapshots: int
+    last_snapshot_id: str
+    has_reward: bool
+    reward: float
+    has_exit_code: bool
+    exit_code: int
+    submitted_at: float
+    updated_at: float
+    finished_at: float
+    run_seconds: float
+    runs: int
+    held: bool
+    pinned_node: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., node: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., address: _Optional[str] = ..., snapshots: _Optional[int] = ..., last_snapshot_id: _Optional[str] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., run_seconds: _Optional[float] = ..., runs: _Optional[int] = ..., held: _Optional[bool] = ..., pinned_node: _Optional[str] = ...) -> None: ...
+
+class EpisodeEvent(_message.Message):
+    __slots__ = ("seq", "episode_id", "kind", "from_state", "to_state", "reason", "message", "node", "at")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FROM_STATE_FIELD_NUMBER: _ClassVar[int]
+    TO_STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    episode_id: str
+    kind: str
+    from_state: EpisodeState
+    to_state: EpisodeState
+    reason: str
+    message: str
+    node: str
+    at: float
+    def __init__(self, seq: _Optional[int] = ..., episode_id: _Optional[str] = ..., kind: _Optional[str] = ..., from_state: _Optional[_Union[EpisodeState, str]] = ..., to_state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[float] = ...) -> None: ...
+
+class SubmitEpisodeRequest(_message.Message):
+    __slots__ = ("spec", "request_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: EpisodeSpec
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class GetEpisodeRequest(_message.Message):
+    __slots__ = ("episode_id",)
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    def __init__(self, episode_id: _Optional[str] = ...) -> None: ...
+
+class ListEpisodesRequest(_message.Message):
+    __slots__ = ("states", "node", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[EpisodeState]
+    node: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, states: _Optional[_Iterable[_Union[EpisodeState, str]]] = ..., node: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListEpisodesResponse(_message.Message):
+    __slots__ = ("episodes",)
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    episodes: _containers.RepeatedCompositeFieldContainer[Episode]
+    def __init__(self, episodes: _Optional[_Iterable[_Union[Episode, _Mapping]]] = ...) -> None: ...
+
+class WatchEpisodesRequest(_message.Message):
+    __slots__ = ("episode_ids", "since_seq")
+    EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    episode_ids: _containers.RepeatedScalarFieldContainer[str]
+    since_seq: int
+    def __init__(self, episode_ids: _Optional[_Iterable[str]] = ..., since_seq: _Optional[int] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("episode_id", "since_seq", "limit")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    since_seq: int
+    limit: int
+    def __init__(self, episode_id: _Optional[str] = ..., since_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[EpisodeEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[EpisodeEvent, _Mapping]]] = ...) -> None: ...
+
+class CancelEpisodeRequest(_message.Message):
+    __slots__ = ("episode_id", "request_id")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    request_id: str
+    def __init__(self, episode_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class PreemptEpisodeRequest(_message.Message):
+    __slots__ = ("episode_id", "reason", "request_id")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    reason: str
+    request_id: str
+    def __init__(self, episode_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ResumeEpisodeRequest(_message.Message):
+    __slots__ = ("episode_id", "node", "request_id")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    node: str
+    request_id: str
+    def __init__(self, episode_id: _Optional[str] = ..., node: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class Snapshot(_message.Message):
+    __slots__ = ("id", "episode_id", "parent_id", "sequence", "node", "reason", "created_at", "logical_bytes", "stored_bytes", "new_bytes", "trajectory_cursor", "timings_ms")
+    class TimingsMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NEW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    episode_id: str
+    parent_id: str
+    sequence: int
+    node: str
+    reason: str
+    created_at: float
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    trajectory_cursor: str
+    timings_ms: _containers.ScalarMap[str, float]
+    def __init__(self, id: _Optional[str] = ..., episode_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., sequence: _Optional[int] = ..., node: _Optional[str] = ..., reason: _Optional[str] = ..., created_at: _Optional[float] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., trajectory_cursor: _Optional[str] = ..., timings_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ListSnapshotsRequest(_message.Message):
+    __slots__ = ("episode_id",)
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    def __init__(self, episode_id: _Optional[str] = ...) -> None: ...
+
+class ListSnapshotsResponse(_message.Message):
+    __slots__ = ("snapshots",)
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[Snapshot]
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[Snapshot, _Mapping]]] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("name", "address", "state", "backend", "slots", "slots_used", "memory_mb", "memory_used_mb", "images", "last_heartbeat", "episodes", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_USED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_MB_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    state: NodeState
+    backend: str
+    slots: int
+    slots_used: int
+    memory_mb: int
+    memory_used_mb: int
+    images: _containers.RepeatedCompositeFieldContainer[_agent_pb2.Image]
+    last_heartbeat: float
+    episodes: _containers.RepeatedScalarFieldContainer[str]
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., backend: _Optional[str] = ..., slots: _Optional[int] = ..., slots_used: _Optional[int] = ..., memory_mb: _Optional[int] = ..., memory_used_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_agent_pb2.Image, _Mapping]]] = ..., last_heartbeat: _Optional[float] = ..., episodes: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node", "request_id")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    request_id: str
+    def __init__(self, node: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class UncordonNodeRequest(_message.Message):
+    __slots__ = ("node", "request_id")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    request_id: str
+    def __init__(self, node: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("info", "address", "sandboxes")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    info: _agent_pb2.NodeInfo
+    address: str
+    sandboxes: _containers.RepeatedCompositeFieldContainer[_agent_pb2.Sandbox]
+    def __init__(self, info: _Optional[_Union[_agent_pb2.NodeInfo, _Mapping]] = ..., address: _Optional[str] = ..., sandboxes: _Optional[_Iterable[_Union[_agent_pb2.Sandbox, _Mapping]]] = ...) -> None: ...
+
+class RegisterNodeResponse(_message.Message):
+    __slots__ = ("heartbeat_interval_s",)
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_s: float
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node", "sandboxes", "images")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    sandboxes: _containers.RepeatedCompositeFieldContainer[_agent_pb2.Sandbox]
+    images: _containers.RepeatedCompositeFieldContainer[_agent_pb2.Image]
+    def __init__(self, node: _Optional[str] = ..., sandboxes: _Optional[_Iterable[_Union[_agent_pb2.Sandbox, _Mapping]]] = ..., images: _Optional[_Iterable[_Union[_agent_pb2.Image, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...

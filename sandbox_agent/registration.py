@@ -1,0 +1,77 @@
+"""The agent's side of node membership: register with the orchestrator, then heartbeat."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+
+from protos.stasis.v1 import stasis_pb2 as spb
+from protos.stasis.v1 import stasis_pb2_grpc as spb_grpc
+from sandbox_agent.node import Node
+from sandbox_agent.service import image_to_pb, node_info_pb, sandbox_to_pb
+
+log = logging.getLogger(__name__)
+
+
+class Registration:
+    """A thread that keeps this node known to the orchestrator; it survives orchestrator restarts."""
+
+    def __init__(self, node: Node, orchestrator: str, advertise: str) -> None:
+        self.node = node
+        self.advertise = advertise
+        self.interval = node.settings.heartbeat_s
+        self._channel = grpc.insecure_channel(orchestrator)
+        self._registry = spb_grpc.NodeRegistryStub(self._channel)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"registration-{node.name}", daemon=True)
+        self._last_error = ""
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._channel.close()
+
+    def _run(self) -> None:
+        registered = False
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                sandboxes = self.node.list()
+                if not registered:
+                    reply = self._registry.RegisterNode(
+                        spb.RegisterNodeRequest(
+                            info=node_info_pb(self.node, sandboxes),
+                            address=self.advertise,
+                            sandboxes=[sandbox_to_pb(s) for s in sandboxes],
+                        ),
+                        timeout=10,
+                    )
+                    self.interval = reply.heartbeat_interval_s or self.interval
+                    registered = True
+                    log.info("node %s registered with the orchestrator as %s", self.node.name, self.advertise)
+                else:
+                    ack = self._registry.Heartbeat(
+                        spb.HeartbeatRequest(
+                            node=self.node.name,
+                            sandboxes=[sandbox_to_pb(s) for s in sandboxes],
+                            images=[image_to_pb(i) for i in self.node.images.list()],
+                        ),
+                        timeout=10,
+                    )
+                    registered = ack.known
+                self._last_error = ""
+            except grpc.RpcError as exc:
+                message = f"{exc.code().name}: {exc.details()}"
+                if message != self._last_error:
+                    log.warning("node %s cannot reach the orchestrator: %s", self.node.name, message)
+                    self._last_error = message
+                registered = False
+            except Exception:
+                log.exception("node %s heartbeat failed", self.node.name)
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))

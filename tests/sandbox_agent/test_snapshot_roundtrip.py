@@ -1,0 +1,89 @@
+"""A real checkpoint goes through the snapshot store (local dir and S3) and restores a running process."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_agent import SandboxSpec, SandboxState
+from sandbox_agent.node import SnapshotTarget
+from snapshots import SnapshotCorrupt, SnapshotStore
+from tests.sandbox_agent import programs
+from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
+from tests.snapshots.conftest import MotoServer
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoServer]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+    mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    server = MotoServer()
+    yield server
+    server.stop()
+    mp.undo()
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return f"file://{tmp_path}/store"
+    moto: MotoServer = request.getfixturevalue("moto")
+    bucket = f"roundtrip-{len(request.node.name)}-{abs(hash(request.node.name)) % 10_000}"
+    moto.create_bucket(bucket)
+    return f"s3://{bucket}/snapshots?endpoint={moto.endpoint}"
+
+
+@pytest.mark.timeout(180)
+def test_checkpoint_through_the_store(make_node: NodeFactory, store_url: str) -> None:
+    a = make_node("node-a", snapshot_store=store_url)
+    b = make_node("node-b", snapshot_store=store_url)
+    spec = SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "32"), address="10.203.0.2")
+    a.create("ep1-r1", spec)
+    log = wait_for_log(a, "ep1-r1", lambda t: t.count("sha ") >= 2)
+    sha = re.findall(r"sha (\w+)", log)[-1]
+
+    first, m1 = a.checkpoint_to_store(
+        "ep1-r1",
+        SnapshotTarget("ep1-s1", "ep1", 1, "autosave", trajectory_cursor={"turn": 3}),
+        leave_running=True,
+    )
+    assert a.get("ep1-r1").state == SandboxState.RUNNING
+    _, m2 = a.checkpoint_to_store(
+        "ep1-r1", SnapshotTarget("ep1-s2", "ep1", 2, "time-slice", parent_id="ep1-s1"), leave_running=False
+    )
+    assert first.timings.frozen_ms > 0 and m1.sizes.stored_bytes > 0
+    assert m2.parent_id == "ep1-s1" and m1.trajectory_cursor == {"turn": 3}
+    # Most of the second snapshot's memory is the first's: the store keeps it once.
+    assert m2.sizes.new_bytes < m1.sizes.stored_bytes / 2
+    assert not list((a.settings.root / "staging").iterdir()), "staging must be empty after a commit"
+    remove_node_dirs(a)
+
+    restored = b.restore_from_store("ep1-r2", "ep1-s2")
+    assert restored.record.restore_timings["fetch_ms"] > 0
+    after = wait_for_log(b, "ep1-r2", lambda t: t.count("sha ") > log.count("sha ") + 1)
+    assert re.findall(r"sha (\w+)", after)[-1] == sha
+    assert after.count("start") == 1
+    assert not list((b.settings.root / "staging").iterdir())
+
+
+@pytest.mark.timeout(120)
+def test_corrupt_chunk_fails_the_restore(make_node: NodeFactory, tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/store"
+    a, b = make_node("node-a", snapshot_store=url), make_node("node-b", snapshot_store=url)
+    a.create("c1", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "4")))
+    wait_for_log(a, "c1", lambda t: "sha " in t)
+    a.checkpoint_to_store("c1", SnapshotTarget("c-s1", "c", 1, "manual"), leave_running=True)
+    chunk = max((tmp_path / "store").rglob("chunks/*/*"), key=lambda p: p.stat().st_size)
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(SnapshotCorrupt, match="c-s1"):
+        b.restore_from_store("c1", "c-s1")
+    assert b.list() == []
+    assert a.get("c1").state == SandboxState.RUNNING
+    with SnapshotStore.open(url) as store:
+        assert not store.verify("c-s1").ok
