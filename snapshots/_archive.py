@@ -248,12 +248,12 @@ def _rfc3339_or(value: object) -> str:
         return str(value)
 
 
-def _add_bytes(tout: tarfile.TarFile, name: str, data: bytes) -> None:
+def _add_bytes(tout: tarfile.TarFile, name: str, content: bytes) -> None:
     info = tarfile.TarInfo(name)
-    info.size = len(data)
+    info.size = len(content)
     info.mode = 0o600  # What go-criu's WriteJSONFile uses.
     info.mtime = int(time.time())
-    tout.addfile(info, io.BytesIO(data))
+    tout.addfile(info, io.BytesIO(content))
 
 
 def _publish(temp: Path, dest: Path) -> None:

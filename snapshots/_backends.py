@@ -43,11 +43,11 @@ class Backend(Protocol):
         """Whether requests cross a network (so more of them should be in flight)."""
         ...
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, blob: bytes) -> None:
         """Create or replace an object."""
         ...
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, blob: bytes) -> bool:
         """Durably create an object unless the key exists; False if it existed."""
         ...
 
@@ -121,7 +121,7 @@ class LocalBackend:
         _check_key(key)
         return self._root / key
 
-    def _write_temp(self, path: Path, data: bytes, sync: bool) -> Path:
+    def _write_temp(self, path: Path, blob: bytes, sync: bool) -> Path:
         temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{uuid.uuid4().hex}")
         for attempt in (0, 1):
             try:
@@ -133,7 +133,7 @@ class LocalBackend:
                     raise
                 path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            view = memoryview(data)
+            view = memoryview(blob)
             while view:
                 view = view[os.write(fd, view) :]
             if sync:
@@ -152,18 +152,18 @@ class LocalBackend:
         finally:
             os.close(fd)
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, blob: bytes) -> None:
         path = self._path(key)
         try:
-            temp = self._write_temp(path, data, sync=False)
+            temp = self._write_temp(path, blob, sync=False)
             os.rename(temp, path)
         except OSError as exc:
             raise self._error(key, exc) from None
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, blob: bytes) -> bool:
         path = self._path(key)
         try:
-            temp = self._write_temp(path, data, sync=self._durable)
+            temp = self._write_temp(path, blob, sync=self._durable)
             try:
                 # link(2), unlike rename(2), fails when the target exists: an atomic create-if-absent.
                 os.link(temp, path)

@@ -116,16 +116,16 @@ class S3Backend:
                 raise StoreUnavailable(self.location, key, f"{exc}; gave up after retries") from None
             raise StoreRejected(self.location, key, str(exc)) from None
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, blob: bytes) -> None:
         self._call(
-            key, lambda: self._client.put_object(Bucket=self._bucket, Key=self._prefix + key, Body=data)
+            key, lambda: self._client.put_object(Bucket=self._bucket, Key=self._prefix + key, Body=blob)
         )
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, blob: bytes) -> bool:
         def attempt() -> bool:
             try:
                 self._client.put_object(
-                    Bucket=self._bucket, Key=self._prefix + key, Body=data, IfNoneMatch="*"
+                    Bucket=self._bucket, Key=self._prefix + key, Body=blob, IfNoneMatch="*"
                 )
             except botocore.exceptions.ClientError as exc:
                 if _status(exc) == 412 or _code(exc) == "PreconditionFailed":
