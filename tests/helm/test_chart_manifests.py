@@ -1,0 +1,271 @@
+"""What the chart renders: the privileges, wiring and flags each Stasis component depends on."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helm.chart import (
+    NAMESPACE,
+    ORCHESTRATOR_HOST,
+    RELEASE,
+    TEST_TIMEOUT_S,
+    Chart,
+    Manifest,
+    by_name,
+    container,
+    find,
+    pod_spec,
+)
+
+FULLNAME = f"{RELEASE}-stasis"
+AGENT = f"{RELEASE}-stasis-agent"
+
+
+@pytest.fixture
+def reference_install(chart: Chart) -> list[Manifest]:
+    return chart.render("reference-model-values.yaml")
+
+
+@pytest.fixture
+def s3_install(chart: Chart) -> list[Manifest]:
+    return chart.render("s3-values.yaml")
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_agent_is_privileged_on_the_host_network(reference_install: list[Manifest]) -> None:
+    daemonset = find(reference_install, "DaemonSet", AGENT)
+    spec = pod_spec(daemonset)
+    agent = container(daemonset, "agent")
+    assert agent["securityContext"]["privileged"] is True
+    assert spec["hostNetwork"] is True
+    assert spec["hostPID"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert spec["automountServiceAccountToken"] is False
+
+    mounts = by_name(agent["volumeMounts"])
+    volumes = by_name(spec["volumes"])
+    netns = mounts["netns"]
+    assert netns["mountPath"] == "/run/netns"
+    assert netns["mountPropagation"] == "Bidirectional"
+    assert volumes["netns"]["hostPath"]["path"] == "/run/netns"
+    assert mounts["agent-root"]["mountPath"] == "/var/lib/stasis/agent"
+    assert volumes["agent-root"]["hostPath"]["path"] == "/var/lib/stasis/agent"
+    assert volumes["cgroup"]["hostPath"]["path"] == "/sys/fs/cgroup"
+    assert mounts["modules"] == {"name": "modules", "mountPath": "/lib/modules", "readOnly": True}
+
+    env = by_name(agent["env"])
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_agent_flags_point_at_the_orchestrator_service(reference_install: list[Manifest]) -> None:
+    daemonset = find(reference_install, "DaemonSet", AGENT)
+    agent = container(daemonset, "agent")
+    assert agent["command"] == ["stasis-agent"]
+    assert agent["args"] == [
+        "--node", "$(NODE_NAME)",
+        "--root", "/var/lib/stasis/agent",
+        "--listen", "0.0.0.0:7071",
+        "--advertise", "$(POD_IP):7071",
+        "--orchestrator", f"{ORCHESTRATOR_HOST}:7070",
+        "--snapshot-store", "file:///var/lib/stasis/snapshots",
+        "--gateway-forward", f"{ORCHESTRATOR_HOST}:8080",
+        "--allow-port", "8080",
+        "--slots", "4",
+        "--memory-mb", "16384",
+        "--backend", "runc",
+    ]  # fmt: skip
+    assert agent["readinessProbe"]["grpc"] == {"port": 7071}
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_agent_drains_its_node_before_stopping(chart: Chart, reference_install: list[Manifest]) -> None:
+    daemonset = find(reference_install, "DaemonSet", AGENT)
+    agent = container(daemonset, "agent")
+    command = agent["lifecycle"]["preStop"]["exec"]["command"]
+    # Exec hooks get no $(VAR) expansion from the kubelet, so the node name comes from a shell.
+    assert command[:2] == ["/bin/sh", "-c"]
+    assert command[2] == f'exec stasis drain "$NODE_NAME" --addr {ORCHESTRATOR_HOST}:7070 --wait'
+    assert pod_spec(daemonset)["terminationGracePeriodSeconds"] >= 300
+
+    quick = chart.render("reference-model-values.yaml", sets={"agent.drainOnStop": False})
+    assert "lifecycle" not in container(find(quick, "DaemonSet", AGENT), "agent")
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_orchestrator_is_a_single_recreated_writer(reference_install: list[Manifest]) -> None:
+    deployment = find(reference_install, "Deployment", FULLNAME)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    orchestrator = container(deployment, "orchestrator")
+    assert orchestrator["command"] == ["stasis"]
+    assert orchestrator["args"] == [
+        "server",
+        "--listen", "0.0.0.0:7070",
+        "--state-dir", "/var/lib/stasis",
+        "--snapshot-store", "file:///var/lib/stasis/snapshots",
+        "--gateway-listen", "0.0.0.0:8080",
+        "--upstream", f"http://{RELEASE}-stasis-reference-model.{NAMESPACE}.svc:8000",
+        "--node-lost-after", "$(STASIS_NODE_LOST_AFTER)",
+    ]  # fmt: skip
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert orchestrator[probe]["grpc"] == {"port": 7070}, probe
+    volumes = by_name(pod_spec(deployment)["volumes"])
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == f"{FULLNAME}-state"
+    assert find(reference_install, "PersistentVolumeClaim", f"{FULLNAME}-state")["spec"]["accessModes"] == [
+        "ReadWriteOnce"
+    ]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_orchestrator_without_persistence_uses_an_empty_dir(chart: Chart) -> None:
+    manifests = chart.render("reference-model-values.yaml", sets={"orchestrator.persistence.enabled": False})
+    volumes = by_name(pod_spec(find(manifests, "Deployment", FULLNAME))["volumes"])
+    assert volumes["state"] == {"name": "state", "emptyDir": {}}
+    assert not [m for m in manifests if m["metadata"]["name"] == f"{FULLNAME}-state"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_orchestrator_service_exposes_grpc_and_gateway(reference_install: list[Manifest]) -> None:
+    service = find(reference_install, "Service", FULLNAME)
+    ports = by_name(service["spec"]["ports"])
+    assert ports["grpc"]["port"] == 7070
+    assert ports["grpc"]["appProtocol"] == "grpc"
+    assert ports["gateway"]["port"] == 8080
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "orchestrator"
+    pod_labels = find(reference_install, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_rbac_is_read_only_nodes_and_namespaced_pods(reference_install: list[Manifest]) -> None:
+    cluster_roles = [m for m in reference_install if m["kind"] == "ClusterRole"]
+    assert len(cluster_roles) == 1
+    cluster_role = cluster_roles[0]
+    assert "namespace" not in cluster_role["metadata"]
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+
+    role = find(reference_install, "Role", f"{FULLNAME}-pods")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+    subject = {"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}
+    binding = find(reference_install, "ClusterRoleBinding", cluster_role["metadata"]["name"])
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    assert binding["subjects"] == [subject]
+    assert find(reference_install, "RoleBinding", f"{FULLNAME}-pods")["subjects"] == [subject]
+    assert pod_spec(find(reference_install, "Deployment", FULLNAME))["serviceAccountName"] == FULLNAME
+    # Nothing else in the chart grants API access.
+    rbac = sorted(m["kind"] for m in reference_install if m["apiVersion"].startswith("rbac."))
+    assert rbac == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_s3_credentials_reach_both_components(s3_install: list[Manifest]) -> None:
+    url = "s3://rl-snapshots/stasis/prod?endpoint=http://minio.storage.svc:9000&region=eu-west-1"
+    for kind, name, container_name in (
+        ("Deployment", FULLNAME, "orchestrator"),
+        ("DaemonSet", AGENT, "agent"),
+    ):
+        workload = find(s3_install, kind, name)
+        c = container(workload, container_name)
+        assert c["args"][c["args"].index("--snapshot-store") + 1] == url, name
+        env = by_name(c["env"])
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[key]["valueFrom"]["secretKeyRef"] == {"name": "stasis-s3", "key": key}, (name, key)
+        assert "snapshots" not in by_name(pod_spec(workload)["volumes"]), name
+    assert not [m for m in s3_install if m["metadata"]["name"].endswith("-snapshots")]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_local_store_is_one_shared_claim(chart: Chart, reference_install: list[Manifest]) -> None:
+    claim = find(reference_install, "PersistentVolumeClaim", f"{FULLNAME}-snapshots")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for kind, name, container_name in (
+        ("Deployment", FULLNAME, "orchestrator"),
+        ("DaemonSet", AGENT, "agent"),
+    ):
+        workload = find(reference_install, kind, name)
+        volumes = by_name(pod_spec(workload)["volumes"])
+        assert volumes["snapshots"]["persistentVolumeClaim"]["claimName"] == f"{FULLNAME}-snapshots"
+        mounts = by_name(container(workload, container_name)["volumeMounts"])
+        assert mounts["snapshots"]["mountPath"] == "/var/lib/stasis/snapshots"
+
+    existing = chart.render(
+        "reference-model-values.yaml", sets={"snapshotStore.local.existingClaim": "nfs-snapshots"}
+    )
+    assert not [m for m in existing if m["metadata"]["name"] == f"{FULLNAME}-snapshots"]
+    volumes = by_name(pod_spec(find(existing, "DaemonSet", AGENT))["volumes"])
+    assert volumes["snapshots"]["persistentVolumeClaim"]["claimName"] == "nfs-snapshots"
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_reference_model_serves_as_upstream(
+    reference_install: list[Manifest], s3_install: list[Manifest]
+) -> None:
+    name = f"{RELEASE}-stasis-reference-model"
+    model = container(find(reference_install, "Deployment", name), "reference-model")
+    assert model["command"] + model["args"] == [
+        "python", "-m", "orchestrator.reference_model", "--host", "0.0.0.0", "--port", "8000",
+    ]  # fmt: skip
+    assert by_name(find(reference_install, "Service", name)["spec"]["ports"])["http"]["port"] == 8000
+
+    orchestrator = container(find(s3_install, "Deployment", FULLNAME), "orchestrator")
+    assert orchestrator["args"][orchestrator["args"].index("--upstream") + 1] == "http://vllm.models.svc:8000"
+    assert not [m for m in s3_install if "reference-model" in m["metadata"]["name"]]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_policy_configmap_feeds_the_orchestrator_and_rolls_it(chart: Chart) -> None:
+    before = chart.render("reference-model-values.yaml")
+    config = find(before, "ConfigMap", f"{FULLNAME}-config")
+    assert config["data"] == {
+        "STASIS_DEFAULT_TIME_SLICE_SECONDS": "1800",
+        "STASIS_DEFAULT_PRIORITY": "0",
+        "STASIS_NODE_LOST_AFTER": "60",
+        "STASIS_GC_KEEP_LAST": "3",
+    }
+    deployment = find(before, "Deployment", FULLNAME)
+    assert container(deployment, "orchestrator")["envFrom"] == [
+        {"configMapRef": {"name": f"{FULLNAME}-config"}}
+    ]
+
+    after = chart.render("reference-model-values.yaml", sets={"policy.gcKeepLast": 5})
+    assert find(after, "ConfigMap", f"{FULLNAME}-config")["data"]["STASIS_GC_KEEP_LAST"] == "5"
+
+    def checksum(manifests: list[Manifest]) -> str:
+        annotations = find(manifests, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["annotations"]
+        return str(annotations["checksum/config"])
+
+    assert checksum(before) != checksum(after)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_every_object_carries_standard_labels(s3_install: list[Manifest]) -> None:
+    for manifest in s3_install:
+        labels = manifest["metadata"]["labels"]
+        where = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        assert labels["app.kubernetes.io/name"] == "stasis", where
+        assert labels["app.kubernetes.io/instance"] == RELEASE, where
+        assert labels["app.kubernetes.io/managed-by"] == "Helm", where
+        assert labels["app.kubernetes.io/version"] == "0.1.0", where
+        assert labels["app.kubernetes.io/component"], where
+        assert labels["team"] == "rl-infra", where  # commonLabels in ci/s3-values.yaml
+        if manifest["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert manifest["metadata"]["namespace"] == NAMESPACE, where
+    # Every pod skips service links: they would inject STASIS_* variables the programs read.
+    for manifest in s3_install:
+        if manifest["kind"] in ("Deployment", "DaemonSet"):
+            assert pod_spec(manifest)["enableServiceLinks"] is False, manifest["metadata"]["name"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_release_named_stasis_is_not_doubled(chart: Chart) -> None:
+    manifests = chart.render("reference-model-values.yaml", release="stasis")
+    find(manifests, "Service", "stasis")
+    agent = container(find(manifests, "DaemonSet", "stasis-agent"), "agent")
+    assert f"stasis.{NAMESPACE}.svc:7070" in agent["args"]
