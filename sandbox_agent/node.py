@@ -192,7 +192,9 @@ class Node:
                 exit_code = int(code_file.read_text().strip())
             except (OSError, ValueError):
                 exit_code = None
-        return SandboxStatus(record=record, state=state, pid=pid, exit_code=exit_code)
+        with self._lock:
+            busy = record.id in self._busy
+        return SandboxStatus(record=record, state=state, pid=pid, exit_code=exit_code, busy=busy)
 
     # -- operations -------------------------------------------------------------------------
 

@@ -135,6 +135,7 @@ def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
         created_at=rec.created_at,
         restored_from=rec.restored_from,
         restore_timings=pb.RestoreTimings(**rec.restore_timings),
+        busy=status.busy,
     )
 
 

@@ -145,3 +145,5 @@ class SandboxStatus:
     state: SandboxState
     pid: int = 0
     exit_code: int | None = None
+    busy: bool = False
+    """An operation is in progress, so the state may be about to change."""

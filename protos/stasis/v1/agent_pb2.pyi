@@ -56,7 +56,7 @@ class SandboxSpec(_message.Message):
     def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "restore_timings")
+    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "restore_timings", "busy")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class Sandbox(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
     RESTORE_TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     id: str
     node: str
     backend: str
@@ -81,7 +82,8 @@ class Sandbox(_message.Message):
     created_at: float
     restored_from: str
     restore_timings: RestoreTimings
-    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., restore_timings: _Optional[_Union[RestoreTimings, _Mapping]] = ...) -> None: ...
+    busy: bool
+    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., restore_timings: _Optional[_Union[RestoreTimings, _Mapping]] = ..., busy: _Optional[bool] = ...) -> None: ...
 
 class RestoreTimings(_message.Message):
     __slots__ = ("verify_ms", "restore_ms", "total_ms", "fetch_ms")

@@ -1,0 +1,238 @@
+"""The orchestrator's gRPC face: the public Stasis API and the node registry. Errors map to status
+codes here and nowhere else."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from orchestrator.agents import SandboxView
+from orchestrator.control import Control
+from orchestrator.convert import (
+    STATE_FROM_PB,
+    episode_to_pb,
+    event_to_pb,
+    node_to_pb,
+    snapshot_to_pb,
+    spec_from_pb,
+)
+from orchestrator.errors import (
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    StasisError,
+    TemporaryError,
+)
+from orchestrator.model import TERMINAL, NodeRecord, NodeState, Reason
+from orchestrator.scheduler import occupies_node
+from orchestrator.store import SqliteStateStore
+from protos.stasis.v1 import stasis_pb2 as pb
+from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+from snapshots import SnapshotError, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+_STATUS: list[tuple[type[StasisError], grpc.StatusCode]] = [
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (Conflict, grpc.StatusCode.ALREADY_EXISTS),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (TemporaryError, grpc.StatusCode.UNAVAILABLE),
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _rpc(method: F) -> F:
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except StasisError as exc:
+            code = next((c for kind, c in _STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+            context.abort(code, str(exc))
+        except SnapshotError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"snapshot store: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _required(field: str, value: str) -> str:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    return value
+
+
+class StasisService(pb_grpc.StasisServicer):
+    def __init__(self, control: Control, store: SqliteStateStore, snapshots: SnapshotStore) -> None:
+        self.control = control
+        self.store = store
+        self.snapshots = snapshots
+
+    def _episode(self, episode_id: str) -> pb.Episode:
+        return episode_to_pb(self.store.get(_required("episode_id", episode_id)), time.time())
+
+    @_rpc
+    def SubmitEpisode(self, request: pb.SubmitEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec", "is required")
+        spec = spec_from_pb(request.spec)
+        self._check_image(spec.image)
+        episode = self.store.submit(spec, request.request_id, self.control.pool_of_addresses)
+        self.control.wake()
+        return episode_to_pb(episode, time.time())
+
+    def _check_image(self, image: str) -> None:
+        nodes = [n for n in self.store.nodes() if n.state != NodeState.LOST]
+        if nodes and not any(n.has_image(image) for n in nodes):
+            known = sorted({name for n in nodes for names in n.images.values() for name in names})
+            raise InvalidArgument(
+                "spec.image", f"{image!r} is not cached on any node; known images: {', '.join(known)}"
+            )
+
+    @_rpc
+    def GetEpisode(self, request: pb.GetEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        return self._episode(request.episode_id)
+
+    @_rpc
+    def ListEpisodes(
+        self, request: pb.ListEpisodesRequest, context: grpc.ServicerContext
+    ) -> pb.ListEpisodesResponse:
+        states = [STATE_FROM_PB[s] for s in request.states if s in STATE_FROM_PB]
+        episodes = self.store.query(states=states, node=request.node, labels=dict(request.labels))
+        now = time.time()
+        return pb.ListEpisodesResponse(episodes=[episode_to_pb(e, now) for e in episodes])
+
+    @_rpc
+    def WatchEpisodes(
+        self, request: pb.WatchEpisodesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.EpisodeEvent]:
+        for episode_id in request.episode_ids:
+            self.store.get(episode_id)
+        since = request.since_seq
+        while context.is_active():
+            events = self.store.events(since, request.episode_ids)
+            for ev in events:
+                yield event_to_pb(ev)
+                since = ev.seq
+            if not events:
+                # The store notifies on every commit; the timeout only bounds how long a cancelled
+                # stream lingers.
+                self.store.wait_for_events(since, timeout=1.0)
+
+    @_rpc
+    def ListEvents(
+        self, request: pb.ListEventsRequest, context: grpc.ServicerContext
+    ) -> pb.ListEventsResponse:
+        ids = [request.episode_id] if request.episode_id else []
+        for episode_id in ids:
+            self.store.get(episode_id)
+        events = self.store.events(request.since_seq, ids, request.limit or 1000)
+        return pb.ListEventsResponse(events=[event_to_pb(e) for e in events])
+
+    @_rpc
+    def CancelEpisode(self, request: pb.CancelEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        episode_id = _required("episode_id", request.episode_id)
+        if self.store.remember_request(request.request_id, "CancelEpisode", {"id": episode_id}, episode_id):
+            return self._episode(episode_id)
+        return episode_to_pb(self.control.cancel(episode_id), time.time())
+
+    @_rpc
+    def PreemptEpisode(self, request: pb.PreemptEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        episode_id = _required("episode_id", request.episode_id)
+        self.store.get(episode_id)
+        payload = {"id": episode_id, "reason": request.reason}
+        if self.store.remember_request(request.request_id, "PreemptEpisode", payload, episode_id):
+            return self._episode(episode_id)
+        why = request.reason or "preempted by user"
+        return episode_to_pb(self.control.checkpoint(episode_id, Reason.MANUAL, why), time.time())
+
+    @_rpc
+    def ResumeEpisode(self, request: pb.ResumeEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        episode_id = _required("episode_id", request.episode_id)
+        self.store.get(episode_id)
+        payload = {"id": episode_id, "node": request.node}
+        if self.store.remember_request(request.request_id, "ResumeEpisode", payload, episode_id):
+            return self._episode(episode_id)
+        return episode_to_pb(self.control.resume(episode_id, request.node), time.time())
+
+    @_rpc
+    def ListSnapshots(
+        self, request: pb.ListSnapshotsRequest, context: grpc.ServicerContext
+    ) -> pb.ListSnapshotsResponse:
+        self.store.get(_required("episode_id", request.episode_id))
+        records = self.store.snapshots(request.episode_id)
+        return pb.ListSnapshotsResponse(
+            snapshots=[snapshot_to_pb(r, self.snapshots.exists(r.id)) for r in records]
+        )
+
+    def _node(self, node: NodeRecord) -> pb.Node:
+        on_node = [
+            e for e in self.store.query(node=node.name) if e.state not in TERMINAL and occupies_node(e)
+        ]
+        return node_to_pb(node, on_node, self.control.last_heartbeat(node.name))
+
+    @_rpc
+    def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext) -> pb.ListNodesResponse:
+        return pb.ListNodesResponse(nodes=[self._node(n) for n in self.store.nodes()])
+
+    @_rpc
+    def DrainNode(self, request: pb.DrainNodeRequest, context: grpc.ServicerContext) -> pb.Node:
+        name = _required("node", request.node)
+        self.store.node(name)
+        if self.store.remember_request(request.request_id, "DrainNode", {"node": name}, name):
+            return self._node(self.store.node(name))
+        return self._node(self.control.drain(name))
+
+    @_rpc
+    def UncordonNode(self, request: pb.UncordonNodeRequest, context: grpc.ServicerContext) -> pb.Node:
+        name = _required("node", request.node)
+        self.store.node(name)
+        if self.store.remember_request(request.request_id, "UncordonNode", {"node": name}, name):
+            return self._node(self.store.node(name))
+        return self._node(self.control.uncordon(name))
+
+
+def _images(images: Any) -> dict[str, list[str]]:
+    return {i.digest: sorted(i.names) for i in images}
+
+
+class RegistryService(pb_grpc.NodeRegistryServicer):
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    @_rpc
+    def RegisterNode(
+        self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterNodeResponse:
+        info = request.info
+        _required("info.name", info.name)
+        _required("address", request.address)
+        node = NodeRecord(
+            name=info.name,
+            address=request.address,
+            state=NodeState.READY,
+            backend=info.backend,
+            slots=info.slots,
+            memory_mb=info.memory_mb,
+            images=_images(info.images),
+            labels=dict(info.labels),
+            registered_at=time.time(),
+        )
+        self.control.node_registered(node, [SandboxView.from_pb(s) for s in request.sandboxes])
+        return pb.RegisterNodeResponse(heartbeat_interval_s=self.control.settings.heartbeat_interval_s)
+
+    @_rpc
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        known = self.control.heartbeat(
+            _required("node", request.node),
+            [SandboxView.from_pb(s) for s in request.sandboxes],
+            _images(request.images),
+        )
+        return pb.HeartbeatResponse(known=known)

@@ -1,0 +1,551 @@
+"""Durable control-plane state: episodes, their events, snapshots, nodes and request ids.
+
+`StateStore` is the interface; `SqliteStateStore` (WAL, synchronous=FULL) is the embedded default.
+Every state change commits together with its event in one transaction, so a crash at any moment
+loses no transition and leaves no change without its reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
+from orchestrator.model import (
+    ALLOWED,
+    TERMINAL,
+    Episode,
+    EpisodeSpec,
+    EpisodeState,
+    Event,
+    NodeRecord,
+    NodeState,
+    SnapshotRecord,
+)
+from orchestrator.specfile import spec_from_mapping, spec_to_mapping
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    id TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    labels TEXT NOT NULL,
+    address TEXT NOT NULL,
+    token TEXT NOT NULL UNIQUE,
+    node TEXT NOT NULL DEFAULT '',
+    sandbox_id TEXT NOT NULL DEFAULT '',
+    runs INTEGER NOT NULL DEFAULT 0,
+    run_started_at REAL NOT NULL DEFAULT 0,
+    run_seconds REAL NOT NULL DEFAULT 0,
+    queued_at REAL NOT NULL,
+    held INTEGER NOT NULL DEFAULT 0,
+    pinned_node TEXT NOT NULL DEFAULT '',
+    snapshots INTEGER NOT NULL DEFAULT 0,
+    last_snapshot_id TEXT NOT NULL DEFAULT '',
+    pending_snapshot_id TEXT NOT NULL DEFAULT '',
+    pending_reason TEXT NOT NULL DEFAULT '',
+    last_autosave_at REAL NOT NULL DEFAULT 0,
+    exit_code INTEGER,
+    reward REAL,
+    submitted_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    finished_at REAL NOT NULL DEFAULT 0,
+    not_before REAL NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
+CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    episode_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    from_state TEXT NOT NULL,
+    to_state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    message TEXT NOT NULL,
+    node TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_episode ON events(episode_id, seq);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    episode_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    parent_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    logical_bytes INTEGER NOT NULL,
+    stored_bytes INTEGER NOT NULL,
+    new_bytes INTEGER NOT NULL,
+    trajectory_cursor TEXT NOT NULL,
+    timings_ms TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS snapshots_episode ON snapshots(episode_id, sequence);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    state TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    slots INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    images TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    registered_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS requests (
+    request_id TEXT PRIMARY KEY,
+    method TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    target TEXT NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+_EPISODE_COLUMNS = (
+    "node", "sandbox_id", "runs", "run_started_at", "run_seconds", "queued_at", "held", "pinned_node",
+    "snapshots", "last_snapshot_id", "pending_snapshot_id", "pending_reason", "last_autosave_at",
+    "exit_code", "reward", "finished_at", "not_before", "attempts", "reason", "updated_at",
+)  # fmt: skip
+
+
+class StateStore(Protocol):
+    """What the control plane needs from its database; a server database can stand in for SQLite."""
+
+    def submit(self, spec: EpisodeSpec, request_id: str, address_pool: ipaddress.IPv4Network) -> Episode: ...
+    def get(self, episode_id: str) -> Episode: ...
+    def by_token(self, token: str) -> Episode | None: ...
+    def query(
+        self, states: Collection[EpisodeState] = (), node: str = "", labels: Mapping[str, str] | None = None
+    ) -> list[Episode]: ...
+    def transition(
+        self,
+        episode_id: str,
+        to: EpisodeState,
+        reason: str,
+        *,
+        expect: Collection[EpisodeState] = (),
+        snapshot: SnapshotRecord | None = None,
+        **changes: Any,
+    ) -> Episode: ...
+    def update(self, episode_id: str, *, decision: str = "", **changes: Any) -> Episode: ...
+    def add_snapshot(self, snapshot: SnapshotRecord, **changes: Any) -> Episode: ...
+    def record_event(
+        self, kind: str, reason: str, *, episode_id: str = "", node: str = "", message: str = ""
+    ) -> None: ...
+    def events(
+        self, since_seq: int = 0, episode_ids: Collection[str] = (), limit: int = 1000
+    ) -> list[Event]: ...
+    def wait_for_events(self, since_seq: int, timeout: float) -> bool: ...
+    def snapshots(self, episode_id: str) -> list[SnapshotRecord]: ...
+    def upsert_node(self, node: NodeRecord) -> NodeRecord: ...
+    def nodes(self) -> list[NodeRecord]: ...
+    def node(self, name: str) -> NodeRecord: ...
+    def set_node_state(self, name: str, state: NodeState, reason: str) -> NodeRecord: ...
+    def remember_request(
+        self, request_id: str, method: str, payload: Mapping[str, Any], target: str
+    ) -> str | None: ...
+    def close(self) -> None: ...
+
+
+def _fingerprint(method: str, payload: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps([method, payload], sort_keys=True, default=str).encode()).hexdigest()
+
+
+class SqliteStateStore:
+    """The embedded store: one SQLite file in WAL mode, fsync on every commit."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit that returned is on disk, so a SIGKILL or power cut loses no transition.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            self._changed.notify_all()
+
+    # -- episodes ---------------------------------------------------------------------------
+
+    def _row_to_episode(self, row: sqlite3.Row) -> Episode:
+        return Episode(
+            id=row["id"],
+            spec=spec_from_mapping(json.loads(row["spec"])),
+            state=EpisodeState(row["state"]),
+            reason=row["reason"],
+            submitted_at=row["submitted_at"],
+            updated_at=row["updated_at"],
+            address=row["address"],
+            token=row["token"],
+            node=row["node"],
+            sandbox_id=row["sandbox_id"],
+            runs=row["runs"],
+            run_started_at=row["run_started_at"],
+            run_seconds=row["run_seconds"],
+            queued_at=row["queued_at"],
+            held=bool(row["held"]),
+            pinned_node=row["pinned_node"],
+            snapshots=row["snapshots"],
+            last_snapshot_id=row["last_snapshot_id"],
+            pending_snapshot_id=row["pending_snapshot_id"],
+            pending_reason=row["pending_reason"],
+            last_autosave_at=row["last_autosave_at"],
+            exit_code=row["exit_code"],
+            reward=row["reward"],
+            finished_at=row["finished_at"],
+            not_before=row["not_before"],
+            attempts=row["attempts"],
+        )
+
+    def _free_address(self, db: sqlite3.Connection, pool: ipaddress.IPv4Network) -> str:
+        used = {r[0] for r in db.execute("SELECT address FROM episodes WHERE finished_at = 0")}
+        for host in pool.hosts():
+            if str(host) not in used:
+                return str(host)
+        raise FailedPrecondition(
+            f"the sandbox address pool {pool} is exhausted; finish or cancel episodes first"
+        )
+
+    def submit(self, spec: EpisodeSpec, request_id: str, address_pool: ipaddress.IPv4Network) -> Episode:
+        now = time.time()
+        spec_json = json.dumps(spec_to_mapping(spec), sort_keys=True)
+        with self._tx() as db:
+            if request_id:
+                known = self._known_request(db, request_id, "SubmitEpisode", {"spec": spec_json})
+                if known is not None:
+                    return self._get(db, known)
+            episode_id = f"ep-{secrets.token_hex(5)}"
+            db.execute(
+                "INSERT INTO episodes (id, spec, state, reason, priority, labels, address, token, queued_at,"
+                " submitted_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    episode_id,
+                    spec_json,
+                    EpisodeState.PENDING,
+                    "submitted",
+                    spec.preemption.priority,
+                    json.dumps(spec.labels, sort_keys=True),
+                    self._free_address(db, address_pool),
+                    secrets.token_urlsafe(24),
+                    now,
+                    now,
+                    now,
+                ),
+            )
+            self._event(db, episode_id, "transition", "", EpisodeState.PENDING, "submitted", "", "")
+            if request_id:
+                self._store_request(db, request_id, "SubmitEpisode", {"spec": spec_json}, episode_id)
+            return self._get(db, episode_id)
+
+    def _get(self, db: sqlite3.Connection, episode_id: str) -> Episode:
+        row = db.execute("SELECT * FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"episode {episode_id!r} does not exist")
+        return self._row_to_episode(row)
+
+    def get(self, episode_id: str) -> Episode:
+        with self._lock:
+            return self._get(self._db, episode_id)
+
+    def by_token(self, token: str) -> Episode | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM episodes WHERE token = ?", (token,)).fetchone()
+            return self._row_to_episode(row) if row else None
+
+    def query(
+        self, states: Collection[EpisodeState] = (), node: str = "", labels: Mapping[str, str] | None = None
+    ) -> list[Episode]:
+        query, args = "SELECT * FROM episodes WHERE 1=1", list[object]()
+        if states:
+            query += f" AND state IN ({','.join('?' * len(states))})"
+            args += [str(s) for s in states]
+        if node:
+            query += " AND node = ?"
+            args.append(node)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY submitted_at, id", args).fetchall()
+        episodes = [self._row_to_episode(r) for r in rows]
+        if labels:
+            episodes = [e for e in episodes if all(e.spec.labels.get(k) == v for k, v in labels.items())]
+        return episodes
+
+    def _apply(self, db: sqlite3.Connection, episode_id: str, changes: Mapping[str, Any]) -> None:
+        unknown = set(changes) - set(_EPISODE_COLUMNS) - {"state"}
+        if unknown:
+            raise ValueError(f"not episode fields: {sorted(unknown)}")
+        if not changes:
+            return
+        values = [int(v) if isinstance(v, bool) else v for v in changes.values()]
+        db.execute(
+            f"UPDATE episodes SET {', '.join(f'{k} = ?' for k in changes)} WHERE id = ?",
+            (*values, episode_id),
+        )
+
+    def transition(
+        self,
+        episode_id: str,
+        to: EpisodeState,
+        reason: str,
+        *,
+        expect: Collection[EpisodeState] = (),
+        snapshot: SnapshotRecord | None = None,
+        **changes: Any,
+    ) -> Episode:
+        """Move an episode to `to` if it is in one of `expect`; the change, its event and an
+        optional new snapshot record commit together."""
+        now = time.time()
+        with self._tx() as db:
+            current = self._get(db, episode_id)
+            if expect and current.state not in expect:
+                raise FailedPrecondition(
+                    f"episode {episode_id} is {current.state}, not {' or '.join(sorted(expect))}"
+                )
+            if to != current.state and to not in ALLOWED[current.state]:
+                raise FailedPrecondition(f"episode {episode_id} cannot go from {current.state} to {to}")
+            if (
+                current.state == EpisodeState.RUNNING
+                and to != EpisodeState.RUNNING
+                and current.run_started_at
+            ):
+                changes.setdefault("run_seconds", current.run_seconds + (now - current.run_started_at))
+                changes.setdefault("run_started_at", 0.0)
+            if to in TERMINAL:
+                changes.setdefault("finished_at", now)
+            if snapshot is not None:
+                self._insert_snapshot(db, snapshot)
+                changes.setdefault("snapshots", current.snapshots + 1)
+                changes.setdefault("last_snapshot_id", snapshot.id)
+            self._apply(db, episode_id, {"state": str(to), "reason": reason, "updated_at": now, **changes})
+            self._event(
+                db, episode_id, "transition", current.state, to, reason, changes.get("node", current.node), ""
+            )
+            return self._get(db, episode_id)
+
+    def update(self, episode_id: str, *, decision: str = "", **changes: Any) -> Episode:
+        """Change fields without a state change; a decision text becomes an event."""
+        with self._tx() as db:
+            current = self._get(db, episode_id)
+            self._apply(db, episode_id, {"updated_at": time.time(), **changes})
+            if decision:
+                self._event(
+                    db, episode_id, "decision", current.state, current.state, decision, current.node, ""
+                )
+            return self._get(db, episode_id)
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def _insert_snapshot(self, db: sqlite3.Connection, s: SnapshotRecord) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                s.id, s.episode_id, s.sequence, s.parent_id, s.node, s.reason, s.created_at,
+                s.logical_bytes, s.stored_bytes, s.new_bytes, json.dumps(s.trajectory_cursor), json.dumps(s.timings_ms),
+            ),
+        )  # fmt: skip
+
+    def add_snapshot(self, snapshot: SnapshotRecord, **changes: Any) -> Episode:
+        """Record a snapshot that needs no state change (an autosave)."""
+        with self._tx() as db:
+            current = self._get(db, snapshot.episode_id)
+            self._insert_snapshot(db, snapshot)
+            self._apply(
+                db,
+                snapshot.episode_id,
+                {
+                    "snapshots": current.snapshots + 1,
+                    "last_snapshot_id": snapshot.id,
+                    "updated_at": time.time(),
+                    **changes,
+                },
+            )
+            self._event(
+                db, snapshot.episode_id, "decision", current.state, current.state,
+                f"{snapshot.reason} snapshot {snapshot.id} stored", snapshot.node, "",
+            )  # fmt: skip
+            return self._get(db, snapshot.episode_id)
+
+    def snapshots(self, episode_id: str) -> list[SnapshotRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM snapshots WHERE episode_id = ? ORDER BY sequence", (episode_id,)
+            ).fetchall()
+        return [
+            SnapshotRecord(
+                id=r["id"],
+                episode_id=r["episode_id"],
+                sequence=r["sequence"],
+                parent_id=r["parent_id"],
+                node=r["node"],
+                reason=r["reason"],
+                created_at=r["created_at"],
+                logical_bytes=r["logical_bytes"],
+                stored_bytes=r["stored_bytes"],
+                new_bytes=r["new_bytes"],
+                trajectory_cursor=json.loads(r["trajectory_cursor"]),
+                timings_ms=json.loads(r["timings_ms"]),
+            )
+            for r in rows
+        ]
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _event(
+        self, db: sqlite3.Connection, episode_id: str, kind: str, from_state: str, to_state: str, reason: str,
+        node: str, message: str,
+    ) -> None:  # fmt: skip
+        db.execute(
+            "INSERT INTO events (episode_id, kind, from_state, to_state, reason, message, node, at)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            (episode_id, kind, str(from_state), str(to_state), reason, message, node, time.time()),
+        )
+
+    def record_event(
+        self, kind: str, reason: str, *, episode_id: str = "", node: str = "", message: str = ""
+    ) -> None:
+        with self._tx() as db:
+            state = ""
+            if episode_id:
+                state = self._get(db, episode_id).state
+            self._event(db, episode_id, kind, state, state, reason, node, message)
+
+    def events(self, since_seq: int = 0, episode_ids: Collection[str] = (), limit: int = 1000) -> list[Event]:
+        query, args = "SELECT * FROM events WHERE seq > ?", list[object]([since_seq])
+        if episode_ids:
+            query += f" AND episode_id IN ({','.join('?' * len(episode_ids))})"
+            args += list(episode_ids)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY seq LIMIT ?", (*args, limit)).fetchall()
+        return [Event(**dict(r)) for r in rows]
+
+    def wait_for_events(self, since_seq: int, timeout: float) -> bool:
+        """Block until an event newer than since_seq exists or timeout passes."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: (self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0) > since_seq,
+                timeout=timeout,
+            )
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def _row_to_node(self, r: sqlite3.Row) -> NodeRecord:
+        return NodeRecord(
+            name=r["name"],
+            address=r["address"],
+            state=NodeState(r["state"]),
+            backend=r["backend"],
+            slots=r["slots"],
+            memory_mb=r["memory_mb"],
+            images=json.loads(r["images"]),
+            labels=json.loads(r["labels"]),
+            registered_at=r["registered_at"],
+        )
+
+    def upsert_node(self, node: NodeRecord) -> NodeRecord:
+        """Register or refresh a node. A node that comes back keeps a cordon or drain set on it."""
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM nodes WHERE name = ?", (node.name,)).fetchone()
+            state = node.state
+            if row is not None and NodeState(row["state"]) in (NodeState.CORDONED, NodeState.DRAINING):
+                state = NodeState(row["state"])
+            db.execute(
+                "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    node.name, node.address, str(state), node.backend, node.slots, node.memory_mb,
+                    json.dumps(node.images), json.dumps(node.labels), node.registered_at,
+                ),
+            )  # fmt: skip
+            self._event(db, "", "node", "", str(state), "registered", node.name, node.address)
+            return self._row_to_node(
+                db.execute("SELECT * FROM nodes WHERE name = ?", (node.name,)).fetchone()
+            )
+
+    def update_node_images(self, name: str, images: dict[str, list[str]]) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE nodes SET images = ? WHERE name = ?", (json.dumps(images), name))
+
+    def nodes(self) -> list[NodeRecord]:
+        with self._lock:
+            return [self._row_to_node(r) for r in self._db.execute("SELECT * FROM nodes ORDER BY name")]
+
+    def node(self, name: str) -> NodeRecord:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            known = ", ".join(n.name for n in self.nodes()) or "none"
+            raise NotFound(f"node {name!r} is not registered; known nodes: {known}")
+        return self._row_to_node(row)
+
+    def set_node_state(self, name: str, state: NodeState, reason: str) -> NodeRecord:
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise NotFound(f"node {name!r} is not registered")
+            if row["state"] != state:
+                db.execute("UPDATE nodes SET state = ? WHERE name = ?", (str(state), name))
+                self._event(db, "", "node", row["state"], str(state), reason, name, "")
+            return self._row_to_node(db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone())
+
+    # -- idempotency ------------------------------------------------------------------------
+
+    def _known_request(
+        self, db: sqlite3.Connection, request_id: str, method: str, payload: Mapping[str, Any]
+    ) -> str | None:
+        if len(request_id) > 200:
+            raise InvalidArgument("request_id", "must be at most 200 characters")
+        row = db.execute("SELECT * FROM requests WHERE request_id = ?", (request_id,)).fetchone()
+        if row is None:
+            return None
+        if row["method"] != method or row["fingerprint"] != _fingerprint(method, payload):
+            raise Conflict(
+                f"request_id {request_id!r} was already used for a different {row['method']} request"
+            )
+        return str(row["target"])
+
+    def _store_request(
+        self, db: sqlite3.Connection, request_id: str, method: str, payload: Mapping[str, Any], target: str
+    ) -> None:
+        db.execute(
+            "INSERT INTO requests VALUES (?,?,?,?,?)",
+            (request_id, method, _fingerprint(method, payload), target, time.time()),
+        )
+
+    def remember_request(
+        self, request_id: str, method: str, payload: Mapping[str, Any], target: str
+    ) -> str | None:
+        """Note a state-changing request; returns the target of an earlier identical one, if any."""
+        if not request_id:
+            return None
+        with self._tx() as db:
+            known = self._known_request(db, request_id, method, payload)
+            if known is None:
+                self._store_request(db, request_id, method, payload, target)
+            return known
