@@ -74,3 +74,13 @@ def test_template_checks_hold_without_the_schema(chart: Chart, case: str) -> Non
     run = chart.template(sets=sets, extra=("--skip-schema-validation",))
     assert run.returncode != 0, run.explain()
     assert message in run.stderr, run.explain()
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_clusters_without_grpc_probes_are_refused(chart: Chart) -> None:
+    """gRPC container probes are GA from Kubernetes 1.27; Chart.yaml's kubeVersion says so."""
+    old = chart.template("reference-model-values.yaml", extra=("--kube-version", "1.26.5"))
+    assert old.returncode != 0, old.explain()
+    assert "kubeVersion" in old.stderr, old.explain()
+    supported = chart.template("reference-model-values.yaml", extra=("--kube-version", "1.27.0"))
+    assert supported.returncode == 0, supported.explain()

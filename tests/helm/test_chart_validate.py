@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import tarfile
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helm.chart import TEST_TIMEOUT_S, Chart, Values, names
+from tests.helm.chart import CHART, TEST_TIMEOUT_S, Chart, Values, names
 
 # The oldest Kubernetes the chart targets in practice, and the version of the kubectl we ship.
 KUBERNETES_VERSIONS = ["1.30.0", "1.33.0"]
@@ -82,3 +85,14 @@ def test_validator_is_strict(chart: Chart) -> None:
     validator = kubernetes_validate()
     with pytest.raises(validator.ValidationError, match="hostNetwrok"):
         validator.validate(daemonset, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_chart_packages_with_schema_and_notes(chart: Chart) -> None:
+    with tempfile.TemporaryDirectory(prefix="stasis-helm-package-") as out:
+        run = chart.helm("package", str(CHART), "--destination", out)
+        assert run.returncode == 0, run.explain()
+        with tarfile.open(Path(out) / "stasis-0.1.0.tgz") as archive:
+            members = set(archive.getnames())
+    for path in ("Chart.yaml", "values.yaml", "values.schema.json", "templates/NOTES.txt"):
+        assert f"stasis/{path}" in members, sorted(members)
