@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
+from orchestrator import cli
 from tests.helm.chart import (
     NAMESPACE,
     ORCHESTRATOR_HOST,
@@ -81,13 +84,20 @@ def test_agent_flags_point_at_the_orchestrator_service(reference_install: list[M
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_agent_drains_its_node_before_stopping(chart: Chart, reference_install: list[Manifest]) -> None:
+    """The preStop hook is a `stasis drain` that the real CLI parser accepts."""
     daemonset = find(reference_install, "DaemonSet", AGENT)
-    agent = container(daemonset, "agent")
-    command = agent["lifecycle"]["preStop"]["exec"]["command"]
+    grace = pod_spec(daemonset)["terminationGracePeriodSeconds"]
+    assert grace >= 300
+    command = container(daemonset, "agent")["lifecycle"]["preStop"]["exec"]["command"]
     # Exec hooks get no $(VAR) expansion from the kubelet, so the node name comes from a shell.
     assert command[:2] == ["/bin/sh", "-c"]
-    assert command[2] == f'exec stasis drain "$NODE_NAME" --addr {ORCHESTRATOR_HOST}:7070 --wait'
-    assert pod_spec(daemonset)["terminationGracePeriodSeconds"] >= 300
+    argv = shlex.split(command[2])
+    assert argv[:2] == ["exec", "stasis"]
+    args = cli.parser().parse_args([a.replace("$NODE_NAME", "node-a") for a in argv[2:]])
+    assert (args.command, args.node, args.wait) == ("drain", "node-a", True)
+    assert args.addr == f"{ORCHESTRATOR_HOST}:7070"
+    # The drain gives up before the kubelet would kill the agent mid-checkpoint.
+    assert 0 < args.timeout < grace
 
     quick = chart.render("reference-model-values.yaml", sets={"agent.drainOnStop": False})
     assert "lifecycle" not in container(find(quick, "DaemonSet", AGENT), "agent")
@@ -226,7 +236,7 @@ def test_policy_configmap_feeds_the_orchestrator_and_rolls_it(chart: Chart) -> N
     assert config["data"] == {
         "STASIS_DEFAULT_TIME_SLICE_SECONDS": "1800",
         "STASIS_DEFAULT_PRIORITY": "0",
-        "STASIS_NODE_LOST_AFTER": "60",
+        "STASIS_NODE_LOST_AFTER": "30",
         "STASIS_GC_KEEP_LAST": "3",
     }
     deployment = find(before, "Deployment", FULLNAME)

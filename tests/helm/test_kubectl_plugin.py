@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helm.chart import TEST_TIMEOUT_S, TOOL_TIMEOUT_S, K8sTools
+from tests.helm.chart import TEST_TIMEOUT_S, TOOL_TIMEOUT_S, VENV_BIN, K8sTools
 
 # Stands in for the real `kubectl-stasis` entry point: prints its argv one per line and the
 # STASIS_ADDR it was given, so the test sees exactly what kubectl handed over.
@@ -43,11 +43,12 @@ def kubectl(tools: K8sTools, plugin_dir: Path, *args: str) -> subprocess.Complet
 def test_kubectl_lists_and_runs_the_stasis_plugin(k8s_tools: K8sTools, plugin_dir: Path) -> None:
     """Real kubectl 1.33 plugin discovery and dispatch, against a STUBBED `kubectl-stasis`.
 
-    Stubbed: the plugin itself. Its real entry point (`orchestrator.cli:main`, installed as
-    `kubectl-stasis` by pyproject.toml) is written by another engineer in parallel, and what it
-    prints needs a running orchestrator. What this test checks is kubectl's side of the
-    contract: a `kubectl-stasis` executable on PATH is listed by `kubectl plugin list`, and
-    `kubectl stasis ARGS` runs it with ARGS verbatim and the caller's environment (STASIS_ADDR).
+    Stubbed: the plugin itself, a shell script that echoes its arguments. The real entry point
+    (`orchestrator.cli:main`, installed as `kubectl-stasis` by pyproject.toml) was being written
+    by another engineer in parallel, and what it prints needs a running orchestrator; the stub
+    pins kubectl's side of the contract on its own: a `kubectl-stasis` executable on PATH is
+    listed by `kubectl plugin list`, and `kubectl stasis ARGS` runs it with ARGS verbatim and
+    the caller's environment (STASIS_ADDR). The next test runs the real entry point.
     No cluster is contacted: KUBECONFIG points at a file that does not exist.
     """
     listed = kubectl(k8s_tools, plugin_dir, "plugin", "list")
@@ -75,3 +76,27 @@ def test_kubectl_lists_and_runs_the_stasis_plugin(k8s_tools: K8sTools, plugin_di
         "arg: 10.0.0.1:7070",
         "arg: --wait",
     ]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_kubectl_runs_the_real_entry_point(k8s_tools: K8sTools) -> None:
+    """The `kubectl-stasis` that pyproject.toml installs into .venv/bin is a working plugin.
+
+    No orchestrator runs here, so the call that needs one is pointed at a closed loopback
+    port and must fail at once with the hint to set --addr or STASIS_ADDR.
+    """
+    bin_dir = VENV_BIN
+    listed = kubectl(k8s_tools, bin_dir, "plugin", "list")
+    assert str(bin_dir / "kubectl-stasis") in listed.stdout.splitlines(), listed.stdout + listed.stderr
+
+    helped = kubectl(k8s_tools, bin_dir, "stasis", "--help")
+    assert helped.returncode == 0, helped.stderr
+    for command in ("get", "drain", "nodes"):
+        assert command in helped.stdout, helped.stdout
+
+    unreachable = kubectl(
+        k8s_tools, bin_dir, "stasis", "--addr", "127.0.0.1:1", "--retry-for", "0", "get", "-o", "json"
+    )
+    assert unreachable.returncode == 1, unreachable.stdout + unreachable.stderr
+    assert "cannot reach Stasis at 127.0.0.1:1" in unreachable.stderr
+    assert "STASIS_ADDR" in unreachable.stderr
