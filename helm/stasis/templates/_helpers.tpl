@@ -51,6 +51,16 @@ app.kubernetes.io/part-of: stasis
 {{- end }}
 {{- end }}
 
+{{/* Pod template labels leave out the chart and app versions: a chart bump alone must not
+roll the agents, since every replaced agent drains its node. */}}
+{{- define "stasis.podLabels" -}}
+{{ include "stasis.selectorLabels" . }}
+app.kubernetes.io/part-of: stasis
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
 {{/* Namespace, labels and annotations of an object. Call with a dict: ctx (the root context),
 component, and optionally annotations (merged over commonAnnotations) and clusterScoped. */}}
 {{- define "stasis.metadata" -}}
