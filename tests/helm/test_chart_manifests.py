@@ -299,10 +299,14 @@ def test_every_object_carries_standard_labels(s3_install: list[Manifest]) -> Non
         assert labels["team"] == "rl-infra", where  # commonLabels in ci/s3-values.yaml
         if manifest["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert manifest["metadata"]["namespace"] == NAMESPACE, where
-    # Every pod skips service links: they would inject STASIS_* variables the programs read.
     for manifest in s3_install:
         if manifest["kind"] in ("Deployment", "DaemonSet"):
-            assert pod_spec(manifest)["enableServiceLinks"] is False, manifest["metadata"]["name"]
+            name = manifest["metadata"]["name"]
+            # Service links would inject STASIS_* variables, where the programs read settings.
+            assert pod_spec(manifest)["enableServiceLinks"] is False, name
+            # A chart bump alone must not roll the pods: a rolled agent drains its node.
+            pod_labels = manifest["spec"]["template"]["metadata"]["labels"]
+            assert not {"helm.sh/chart", "app.kubernetes.io/version"} & pod_labels.keys(), name
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
