@@ -12,8 +12,10 @@ distribution.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -82,18 +84,15 @@ class StepDistribution:
 
     def top(self, k: int) -> list[tuple[int, float]]:
         """The k most likely tokens, most likely first (ties broken by lower id)."""
-        best = heapq.nlargest(k, zip(self.logprobs, (-t for t in self.token_ids), strict=True))
-        return [(-neg_id, lp) for lp, neg_id in best]
+        # nlargest is stable, and the support is in id order, so ties go to the lower id.
+        best = heapq.nlargest(k, range(len(self.logprobs)), key=self.logprobs.__getitem__)
+        return [(self.token_ids[i], self.logprobs[i]) for i in best]
 
     def sample(self, u: float) -> int:
         """The token at uniform variate u in [0, 1) by inverse CDF over the support in id order."""
-        acc = 0.0
-        for token_id, lp in zip(self.token_ids, self.logprobs, strict=True):
-            acc += math.exp(lp)
-            if u < acc:
-                return token_id
-        # Float rounding can leave the total a hair under 1.
-        return self.token_ids[-1]
+        cumulative = list(itertools.accumulate(map(math.exp, self.logprobs)))
+        # Float rounding can leave the total a hair under 1; u beyond it takes the last token.
+        return self.token_ids[min(bisect.bisect_right(cumulative, u), len(cumulative) - 1)]
 
 
 @dataclass(frozen=True)
@@ -138,7 +137,7 @@ def end_probability(answer_tokens: int, mean_answer_tokens: float) -> float:
 
 def _logsumexp(values: Sequence[float]) -> float:
     m = max(values)
-    return m + math.log(sum(math.exp(v - m) for v in values))
+    return m + math.log(sum(map(math.exp, [v - m for v in values])))
 
 
 def calibrated_logit(probability: float, other_logits: Sequence[float]) -> float:
@@ -157,7 +156,7 @@ def distribution(
     inv = 1.0 / params.temperature
     m = max(logits)
     scaled = [(x - m) * inv for x in logits]
-    log_z = math.log(sum(math.exp(s) for s in scaled))
+    log_z = math.log(sum(map(math.exp, scaled)))
     ids = tuple(token_ids)
     lps = tuple(s - log_z for s in scaled)
     if params.top_p < 1.0:
