@@ -443,13 +443,11 @@ class Control:
         except StasisError as exc:
             if self._record_if_committed(e, leave_running):
                 return
-            if isinstance(exc, TemporaryError):
-                log.warning("checkpoint of %s: agent unreachable (%s); will settle", e.id, exc)
-                return  # CHECKPOINTING with no worker: _settle_checkpoint finds out what happened
             if leave_running:
-                self.store.update(
-                    e.id, pending_snapshot_id="", pending_reason="", decision=f"autosave failed: {exc}"
-                )
+                self._autosave_failed(e, str(exc))
+            elif isinstance(exc, TemporaryError):
+                log.warning("checkpoint of %s: agent unreachable (%s); will settle", e.id, exc)
+                # CHECKPOINTING with no worker behind it: _settle_checkpoint finds out what happened.
             else:
                 self._transition_or_cleanup(
                     e, S.RUNNING, f"checkpoint failed, still running: {exc}", expect=(S.CHECKPOINTING,),
@@ -518,9 +516,18 @@ class Control:
 
     def _settle_autosave(self, e: Episode) -> None:
         if not self._record_if_committed(e, leave_running=True):
-            self.store.update(
-                e.id, pending_snapshot_id="", pending_reason="", decision="autosave did not complete"
-            )
+            self._autosave_failed(e, "it did not complete")
+
+    def _autosave_failed(self, e: Episode, problem: str) -> None:
+        # The next autosave waits half a period, so an unreachable node is not asked every tick.
+        retry_at = time.time() + max(self.settings.retry_backoff_s, e.spec.preemption.autosave_s / 2)
+        self.store.update(
+            e.id,
+            pending_snapshot_id="",
+            pending_reason="",
+            not_before=retry_at,
+            decision=f"autosave failed: {problem}",
+        )
 
     def _settle_start(self, e: Episode) -> None:
         try:

@@ -83,6 +83,22 @@ class AgentProcess:
                 self.process.wait()
 
 
+def agent_command(settings: LocalSettings, name: str, orchestrator: str) -> list[str]:
+    """The command line of one local node agent."""
+    state_dir = settings.state_dir.resolve()
+    return [
+        sys.executable, "-m", "sandbox_agent",
+        "--node", name,
+        "--root", str(state_dir / "nodes" / name),
+        "--listen", "127.0.0.1:0",
+        "--orchestrator", orchestrator,
+        "--snapshot-store", f"file://{state_dir / 'snapshots'}",
+        "--slots", str(settings.slots),
+        "--memory-mb", str(settings.memory_mb),
+        "--backend", settings.backend,
+    ]  # fmt: skip
+
+
 class LocalStack:
     def __init__(self, settings: LocalSettings) -> None:
         self.settings = settings
@@ -99,20 +115,6 @@ class LocalStack:
     def store_url(self) -> str:
         return f"file://{self.state_dir / 'snapshots'}"
 
-    def agent_argv(self, name: str) -> list[str]:
-        s = self.settings
-        return [
-            sys.executable, "-m", "sandbox_agent",
-            "--node", name,
-            "--root", str(self.state_dir / "nodes" / name),
-            "--listen", "127.0.0.1:0",
-            "--orchestrator", self.address,
-            "--snapshot-store", self.store_url,
-            "--slots", str(s.slots),
-            "--memory-mb", str(s.memory_mb),
-            "--backend", s.backend,
-        ]  # fmt: skip
-
     def start(self, progress: Callable[[str], None] = lambda _: None, timeout_s: float = 120) -> None:
         s = self.settings
         self.orchestrator = Orchestrator(
@@ -127,7 +129,8 @@ class LocalStack:
         progress(f"orchestrator listening on {self.address}, state in {self.state_dir}")
         for i in range(1, s.nodes + 1):
             name = f"node-{i}"
-            agent = AgentProcess(name, self.agent_argv(name), self.state_dir / "logs" / f"{name}.log")
+            argv = agent_command(s, name, self.address)
+            agent = AgentProcess(name, argv, self.state_dir / "logs" / f"{name}.log")
             agent.start()
             self.agents[name] = agent
         progress(f"starting {s.nodes} node agents (logs in {self.state_dir / 'logs'})")

@@ -178,7 +178,7 @@ def plan(
 
     for e in running:
         period = e.spec.preemption.autosave_s
-        if e.id in chosen or period <= 0:
+        if e.id in chosen or period <= 0 or e.not_before > now:
             continue
         if now - max(e.last_autosave_at, e.run_started_at) >= period:
             decisions.append(

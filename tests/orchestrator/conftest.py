@@ -1,0 +1,165 @@
+"""A real local Stasis for the orchestrator tests: orchestrator, agent processes, real sandboxes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import StasisClient
+from orchestrator.local import AgentProcess, LocalSettings, LocalStack, agent_command
+from sandbox_agent import AgentSettings, Node
+
+REPO = Path(__file__).resolve().parents[2]
+STASIS = str(Path(sys.executable).with_name("stasis"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def remove_node_sandboxes(root: Path) -> None:
+    """Delete every sandbox a node root holds, as the node's own agent would."""
+    if (root / "sandboxes").is_dir():
+        Node(AgentSettings(node=root.name, root=root, base_image_tar=None)).delete_all()
+
+
+def remove_sandboxes(state_dir: Path) -> None:
+    """Delete every sandbox the nodes of a stopped stack left running (agents leave them on purpose)."""
+    for root in sorted((state_dir / "nodes").glob("*")):
+        remove_node_sandboxes(root)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture
+def make_stack(tmp_path: Path) -> Iterator[Callable[..., LocalStack]]:
+    """Start a local stack in this process; all its sandboxes are removed afterwards."""
+    stacks: list[LocalStack] = []
+
+    def start(**overrides: object) -> LocalStack:
+        settings = LocalSettings(
+            state_dir=tmp_path / f"stack{len(stacks)}",
+            listen=f"127.0.0.1:{free_port()}",
+            **overrides,  # type: ignore[arg-type]
+        )
+        stack = LocalStack(settings)
+        stacks.append(stack)
+        stack.start()
+        return stack
+
+    yield start
+    for stack in stacks:
+        stack.stop()
+        remove_sandboxes(stack.state_dir)
+
+
+class Cluster:
+    """Orchestrator and agents as separate processes, so either can be SIGKILLed and restarted."""
+
+    def __init__(self, state_dir: Path, nodes: int = 2, slots: int = 2, lost_after: float = 30) -> None:
+        self.state_dir = state_dir
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.lost_after = lost_after
+        self.orchestrator: subprocess.Popen[bytes] | None = None
+        self.log = state_dir / "logs" / "orchestrator.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.start_orchestrator()
+        local = LocalSettings(state_dir=state_dir, nodes=nodes, slots=slots, listen=self.address)
+        self.agents = {}
+        for i in range(1, nodes + 1):
+            name = f"node-{i}"
+            argv = agent_command(local, name, self.address)
+            self.agents[name] = AgentProcess(name, argv, state_dir / "logs" / f"{name}.log")
+            self.agents[name].start()
+        with self.client() as c:
+            wait_until(
+                lambda: len([n for n in c.nodes() if n.state == "READY"]) == nodes, 60, "nodes to register"
+            )
+
+    def client(self) -> StasisClient:
+        return StasisClient(self.address, retry_for_s=60)
+
+    def start_orchestrator(self) -> None:
+        with open(self.log, "ab") as out:
+            self.orchestrator = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "orchestrator.cli",
+                    "server",
+                    "--listen",
+                    self.address,
+                    "--state-dir",
+                    str(self.state_dir),
+                    "--snapshot-store",
+                    f"file://{self.state_dir / 'snapshots'}",
+                    "--node-lost-after",
+                    str(self.lost_after),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if self.orchestrator.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"orchestrator did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def kill_orchestrator(self) -> None:
+        assert self.orchestrator is not None
+        self.orchestrator.send_signal(signal.SIGKILL)
+        self.orchestrator.wait()
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        if self.orchestrator and self.orchestrator.poll() is None:
+            self.orchestrator.terminate()
+            self.orchestrator.wait(timeout=30)
+        remove_sandboxes(self.state_dir)
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    clusters: list[Cluster] = []
+
+    def start(**kw: object) -> Cluster:
+        cluster = Cluster(tmp_path / f"cluster{len(clusters)}", **kw)  # type: ignore[arg-type]
+        clusters.append(cluster)
+        return cluster
+
+    yield start
+    for c in clusters:
+        c.stop()
+
+
+def cli(
+    address: str, *args: str, check: bool = True, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed `stasis` program, as a user in a second shell would."""
+    env = {**os.environ, "STASIS_ADDR": address}
+    result = subprocess.run([STASIS, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"stasis {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+    return result

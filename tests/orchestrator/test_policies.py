@@ -1,0 +1,85 @@
+"""Time-slicing, drain and node loss against a real local stack."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from orchestrator import StasisClient
+from orchestrator.local import LocalStack
+from tests.orchestrator.conftest import remove_node_sandboxes, wait_until
+from tests.orchestrator.programs import counter_spec
+
+
+def _transitions(client: StasisClient, episode_id: str) -> list[tuple[str, str, str]]:
+    return [(e.from_state, e.to_state, e.reason) for e in client.events(episode_id) if e.kind == "transition"]
+
+
+@pytest.mark.timeout(240)
+def test_time_slicing_lets_every_episode_progress(make_stack: Callable[..., LocalStack]) -> None:
+    stack = make_stack(nodes=2, slots=1)
+    with StasisClient(stack.address) as client:
+        ids = [client.submit(counter_spec(32, time_slice_s=2.0)).id for _ in range(3)]
+        for episode_id in ids:
+            client.wait(episode_id, ["SUCCEEDED"], timeout_s=180)
+        for episode_id in ids:
+            moves = _transitions(client, episode_id)
+            preempted = [m for m in moves if m[1] == "PREEMPTED"]
+            restored = [m for m in moves if m[0] == "RESTORING" and m[1] == "RUNNING"]
+            assert preempted and all(m[2].startswith("time-slice") for m in preempted), moves
+            assert restored, moves
+            assert client.get(episode_id).exit_code == 0
+        decisions = [e for e in client.events() if e.kind == "transition" and e.to_state == "CHECKPOINTING"]
+        assert all("slice while ep-" in e.reason for e in decisions)
+
+
+@pytest.mark.timeout(180)
+def test_drain_moves_episodes_to_the_other_node(make_stack: Callable[..., LocalStack]) -> None:
+    stack = make_stack(nodes=2, slots=2)
+    with StasisClient(stack.address) as client:
+        client.drain("node-2")
+        ids = [client.submit(counter_spec(60)).id for _ in range(2)]
+        for episode_id in ids:
+            assert client.wait(episode_id, ["RUNNING"], timeout_s=60).node == "node-1"
+        client.uncordon("node-2")
+        client.drain("node-1")
+        for episode_id in ids:
+            wait_until(
+                lambda e=episode_id: client.get(e).node == "node-2" and client.get(e).state == "RUNNING",
+                90,
+                "move",
+            )
+        assert {n.name: n.state for n in client.nodes()} == {"node-1": "DRAINING", "node-2": "READY"}
+        assert next(n for n in client.nodes() if n.name == "node-1").episodes == []
+        for episode_id in ids:
+            assert [s.reason for s in client.snapshots(episode_id)] == ["drain"]
+            client.wait(episode_id, ["SUCCEEDED"], timeout_s=120)
+
+
+@pytest.mark.timeout(240)
+def test_lost_node_resumes_episodes_from_their_last_snapshot(make_stack: Callable[..., LocalStack]) -> None:
+    """Node death is simulated: its agent is SIGKILLed and its sandboxes are removed, as a dead machine's would be."""
+    stack = make_stack(nodes=2, slots=2, node_lost_after_s=3.0)
+    with StasisClient(stack.address) as client:
+        episode = client.submit(counter_spec(80, autosave_s=1.5))
+        running = client.wait(episode.id, ["RUNNING"], timeout_s=60)
+        wait_until(lambda: client.get(episode.id).snapshots >= 1, 60, "an autosave")
+        victim = running.node
+        stack.agents[victim].kill()
+        remove_node_sandboxes(stack.state_dir / "nodes" / victim)
+        survivor = "node-2" if victim == "node-1" else "node-1"
+        wait_until(
+            lambda: client.get(episode.id).node == survivor and client.get(episode.id).state == "RUNNING",
+            60,
+            "resume",
+        )
+        lost = [e for e in client.events(episode.id) if "was lost" in e.reason]
+        assert lost and "resuming from snapshot" in lost[0].reason
+        assert {n.name: n.state for n in client.nodes()}[victim] == "LOST"
+        assert client.wait(episode.id, ["SUCCEEDED"], timeout_s=120).exit_code == 0
+
+        stack.agents[victim].start()
+        wait_until(
+            lambda: {n.name: n.state for n in client.nodes()}[victim] == "READY", 60, "the node to return"
+        )
