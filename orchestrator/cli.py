@@ -375,3 +375,7 @@ def main(argv: list[str] | None = None, out: Any = sys.stdout, err: Any = sys.st
 
 def entry() -> None:
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -400,13 +400,10 @@ class Control:
         self, episode_id: str, reason: Reason, why: str, *, leave_running: bool = False
     ) -> Episode:
         """Commit the intent to checkpoint and start it; returns the episode as it is now."""
+        _require_running(self.store.get(episode_id))  # a clear answer before a "busy" one
         with self._claim(episode_id):
             e = self.store.get(episode_id)
-            if e.state != S.RUNNING:
-                self._release(episode_id)
-                raise FailedPrecondition(
-                    f"episode {episode_id} is {e.state}; only RUNNING episodes can be checkpointed"
-                )
+            _require_running(e)
             sequence = e.snapshots + 1
             snapshot_id = f"{e.id}-s{sequence}"
             while self.snapshots.exists(snapshot_id):  # left by a crash before it was recorded
@@ -634,6 +631,11 @@ class Control:
             log.info("snapshot gc: %s", report)
         except SnapshotError as exc:
             log.warning("snapshot gc failed: %s", exc)
+
+
+def _require_running(e: Episode) -> None:
+    if e.state != S.RUNNING:
+        raise FailedPrecondition(f"episode {e.id} is {e.state}; only RUNNING episodes can be checkpointed")
 
 
 def _epoch(moment: datetime) -> float:

@@ -4,6 +4,7 @@ codes here and nowhere else."""
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -49,18 +50,34 @@ _STATUS: list[tuple[type[StasisError], grpc.StatusCode]] = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
+    if isinstance(exc, SnapshotError):
+        context.abort(grpc.StatusCode.UNAVAILABLE, f"snapshot store: {exc}")
+    code = next((c for kind, c in _STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+    context.abort(code, str(exc))
+
+
 def _rpc(method: F) -> F:
+    """Map Stasis errors to status codes, for unary and server-streaming methods alike."""
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def stream(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from method(self, request, context)
+            except (StasisError, SnapshotError) as exc:
+                _abort(context, exc)
+
+        return stream  # type: ignore[return-value]
+
     @functools.wraps(method)
-    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+    def unary(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
-        except StasisError as exc:
-            code = next((c for kind, c in _STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
-            context.abort(code, str(exc))
-        except SnapshotError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"snapshot store: {exc}")
+        except (StasisError, SnapshotError) as exc:
+            _abort(context, exc)
 
-    return wrapper  # type: ignore[return-value]
+    return unary  # type: ignore[return-value]
 
 
 def _required(field: str, value: str) -> str:

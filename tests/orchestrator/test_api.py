@@ -1,0 +1,167 @@
+"""The public API's contract over a real channel: status codes, named fields, idempotency."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from orchestrator import FailedPrecondition, InvalidArgument, NotFound, StasisClient
+from orchestrator.local import LocalStack
+from protos.stasis.v1 import agent_pb2 as apb
+from protos.stasis.v1 import stasis_pb2 as pb
+from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+from tests.orchestrator.programs import counter_spec
+
+
+@pytest.fixture
+def api(make_stack: Callable[..., LocalStack]) -> Iterator[tuple[pb_grpc.StasisStub, StasisClient]]:
+    stack = make_stack(nodes=1, slots=2)
+    channel = grpc.insecure_channel(stack.address)
+    with StasisClient(stack.address) as client:
+        yield pb_grpc.StasisStub(channel), client
+    channel.close()
+
+
+def _status(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code(), err.value.details()  # type: ignore[attr-defined]
+
+
+def _spec(**changes: object) -> pb.EpisodeSpec:
+    spec = pb.EpisodeSpec(image="base", command=["true"])
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            getattr(spec, key).update(value)
+        elif isinstance(value, list):
+            del getattr(spec, key)[:]
+            getattr(spec, key).extend(value)
+        else:
+            setattr(spec, key, value)
+    return spec
+
+
+MALFORMED = [
+    (_spec(command=[]), "spec.command"),
+    (_spec(command=[""]), "spec.command[0]"),
+    (_spec(image=""), "spec.image"),
+    (_spec(image="no-such-image"), "spec.image"),
+    (_spec(env={"1X": "y"}), "spec.env.1X"),
+    (_spec(files={"relative.txt": b"x"}), "spec.files.relative.txt"),
+    (
+        pb.EpisodeSpec(image="base", command=["true"], resources=apb.Resources(memory_mb=4)),
+        "spec.resources.memory_mb",
+    ),
+    (
+        pb.EpisodeSpec(image="base", command=["true"], preemption=pb.Preemption(time_slice_s=-1)),
+        "spec.preemption.time_slice_s",
+    ),
+    (
+        pb.EpisodeSpec(image="base", command=["true"], limits=pb.Limits(max_wall_s=-5)),
+        "spec.limits.max_wall_s",
+    ),
+    (pb.EpisodeSpec(image="base", command=["true"], reward=pb.RewardSpec()), "spec.reward.command"),
+    (_spec(labels={"bad key!": "v"}), "spec.labels.bad key!"),
+]
+
+
+@pytest.mark.timeout(90)
+def test_malformed_specs_name_the_field_and_store_nothing(
+    api: tuple[pb_grpc.StasisStub, StasisClient],
+) -> None:
+    stub, client = api
+    for spec, field in MALFORMED:
+        code, details = _status(lambda spec=spec: stub.SubmitEpisode(pb.SubmitEpisodeRequest(spec=spec)))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert details.startswith(f"{field}: "), details
+    code, details = _status(lambda: stub.SubmitEpisode(pb.SubmitEpisodeRequest()))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("spec:")
+    assert client.episodes() == []
+    assert client.events() == [e for e in client.events() if e.kind == "node"]
+    with pytest.raises(InvalidArgument) as err:
+        client.submit({"image": "base", "command": "true"})
+    assert err.value.field == "spec.command"
+
+
+@pytest.mark.timeout(90)
+def test_unknown_ids_are_not_found(api: tuple[pb_grpc.StasisStub, StasisClient]) -> None:
+    stub, _ = api
+    calls = {
+        "GetEpisode": lambda: stub.GetEpisode(pb.GetEpisodeRequest(episode_id="ep-nope")),
+        "CancelEpisode": lambda: stub.CancelEpisode(pb.CancelEpisodeRequest(episode_id="ep-nope")),
+        "PreemptEpisode": lambda: stub.PreemptEpisode(pb.PreemptEpisodeRequest(episode_id="ep-nope")),
+        "ResumeEpisode": lambda: stub.ResumeEpisode(pb.ResumeEpisodeRequest(episode_id="ep-nope")),
+        "ListSnapshots": lambda: stub.ListSnapshots(pb.ListSnapshotsRequest(episode_id="ep-nope")),
+        "ListEvents": lambda: stub.ListEvents(pb.ListEventsRequest(episode_id="ep-nope")),
+        "DrainNode": lambda: stub.DrainNode(pb.DrainNodeRequest(node="node-9")),
+        "UncordonNode": lambda: stub.UncordonNode(pb.UncordonNodeRequest(node="node-9")),
+        "WatchEpisodes": lambda: next(stub.WatchEpisodes(pb.WatchEpisodesRequest(episode_ids=["ep-nope"]))),
+    }
+    for name, call in calls.items():
+        code, details = _status(call)
+        assert code == grpc.StatusCode.NOT_FOUND, name
+        assert "nope" in details or "node-9" in details, details
+
+
+@pytest.mark.timeout(120)
+def test_state_rules_are_failed_precondition(api: tuple[pb_grpc.StasisStub, StasisClient]) -> None:
+    stub, client = api
+    done = client.submit({"image": "base", "command": ["true"]})
+    client.wait(done.id, ["SUCCEEDED"], timeout_s=60)
+    for call in (
+        lambda: stub.PreemptEpisode(pb.PreemptEpisodeRequest(episode_id=done.id)),
+        lambda: stub.ResumeEpisode(pb.ResumeEpisodeRequest(episode_id=done.id)),
+        lambda: stub.CancelEpisode(pb.CancelEpisodeRequest(episode_id=done.id)),
+    ):
+        code, details = _status(call)
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "SUCCEEDED" in details, details
+
+    running = client.submit(counter_spec(400))
+    client.wait(running.id, ["RUNNING"], timeout_s=60)
+    with pytest.raises(FailedPrecondition, match="only PREEMPTED episodes can be resumed"):
+        client.resume(running.id)
+    client.preempt(running.id)
+    with pytest.raises(FailedPrecondition):
+        client.preempt(running.id)
+    client.wait(running.id, ["PREEMPTED"], timeout_s=60)
+    with pytest.raises(NotFound, match="node-9"):
+        client.resume(running.id, node="node-9")
+    assert client.cancel(running.id).state == "CANCELLED"
+    assert client.get(running.id).state == "CANCELLED"
+
+
+@pytest.mark.timeout(90)
+def test_request_ids_make_changes_idempotent(api: tuple[pb_grpc.StasisStub, StasisClient]) -> None:
+    stub, client = api
+    request = pb.SubmitEpisodeRequest(spec=_spec(command=["sleep", "30"]), request_id="trainer-42")
+    first = stub.SubmitEpisode(request)
+    again = stub.SubmitEpisode(request)
+    assert first.id == again.id and len(client.episodes()) == 1
+    other = pb.SubmitEpisodeRequest(spec=_spec(command=["sleep", "31"]), request_id="trainer-42")
+    code, details = _status(lambda: stub.SubmitEpisode(other))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "trainer-42" in details
+    client.wait(first.id, ["RUNNING"], timeout_s=60)
+    cancel = pb.CancelEpisodeRequest(episode_id=first.id, request_id="cancel-1")
+    assert stub.CancelEpisode(cancel).state == pb.EPISODE_STATE_CANCELLED
+    assert stub.CancelEpisode(cancel).state == pb.EPISODE_STATE_CANCELLED  # a retry, not an error
+
+
+@pytest.mark.timeout(60)
+def test_watch_streams_transitions_live(api: tuple[pb_grpc.StasisStub, StasisClient]) -> None:
+    stub, client = api
+    episode = client.submit({"image": "base", "command": ["sh", "-c", "sleep 1"]})
+    seen = []
+    for event in client.watch([episode.id]):
+        if event.kind == "transition":
+            seen.append(event.to_state)
+        if event.to_state == "SUCCEEDED":
+            break
+    assert seen == ["PENDING", "RUNNING", "SUCCEEDED"]
+    with grpc.insecure_channel(client.address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="stasis.v1.Stasis")
+        )
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
