@@ -116,4 +116,5 @@ check_criu
 configure_runc_criu
 build_base_image
 python_env
+"$repo/scripts/k8s-tools.sh"
 log "ready: criu $(criu --version | awk '/Version/{print $2}'), runc $(runc --version | awk 'NR==1{print $3}'), base image $(cat "$cache/images/base/digest")"

@@ -151,7 +151,7 @@ def test_request_ids_make_changes_idempotent(api: tuple[pb_grpc.StasisStub, Stas
 
 @pytest.mark.timeout(60)
 def test_watch_streams_transitions_live(api: tuple[pb_grpc.StasisStub, StasisClient]) -> None:
-    stub, client = api
+    _, client = api
     episode = client.submit({"image": "base", "command": ["sh", "-c", "sleep 1"]})
     seen = []
     for event in client.watch([episode.id]):
