@@ -9,7 +9,7 @@ setup:
 	@./scripts/host-setup.sh
 
 run: setup
-	$(PY) examples/runtime_demo.py
+	$(VENV)/bin/stasis up --nodes 2 --state-dir $(STATE_DIR)
 
 test: setup lint check-protos
 	$(VENV)/bin/pytest -q --durations=15

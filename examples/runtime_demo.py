@@ -1,6 +1,6 @@
 """Move a running sandbox between two local nodes and print what it cost.
 
-    sudo .venv/bin/python examples/runtime_demo.py
+sudo .venv/bin/python examples/runtime_demo.py
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from pathlib import Path
 
 from sandbox_agent import AgentSettings, Node, SandboxSpec
 
-PROGRAM = "import time\ni = 0\nwhile True:\n    i += 1\n    print('step', i, flush=True)\n    time.sleep(0.5)\n"
+PROGRAM = (
+    "import time\ni = 0\nwhile True:\n    i += 1\n    print('step', i, flush=True)\n    time.sleep(0.5)\n"
+)
 
 
 def main() -> None:
@@ -24,7 +26,9 @@ def main() -> None:
         time.sleep(2)
         print("on demo-a:", a.harness_log("demo").decode().split()[-2:])
         c = a.checkpoint("demo", root / "checkpoint", leave_running=False)
-        print(f"checkpoint: frozen {c.timings.frozen_ms} ms, dump {c.timings.dump_ms} ms, layer {c.timings.layer_ms} ms")
+        print(
+            f"checkpoint: frozen {c.timings.frozen_ms} ms, dump {c.timings.dump_ms} ms, layer {c.timings.layer_ms} ms"
+        )
         print(f"            {c.sizes.criu_bytes} CRIU image bytes, {c.sizes.layer_bytes} layer bytes")
         started = time.monotonic()
         b.restore("demo", root / "checkpoint")
