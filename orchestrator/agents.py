@@ -81,6 +81,14 @@ class CheckpointOutcome:
     timings_ms: dict[str, float]
 
 
+@dataclass(frozen=True)
+class VerifierOutcome:
+    exit_code: int | None
+    timed_out: bool
+    log: bytes
+    duration_ms: float
+
+
 class AgentClient:
     """One node agent, over one channel."""
 
@@ -196,6 +204,20 @@ class AgentClient:
             )
         except NotFound:
             return
+
+    def run_verifier(
+        self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
+    ) -> VerifierOutcome:
+        request = pb.RunVerifierRequest(
+            sandbox_id=sandbox_id, command=list(command), files=files, image=image, timeout_s=timeout_s
+        )
+        r = self._call("verifier", self._stub.RunVerifier, request, timeout_s + 120)
+        return VerifierOutcome(
+            exit_code=r.exit_code if r.has_exit_code else None,
+            timed_out=r.timed_out,
+            log=r.log,
+            duration_ms=r.duration_ms,
+        )
 
     def harness_log(self, sandbox_id: str, tail_bytes: int = 65536) -> bytes:
         request = pb.GetHarnessLogRequest(sandbox_id=sandbox_id, tail_bytes=tail_bytes)

@@ -236,6 +236,26 @@ class Commands:
         _table(rows, self.out)
         return 0
 
+    def trajectory(self) -> int:
+        with self.client() as c:
+            t = c.trajectory(self.args.id, include_branches=True)
+        if self.args.output in ("json", "yaml"):
+            _dump(t.to_json(), self.args.output, self.out)
+            return 0
+        reward = "-" if t.reward is None else f"{t.reward:g}"
+        print(f"{t.episode_id}  {t.state}  reward {reward}  main branch: {len(t.main.turns)} turns, "
+              f"{sum(t.main.loss_mask)} sampled of {len(t.main.token_ids)} tokens", file=self.out)  # fmt: skip
+        rows = [["TURN", "BRANCH", "RUN", "TOKENS", "SUM-LOGPROB", "REPLAYED", "ABANDONED", "POLICY"]]
+        for b in [t.main, *t.branches]:
+            for turn in b.turns:
+                rows.append([
+                    str(turn.index), str(turn.branch), str(turn.run), str(len(turn.token_ids)),
+                    f"{sum(turn.logprobs):.2f}", "yes" if turn.replayed else "-", "yes" if turn.abandoned else "-",
+                    turn.policy_version,
+                ])  # fmt: skip
+        _table(rows, self.out)
+        return 0
+
     def nodes(self) -> int:
         with self.client() as c:
             items = c.nodes()
@@ -343,6 +363,10 @@ def parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=text)
         c.add_argument("id")
         c.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+    t = sub.add_parser("trajectory", help="recorded turns: token ids, behaviour log-probs, branches, reward")
+    t.add_argument("id")
+    t.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
 
     n = sub.add_parser("nodes", help="list nodes")
     n.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")

@@ -120,6 +120,94 @@ class NodeInfo:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class TurnInfo:
+    id: int
+    index: int
+    branch: int
+    replayed: bool
+    abandoned: bool
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_version: str
+    parent_id: int
+    run: int
+
+
+@dataclass(frozen=True)
+class BranchInfo:
+    id: int
+    abandoned: bool
+    token_ids: list[int]
+    logprobs: list[float]
+    loss_mask: list[int]
+    policy_versions: list[str]
+    turns: list[TurnInfo]
+
+
+@dataclass(frozen=True)
+class TrajectoryInfo:
+    episode_id: str
+    state: str
+    reward: float | None
+    verifier_log: str
+    main: BranchInfo
+    branches: list[BranchInfo]
+    labels: dict[str, str]
+    seq: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI's JSON: every turn of every branch shown, main first, plus the reward."""
+        turns = [t for b in [self.main, *self.branches] for t in b.turns]
+        return {
+            "episode_id": self.episode_id,
+            "state": self.state,
+            "reward": self.reward,
+            "turns": [dict(t.__dict__) for t in turns],
+            "main": {k: v for k, v in self.main.__dict__.items() if k != "turns"},
+            "verifier_log": self.verifier_log,
+        }
+
+
+def _branch(b: pb.TrajectoryBranch) -> BranchInfo:
+    return BranchInfo(
+        id=b.id,
+        abandoned=b.abandoned,
+        token_ids=list(b.token_ids),
+        logprobs=list(b.logprobs),
+        loss_mask=list(b.loss_mask),
+        policy_versions=list(b.policy_versions),
+        turns=[
+            TurnInfo(
+                id=t.id,
+                index=t.index,
+                branch=t.branch,
+                replayed=t.replayed,
+                abandoned=t.abandoned,
+                token_ids=list(t.token_ids),
+                logprobs=list(t.logprobs),
+                policy_version=t.policy_version,
+                parent_id=t.parent_id,
+                run=t.run,
+            )
+            for t in b.turns
+        ],
+    )
+
+
+def _trajectory(m: pb.Trajectory) -> TrajectoryInfo:
+    return TrajectoryInfo(
+        episode_id=m.episode_id,
+        state=_state_name(m.state),
+        reward=m.reward if m.has_reward else None,
+        verifier_log=m.verifier_log,
+        main=_branch(m.main),
+        branches=[_branch(b) for b in m.branches],
+        labels=dict(m.labels),
+        seq=m.seq,
+    )
+
+
 def _state_name(value: int) -> str:
     state = STATE_FROM_PB.get(value)
     return str(state) if state is not None else ""
@@ -299,6 +387,23 @@ class StasisClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"episode {episode_id} is still {episode.state} after {timeout_s:.0f}s")
             time.sleep(0.2)
+
+    # -- trajectories -----------------------------------------------------------------------
+
+    def trajectory(self, episode_id: str, include_branches: bool = False) -> TrajectoryInfo:
+        request = pb.GetTrajectoryRequest(episode_id=episode_id, include_branches=include_branches)
+        return _trajectory(self._call(self._stub.GetTrajectory, request))
+
+    def stream_trajectories(
+        self, labels: Mapping[str, str] | None = None, since_seq: int = 0, include_branches: bool = False
+    ) -> Iterator[TrajectoryInfo]:
+        """Finished episodes' trajectories as they finish; pass the last `seq` to resume."""
+        request = pb.StreamTrajectoriesRequest(
+            labels=dict(labels or {}), since_seq=since_seq, include_branches=include_branches
+        )
+        with self._translated():
+            for m in self._stub.StreamTrajectories(request):
+                yield _trajectory(m)
 
     # -- snapshots and nodes ----------------------------------------------------------------
 

@@ -285,7 +285,9 @@ class Control:
         sandbox_id = f"{e.id}-r{e.runs + 1}"
         try:
             with self._claim(e.id):
-                e = self.store.update(e.id, node=node, sandbox_id=sandbox_id, runs=e.runs + 1, decision=why)
+                e = self.store.update(
+                    e.id, node=node, sandbox_id=sandbox_id, runs=e.runs + 1, restored_from="", decision=why
+                )
                 self._workers.submit(self._guarded, e.id, self._start)
         except (FailedPrecondition, RuntimeError):
             return
@@ -349,7 +351,7 @@ class Control:
             with self._claim(e.id):
                 self.store.transition(
                     e.id, S.RESTORING, why, expect=(S.PREEMPTED,), node=node,
-                    sandbox_id=f"{e.id}-r{e.runs + 1}", runs=e.runs + 1,
+                    sandbox_id=f"{e.id}-r{e.runs + 1}", runs=e.runs + 1, restored_from=e.last_snapshot_id,
                 )  # fmt: skip
                 self._workers.submit(self._guarded, e.id, self._restore)
         except (FailedPrecondition, RuntimeError):
@@ -567,7 +569,13 @@ class Control:
     # finishing -----------------------------------------------------------------------------
 
     def _complete(self, e: Episode, exit_code: int | None) -> None:
-        state, reason, reward = self._finish(e, exit_code)
+        try:
+            state, reason, reward = self._finish(e, exit_code)
+        except TemporaryError as exc:
+            log.warning("finishing %s must wait: %s", e.id, exc)
+            return
+        except PermanentError as exc:
+            state, reason, reward = S.FAILED, str(exc), None
         self._transition_or_cleanup(e, state, reason, expect=(S.RUNNING,), exit_code=exit_code, reward=reward)
         self._delete_quietly(e.node, e.sandbox_id)
 

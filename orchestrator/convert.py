@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from orchestrator.ledger import Branch
 from orchestrator.model import (
     Episode,
     EpisodeSpec,
@@ -157,4 +158,33 @@ def node_to_pb(n: NodeRecord, episodes: list[Episode], last_heartbeat: float) ->
         last_heartbeat=last_heartbeat,
         episodes=[e.id for e in episodes],
         labels=n.labels,
+    )
+
+
+def branch_to_pb(b: Branch) -> pb.TrajectoryBranch:
+    return pb.TrajectoryBranch(
+        id=b.id,
+        abandoned=b.abandoned,
+        token_ids=b.token_ids,
+        logprobs=b.logprobs,
+        loss_mask=b.loss_mask,
+        policy_versions=[t.policy_version for t in b.turns],
+        turns=[
+            pb.Turn(
+                id=t.id,
+                index=i,
+                branch=t.branch,
+                replayed=t.replays > 0,
+                replays=t.replays,
+                abandoned=t.abandoned,
+                token_ids=t.token_ids,
+                logprobs=t.logprobs,
+                policy_version=t.policy_version,
+                parent_id=t.parent_id or 0,
+                run=t.run,
+                created_at=t.created_at,
+                prompt_tokens=len(t.prompt_token_ids),
+            )
+            for i, t in enumerate(b.turns)
+        ],
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +19,8 @@ from typing import IO
 
 from orchestrator.client import StasisClient
 from orchestrator.errors import FailedPrecondition, StasisError
-from orchestrator.server import Orchestrator
+from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from orchestrator.server import GATEWAY_IP, Orchestrator
 from orchestrator.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,9 @@ class LocalSettings:
     """Memory each node offers to sandboxes, in MiB."""
     backend: str = "runc"
     upstream: str = ""
-    """Model server for the gateway; empty starts the reference model."""
+    """Model server for the gateway, up to /v1; empty starts the reference model in this process."""
+    gateway_port: int = 0
+    """Port of the gateway on 169.254.1.1; 0 picks a free one."""
     node_lost_after_s: float = 10.0
 
 
@@ -83,7 +87,7 @@ class AgentProcess:
                 self.process.wait()
 
 
-def agent_command(settings: LocalSettings, name: str, orchestrator: str) -> list[str]:
+def agent_command(settings: LocalSettings, name: str, orchestrator: str, gateway_port: int = 0) -> list[str]:
     """The command line of one local node agent."""
     state_dir = settings.state_dir.resolve()
     return [
@@ -96,6 +100,7 @@ def agent_command(settings: LocalSettings, name: str, orchestrator: str) -> list
         "--slots", str(settings.slots),
         "--memory-mb", str(settings.memory_mb),
         "--backend", settings.backend,
+        *(["--allow-port", str(gateway_port)] if gateway_port else []),
     ]  # fmt: skip
 
 
@@ -104,6 +109,7 @@ class LocalStack:
         self.settings = settings
         self.state_dir = settings.state_dir.resolve()
         self.orchestrator: Orchestrator | None = None
+        self.model: ReferenceModelServer | None = None
         self.agents: dict[str, AgentProcess] = {}
 
     @property
@@ -117,24 +123,35 @@ class LocalStack:
 
     def start(self, progress: Callable[[str], None] = lambda _: None, timeout_s: float = 120) -> None:
         s = self.settings
+        upstream = s.upstream
+        if not upstream:
+            self.model = ReferenceModelServer(ReferenceModelSettings()).start()
+            upstream = self.model.url
+            progress(f"reference model serving {upstream}")
+        gateway_port = s.gateway_port or _free_port()
         self.orchestrator = Orchestrator(
             OrchestratorSettings(
                 state_dir=self.state_dir,
                 listen=s.listen,
                 snapshot_store=self.store_url,
                 node_lost_after_s=s.node_lost_after_s,
-                upstream=s.upstream,
+                upstream=upstream,
+                gateway_listen=f"{GATEWAY_IP}:{gateway_port}",
+                gateway_port=gateway_port,
             )
-        ).start()
+        ).start(gateway=False)
         progress(f"orchestrator listening on {self.address}, state in {self.state_dir}")
         for i in range(1, s.nodes + 1):
             name = f"node-{i}"
-            argv = agent_command(s, name, self.address)
+            argv = agent_command(s, name, self.address, gateway_port)
             agent = AgentProcess(name, argv, self.state_dir / "logs" / f"{name}.log")
             agent.start()
             self.agents[name] = agent
         progress(f"starting {s.nodes} node agents (logs in {self.state_dir / 'logs'})")
         self.wait_for_nodes(timeout_s)
+        # The nodes have put 169.254.1.1 on this host; now the gateway can listen there.
+        self.orchestrator.start_gateway()
+        progress(f"gateway at http://{GATEWAY_IP}:{gateway_port}/v1 for sandboxes, forwarding to {upstream}")
 
     def wait_for_nodes(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -160,6 +177,14 @@ class LocalStack:
             agent.stop()
         if self.orchestrator is not None:
             self.orchestrator.stop()
+        if self.model is not None:
+            self.model.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -197,6 +197,8 @@ class Episode:
     pinned_node: str = ""
     snapshots: int = 0
     last_snapshot_id: str = ""
+    restored_from: str = ""
+    """The snapshot the current run was restored from; empty for a fresh start."""
     pending_snapshot_id: str = ""
     """A snapshot asked of an agent and not yet known to be committed."""
     pending_reason: str = ""

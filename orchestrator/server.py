@@ -9,8 +9,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from orchestrator.agents import AgentPool
 from orchestrator.control import Control
 from orchestrator.errors import FailedPrecondition
+from orchestrator.gateway import Gateway, Upstream
+from orchestrator.ledger import Ledger
+from orchestrator.model import Episode
+from orchestrator.rewards import Verifier
 from orchestrator.service import RegistryService, StasisService
 from orchestrator.settings import OrchestratorSettings
 from orchestrator.store import SqliteStateStore
@@ -20,6 +25,9 @@ from snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
 
+GATEWAY_IP = "169.254.1.1"
+"""Every node serves the gateway at this address, so a sandbox finds it on any node."""
+
 
 class Orchestrator:
     """A running control plane; `port` is the bound gRPC port."""
@@ -28,8 +36,19 @@ class Orchestrator:
         self.settings = settings
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = SqliteStateStore(settings.state_dir / "state.db")
+        self.ledger = Ledger(settings.state_dir / "state.db")
         self.snapshots = SnapshotStore.open(settings.store_url)
-        self.control = Control(settings, self.store, self.snapshots)
+        self.agents = AgentPool()
+        self.control = Control(
+            settings,
+            self.store,
+            self.snapshots,
+            self.agents,
+            cursor=lambda e: self.ledger.cursor(e.id),
+            finish=Verifier(self.agents, self.ledger),
+            gateway_env=self._gateway_env,
+        )
+        self.gateway: Gateway | None = None
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="api"),
             options=[
@@ -37,9 +56,8 @@ class Orchestrator:
                 ("grpc.max_send_message_length", 64 << 20),
             ],
         )
-        pb_grpc.add_StasisServicer_to_server(
-            StasisService(self.control, self.store, self.snapshots), self.server
-        )
+        service = StasisService(self.control, self.store, self.snapshots, self.ledger)
+        pb_grpc.add_StasisServicer_to_server(service, self.server)
         pb_grpc.add_NodeRegistryServicer_to_server(RegistryService(self.control), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -58,16 +76,50 @@ class Orchestrator:
         host = self.settings.listen.rsplit(":", 1)[0]
         return f"{host}:{self.port}"
 
-    def start(self) -> Orchestrator:
+    def _gateway_env(self, e: Episode) -> dict[str, str]:
+        if not self.settings.upstream:
+            return {}
+        return {
+            "OPENAI_BASE_URL": f"http://{GATEWAY_IP}:{self.settings.gateway_port}/v1",
+            "OPENAI_API_KEY": e.token,
+        }
+
+    def resumed_after(self, e: Episode) -> int:
+        """The last turn the current run's snapshot had seen; 0 for a run started afresh."""
+        if not e.restored_from:
+            return 0
+        record = next((r for r in self.store.snapshots(e.id) if r.id == e.restored_from), None)
+        cursor = record.trajectory_cursor if record is not None else None
+        return int(cursor.get("turn", 0)) if isinstance(cursor, dict) else 0
+
+    def start(self, *, gateway: bool = True) -> Orchestrator:
         self.server.start()
         self.control.start()
         log.info("orchestrator listening on %s, state in %s", self.address, self.settings.state_dir)
+        if gateway and self.settings.gateway_listen:
+            self.start_gateway()
         return self
+
+    def start_gateway(self) -> Gateway:
+        """Serve the model endpoint; its address must exist (the nodes add 169.254.1.1)."""
+        if not self.settings.upstream:
+            raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
+        upstream = Upstream(self.settings.upstream, self.settings.upstream_api_key)
+        self.gateway = Gateway(
+            self.settings.gateway_listen, self.ledger, self.store.by_token, self.resumed_after, upstream
+        ).start()
+        log.info(
+            "gateway listening on %s, forwarding to %s", self.settings.gateway_listen, self.settings.upstream
+        )
+        return self.gateway
 
     def stop(self) -> None:
         for name in ("stasis.v1.Stasis", "stasis.v1.NodeRegistry", ""):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.gateway is not None:
+            self.gateway.stop()
         self.server.stop(grace=2).wait()
         self.control.stop()
+        self.ledger.close()
         self.snapshots.close()
         self.store.close()

@@ -16,6 +16,8 @@ from orchestrator.agents import SandboxView
 from orchestrator.control import Control
 from orchestrator.convert import (
     STATE_FROM_PB,
+    STATE_TO_PB,
+    branch_to_pb,
     episode_to_pb,
     event_to_pb,
     node_to_pb,
@@ -30,7 +32,8 @@ from orchestrator.errors import (
     StasisError,
     TemporaryError,
 )
-from orchestrator.model import TERMINAL, NodeRecord, NodeState, Reason
+from orchestrator.ledger import Ledger
+from orchestrator.model import TERMINAL, Episode, NodeRecord, NodeState, Reason
 from orchestrator.scheduler import occupies_node
 from orchestrator.store import SqliteStateStore
 from protos.stasis.v1 import stasis_pb2 as pb
@@ -87,10 +90,13 @@ def _required(field: str, value: str) -> str:
 
 
 class StasisService(pb_grpc.StasisServicer):
-    def __init__(self, control: Control, store: SqliteStateStore, snapshots: SnapshotStore) -> None:
+    def __init__(
+        self, control: Control, store: SqliteStateStore, snapshots: SnapshotStore, ledger: Ledger
+    ) -> None:
         self.control = control
         self.store = store
         self.snapshots = snapshots
+        self.ledger = ledger
 
     def _episode(self, episode_id: str) -> pb.Episode:
         return episode_to_pb(self.store.get(_required("episode_id", episode_id)), time.time())
@@ -214,6 +220,45 @@ class StasisService(pb_grpc.StasisServicer):
         if self.store.remember_request(request.request_id, "UncordonNode", {"node": name}, name):
             return self._node(self.store.node(name))
         return self._node(self.control.uncordon(name))
+
+    def _trajectory(self, episode: Episode, include_branches: bool, seq: int = 0) -> pb.Trajectory:
+        branches = self.ledger.branches(episode.id)
+        main = next((b for b in branches if b.id == 0), None)
+        verification = self.ledger.verification(episode.id)
+        return pb.Trajectory(
+            episode_id=episode.id,
+            state=STATE_TO_PB[episode.state],
+            has_reward=episode.reward is not None,
+            reward=episode.reward or 0.0,
+            verifier_log=verification.log.decode(errors="replace") if verification else "",
+            main=branch_to_pb(main) if main else pb.TrajectoryBranch(),
+            branches=[branch_to_pb(b) for b in branches if b.id != 0] if include_branches else [],
+            labels=episode.spec.labels,
+            seq=seq,
+        )
+
+    @_rpc
+    def GetTrajectory(self, request: pb.GetTrajectoryRequest, context: grpc.ServicerContext) -> pb.Trajectory:
+        episode = self.store.get(_required("episode_id", request.episode_id))
+        return self._trajectory(episode, request.include_branches)
+
+    @_rpc
+    def StreamTrajectories(
+        self, request: pb.StreamTrajectoriesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.Trajectory]:
+        labels = dict(request.labels)
+        since = request.since_seq
+        while context.is_active():
+            events = self.store.events(since)
+            for ev in events:
+                since = ev.seq
+                if ev.kind != "transition" or ev.to_state not in TERMINAL:
+                    continue
+                episode = self.store.get(ev.episode_id)
+                if all(episode.spec.labels.get(k) == v for k, v in labels.items()):
+                    yield self._trajectory(episode, request.include_branches, ev.seq)
+            if not events:
+                self.store.wait_for_events(since, timeout=1.0)
 
 
 def _images(images: Any) -> dict[str, list[str]]:

@@ -40,7 +40,9 @@ class OrchestratorSettings:
     gateway_listen: str = ""
     """Where the gateway listens; empty means no gateway (sandboxes get no model endpoint)."""
     upstream: str = ""
-    """OpenAI-compatible model server the gateway forwards to."""
+    """OpenAI-compatible model server the gateway forwards to, up to and including /v1."""
+    upstream_api_key: str = ""
+    """Bearer token for the upstream, if it wants one; sandboxes never see it."""
 
     @property
     def store_url(self) -> str:

@@ -66,8 +66,8 @@ def _string_map(value: Any, where: str) -> dict[str, str]:
     return out
 
 
-def _files(value: Any, where: str) -> dict[str, bytes]:
-    """Files as path -> text, or path -> {base64: ...} for binary content."""
+def _files(value: Any, where: str, base: Path | None = None) -> dict[str, bytes]:
+    """Files as path -> text, path -> {base64: ...}, or (in spec files) path -> {from_file: local path}."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -78,18 +78,24 @@ def _files(value: Any, where: str) -> dict[str, bytes]:
             out[str(path)] = content.encode()
         elif isinstance(content, bytes):
             out[str(path)] = content
+        elif isinstance(content, Mapping) and set(content) == {"from_file"} and base is not None:
+            local = base / str(content["from_file"])
+            try:
+                out[str(path)] = local.read_bytes()
+            except OSError as exc:
+                raise InvalidArgument(f"{where}.{path}", f"cannot read {local}: {exc.strerror}") from None
         elif isinstance(content, Mapping) and set(content) == {"base64"}:
             try:
                 out[str(path)] = base64.b64decode(content["base64"], validate=True)
             except (binascii.Error, TypeError) as exc:
                 raise InvalidArgument(f"{where}.{path}", f"is not valid base64: {exc}") from exc
         else:
-            raise InvalidArgument(f"{where}.{path}", "must be text or {base64: ...}")
+            raise InvalidArgument(f"{where}.{path}", "must be text, {base64: ...} or {from_file: path}")
     return out
 
 
-def spec_from_mapping(data: Any) -> EpisodeSpec:
-    """Parse and validate; errors name the field as `spec.<path>`."""
+def spec_from_mapping(data: Any, base: Path | None = None) -> EpisodeSpec:
+    """Parse and validate; errors name the field as `spec.<path>`. `base` resolves from_file paths."""
     top = _section(data, "spec")
     if not top:
         raise InvalidArgument("spec", "is empty; it needs at least image and command")
@@ -101,7 +107,7 @@ def spec_from_mapping(data: Any) -> EpisodeSpec:
         rw = _section(top["reward"], "spec.reward")
         reward = RewardSpec(
             command=_strings(rw.get("command"), "spec.reward.command"),
-            files=_files(rw.get("files"), "spec.reward.files"),
+            files=_files(rw.get("files"), "spec.reward.files", base),
             image=str(rw.get("image", "") or ""),
             timeout_s=_number(rw.get("timeout_s", 600.0), "spec.reward.timeout_s"),
         )
@@ -113,7 +119,7 @@ def spec_from_mapping(data: Any) -> EpisodeSpec:
         image=image,
         command=_strings(top.get("command"), "spec.command"),
         env=_string_map(top.get("env"), "spec.env"),
-        files=_files(top.get("files"), "spec.files"),
+        files=_files(top.get("files"), "spec.files", base),
         resources=Resources(
             cpus=_number(res.get("cpus", defaults.cpus), "spec.resources.cpus"),
             memory_mb=_number(res.get("memory_mb", defaults.memory_mb), "spec.resources.memory_mb", int),
@@ -180,4 +186,4 @@ def load_spec_file(path: Path) -> EpisodeSpec:
         ) from exc
     if isinstance(data, Mapping) and set(data) == {"spec"}:
         data = data["spec"]
-    return spec_from_mapping(data)
+    return spec_from_mapping(data, base=path.parent)

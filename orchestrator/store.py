@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     pinned_node TEXT NOT NULL DEFAULT '',
     snapshots INTEGER NOT NULL DEFAULT 0,
     last_snapshot_id TEXT NOT NULL DEFAULT '',
+    restored_from TEXT NOT NULL DEFAULT '',
     pending_snapshot_id TEXT NOT NULL DEFAULT '',
     pending_reason TEXT NOT NULL DEFAULT '',
     last_autosave_at REAL NOT NULL DEFAULT 0,
@@ -115,7 +116,7 @@ CREATE TABLE IF NOT EXISTS requests (
 
 _EPISODE_COLUMNS = (
     "node", "sandbox_id", "runs", "run_started_at", "run_seconds", "queued_at", "held", "pinned_node",
-    "snapshots", "last_snapshot_id", "pending_snapshot_id", "pending_reason", "last_autosave_at",
+    "snapshots", "last_snapshot_id", "restored_from", "pending_snapshot_id", "pending_reason", "last_autosave_at",
     "exit_code", "reward", "finished_at", "not_before", "attempts", "reason", "updated_at",
 )  # fmt: skip
 
@@ -216,6 +217,7 @@ class SqliteStateStore:
             pinned_node=row["pinned_node"],
             snapshots=row["snapshots"],
             last_snapshot_id=row["last_snapshot_id"],
+            restored_from=row["restored_from"],
             pending_snapshot_id=row["pending_snapshot_id"],
             pending_reason=row["pending_reason"],
             last_autosave_at=row["last_autosave_at"],

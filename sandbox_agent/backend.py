@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -61,9 +62,15 @@ class Backend(Protocol):
     """True if the node must make the sandbox's netns (see `network.netns_path`) before create."""
 
     def create(
-        self, record: SandboxRecord, layout: SandboxLayout, image: Image, files: dict[str, bytes]
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        image: Image,
+        files: dict[str, bytes],
+        read_only_layers: Sequence[Path] = (),
     ) -> None:
-        """Build the container with its rootfs and files, without starting it."""
+        """Build the container with its rootfs and files, without starting it. Read-only layers
+        (another sandbox's writable layer, for a verifier) sit between the image and the new layer."""
 
     def start(self, record: SandboxRecord, layout: SandboxLayout) -> None: ...
 

@@ -13,7 +13,7 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from docker.models.containers import Container
 from sandbox_agent import _command, overlay
 from sandbox_agent.backend import STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
-from sandbox_agent.errors import AgentError, CommandFailed, NotFound, ToolUnavailable
+from sandbox_agent.errors import AgentError, CommandFailed, FailedPrecondition, NotFound, ToolUnavailable
 from sandbox_agent.images import Image, ImageCache
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
@@ -147,8 +147,17 @@ class DockerBackend:
             )
 
     def create(
-        self, record: SandboxRecord, layout: SandboxLayout, image: Image, files: dict[str, bytes]
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        image: Image,
+        files: dict[str, bytes],
+        read_only_layers: Sequence[Path] = (),
     ) -> None:
+        if read_only_layers:
+            raise FailedPrecondition(
+                "the docker backend cannot stack another sandbox's layer; use runc for verifiers"
+            )
         container = self._create(record, image)
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:

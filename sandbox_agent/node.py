@@ -27,6 +27,7 @@ from sandbox_agent.errors import (
     NotFound,
 )
 from sandbox_agent.images import Image, ImageCache
+from sandbox_agent.runc import RuncBackend
 from sandbox_agent.settings import AgentSettings
 from sandbox_agent.spec import (
     SandboxRecord,
@@ -66,6 +67,15 @@ def make_backend(settings: AgentSettings) -> Backend:
 
         return DockerBackend(settings.node, settings.docker_url)
     raise InvalidSpec("backend", f"{settings.backend!r} is not a backend; use runc or docker")
+
+
+@dataclass(frozen=True)
+class VerifierResult:
+    exit_code: int | None
+    timed_out: bool
+    log: bytes
+    """Tail of the verifier's stdout and stderr."""
+    duration_ms: float
 
 
 @dataclass(frozen=True)
@@ -410,6 +420,77 @@ class Node:
         if local.digest != checkpoint.image_digest:
             raise ImageMismatch(checkpoint.image_digest, local.digest, ref)
         return local
+
+    def run_verifier(
+        self,
+        sandbox_id: str,
+        command: tuple[str, ...],
+        files: dict[str, bytes],
+        *,
+        image: str = "",
+        timeout_s: float = 600,
+    ) -> VerifierResult:
+        """Run a grading command in a fresh sandbox over an exited sandbox's final layer.
+
+        The exited sandbox's writable layer becomes a read-only layer of the verifier, so the
+        verifier sees every file the harness left and can change none of them. The verifier's
+        own files (hidden tests, reference answers) never existed in the graded sandbox, and it
+        has no network.
+        """
+        record = self._record(sandbox_id)
+        if not isinstance(self.backend, RuncBackend):
+            raise FailedPrecondition(
+                f"node {self.name} runs {self.backend.name}; verifiers need the runc backend"
+            )
+        if timeout_s <= 0:
+            raise InvalidSpec("timeout_s", "must be > 0")
+        verifier_id = f"{sandbox_id}-verify"
+        with self._exclusive(sandbox_id):
+            layout = self._layout(sandbox_id)
+            state, _ = self.backend.status(record, layout)
+            if state != SandboxState.EXITED:
+                raise FailedPrecondition(
+                    f"sandbox {sandbox_id!r} is {state}; a verifier runs after the harness exits"
+                )
+            # The graded layer must not be an upper dir of a live mount while it is a lower one.
+            self.backend.destroy(record, layout)
+            spec = SandboxSpec(
+                image=image or record.spec.image,
+                command=command,
+                hostname="verifier",
+                resources=record.spec.resources,
+            ).validated()
+            files = validate_files(files)
+            local = self.images.resolve(spec.image)
+            vrecord = SandboxRecord(
+                id=verifier_id,
+                node=self.name,
+                backend=self.backend.name,
+                spec=spec,
+                image_digest=local.digest,
+                created_at=time.time(),
+            )
+            started = time.monotonic()
+            with self._new_sandbox(verifier_id, vrecord) as vlayout:
+                self.backend.create(vrecord, vlayout, local, files, read_only_layers=[layout.upper])
+                self.backend.start(vrecord, vlayout)
+            try:
+                status = self._status(vrecord)
+                while status.state != SandboxState.EXITED and time.monotonic() - started < timeout_s:
+                    time.sleep(0.1)
+                    status = self._status(vrecord)
+                timed_out = status.state != SandboxState.EXITED
+                if timed_out:
+                    self.backend.kill(vrecord, self._layout(verifier_id), signals.SIGKILL)
+                    status = self._status(vrecord)
+                return VerifierResult(
+                    exit_code=status.exit_code,
+                    timed_out=timed_out,
+                    log=self.harness_log(verifier_id),
+                    duration_ms=_ms(time.monotonic() - started),
+                )
+            finally:
+                self._teardown(vrecord, self._layout(verifier_id))
 
     def kill(self, sandbox_id: str, signal: int = signals.SIGKILL) -> SandboxStatus:
         if signal not in signals.valid_signals() or signal == 0:

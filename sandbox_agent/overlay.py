@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from sandbox_agent import _command
@@ -15,7 +16,8 @@ NODE_BOUND_XATTRS = ("trusted.overlay.origin", "trusted.overlay.impure", "truste
 _TAR_COMMON = ("--xattrs", "--xattrs-include=*", "--numeric-owner")
 
 
-def mount(lower: Path, upper: Path, work: Path, target: Path) -> None:
+def mount(lowers: Sequence[Path], upper: Path, work: Path, target: Path) -> None:
+    """Mount an overlay; the first lower dir is the topmost."""
     for d in (upper, work, target):
         d.mkdir(parents=True, exist_ok=True)
     _command.run(
@@ -25,7 +27,7 @@ def mount(lower: Path, upper: Path, work: Path, target: Path) -> None:
             "overlay",
             "overlay",
             "-o",
-            f"lowerdir={lower},upperdir={upper},workdir={work}",
+            f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work}",
             str(target),
         ],
         what=f"mounting overlay at {target}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal as signals
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,14 +107,25 @@ class RuncBackend:
             },
         }
 
-    def _write_bundle(self, record: SandboxRecord, layout: SandboxLayout, image: Image) -> None:
-        overlay.mount(image.rootfs, layout.upper, layout.work, layout.rootfs)
+    def _write_bundle(
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        image: Image,
+        read_only_layers: Sequence[Path] = (),
+    ) -> None:
+        overlay.mount([*read_only_layers, image.rootfs], layout.upper, layout.work, layout.rootfs)
         (layout.bundle / "config.json").write_text(json.dumps(self.oci_spec(record, layout), indent=1))
 
     def create(
-        self, record: SandboxRecord, layout: SandboxLayout, image: Image, files: dict[str, bytes]
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        image: Image,
+        files: dict[str, bytes],
+        read_only_layers: Sequence[Path] = (),
     ) -> None:
-        self._write_bundle(record, layout, image)
+        self._write_bundle(record, layout, image, read_only_layers)
         (layout.rootfs / STATE_DIR.lstrip("/")).mkdir(exist_ok=True)
         overlay.place_files(layout.rootfs, files)
 

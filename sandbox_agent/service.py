@@ -275,6 +275,23 @@ class AgentService(pb_grpc.SandboxAgentServicer):
         return node_info_pb(self.node)
 
     @_rpc
+    def RunVerifier(self, request: pb.RunVerifierRequest, context: grpc.ServicerContext) -> pb.VerifierResult:
+        result = self.node.run_verifier(
+            request.sandbox_id,
+            tuple(request.command),
+            dict(request.files),
+            image=request.image,
+            timeout_s=request.timeout_s or 600,
+        )
+        return pb.VerifierResult(
+            has_exit_code=result.exit_code is not None,
+            exit_code=result.exit_code or 0,
+            timed_out=result.timed_out,
+            log=result.log,
+            duration_ms=result.duration_ms,
+        )
+
+    @_rpc
     def ImportImage(self, request: pb.ImportImageRequest, context: grpc.ServicerContext) -> pb.Image:
         source = request.WhichOneof("source")
         if source == "tarball":

@@ -20,6 +20,41 @@ SANDBOX_STATE_PAUSED: SandboxState
 SANDBOX_STATE_EXITED: SandboxState
 SANDBOX_STATE_UNKNOWN: SandboxState
 
+class RunVerifierRequest(_message.Message):
+    __slots__ = ("sandbox_id", "command", "files", "image", "timeout_s")
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    files: _containers.ScalarMap[str, bytes]
+    image: str
+    timeout_s: float
+    def __init__(self, sandbox_id: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., image: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class VerifierResult(_message.Message):
+    __slots__ = ("has_exit_code", "exit_code", "timed_out", "log", "duration_ms")
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    has_exit_code: bool
+    exit_code: int
+    timed_out: bool
+    log: bytes
+    duration_ms: float
+    def __init__(self, has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., log: _Optional[bytes] = ..., duration_ms: _Optional[float] = ...) -> None: ...
+
 class Resources(_message.Message):
     __slots__ = ("cpus", "memory_mb", "pids")
     CPUS_FIELD_NUMBER: _ClassVar[int]

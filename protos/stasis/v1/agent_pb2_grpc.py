@@ -84,6 +84,11 @@ class SandboxAgentStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ImportImageRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.Image.FromString,
                 _registered_method=True)
+        self.RunVerifier = channel.unary_unary(
+                '/stasis.v1.SandboxAgent/RunVerifier',
+                request_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.RunVerifierRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.VerifierResult.FromString,
+                _registered_method=True)
 
 
 class SandboxAgentServicer:
@@ -153,6 +158,13 @@ class SandboxAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunVerifier(self, request, context):
+        """Grade an exited sandbox: a verifier sandbox sees its final layer read-only plus its own files.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +217,11 @@ def add_SandboxAgentServicer_to_server(servicer, server):
                     servicer.ImportImage,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ImportImageRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.Image.SerializeToString,
+            ),
+            'RunVerifier': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunVerifier,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.RunVerifierRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.VerifierResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -477,6 +494,33 @@ class SandboxAgent:
             '/stasis.v1.SandboxAgent/ImportImage',
             protos_dot_stasis_dot_v1_dot_agent__pb2.ImportImageRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_agent__pb2.Image.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunVerifier(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.SandboxAgent/RunVerifier',
+            protos_dot_stasis_dot_v1_dot_agent__pb2.RunVerifierRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_agent__pb2.VerifierResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -416,3 +416,105 @@ class HeartbeatResponse(_message.Message):
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     known: bool
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class Turn(_message.Message):
+    __slots__ = ("id", "index", "branch", "replayed", "replays", "abandoned", "token_ids", "logprobs", "policy_version", "parent_id", "run", "created_at", "prompt_tokens")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    REPLAYS_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    index: int
+    branch: int
+    replayed: bool
+    replays: int
+    abandoned: bool
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    policy_version: str
+    parent_id: int
+    run: int
+    created_at: float
+    prompt_tokens: int
+    def __init__(self, id: _Optional[int] = ..., index: _Optional[int] = ..., branch: _Optional[int] = ..., replayed: _Optional[bool] = ..., replays: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[str] = ..., parent_id: _Optional[int] = ..., run: _Optional[int] = ..., created_at: _Optional[float] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class TrajectoryBranch(_message.Message):
+    __slots__ = ("id", "abandoned", "token_ids", "logprobs", "loss_mask", "policy_versions", "turns")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    abandoned: bool
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    policy_versions: _containers.RepeatedScalarFieldContainer[str]
+    turns: _containers.RepeatedCompositeFieldContainer[Turn]
+    def __init__(self, id: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
+
+class Trajectory(_message.Message):
+    __slots__ = ("episode_id", "state", "has_reward", "reward", "verifier_log", "main", "branches", "labels", "seq")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_LOG_FIELD_NUMBER: _ClassVar[int]
+    MAIN_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    state: EpisodeState
+    has_reward: bool
+    reward: float
+    verifier_log: str
+    main: TrajectoryBranch
+    branches: _containers.RepeatedCompositeFieldContainer[TrajectoryBranch]
+    labels: _containers.ScalarMap[str, str]
+    seq: int
+    def __init__(self, episode_id: _Optional[str] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., verifier_log: _Optional[str] = ..., main: _Optional[_Union[TrajectoryBranch, _Mapping]] = ..., branches: _Optional[_Iterable[_Union[TrajectoryBranch, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class GetTrajectoryRequest(_message.Message):
+    __slots__ = ("episode_id", "include_branches")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    include_branches: bool
+    def __init__(self, episode_id: _Optional[str] = ..., include_branches: _Optional[bool] = ...) -> None: ...
+
+class StreamTrajectoriesRequest(_message.Message):
+    __slots__ = ("labels", "since_seq", "include_branches")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.ScalarMap[str, str]
+    since_seq: int
+    include_branches: bool
+    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., since_seq: _Optional[int] = ..., include_branches: _Optional[bool] = ...) -> None: ...

@@ -94,6 +94,16 @@ class StasisStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.UncordonNodeRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Node.FromString,
                 _registered_method=True)
+        self.GetTrajectory = channel.unary_unary(
+                '/stasis.v1.Stasis/GetTrajectory',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.GetTrajectoryRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Trajectory.FromString,
+                _registered_method=True)
+        self.StreamTrajectories = channel.unary_stream(
+                '/stasis.v1.Stasis/StreamTrajectories',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.StreamTrajectoriesRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Trajectory.FromString,
+                _registered_method=True)
 
 
 class StasisServicer:
@@ -173,6 +183,20 @@ class StasisServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTrajectory(self, request, context):
+        """An episode's recorded turns: the main branch as aligned arrays, other branches on request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamTrajectories(self, request, context):
+        """Trajectories of episodes as they finish (and those finished after since_seq).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StasisServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +259,16 @@ def add_StasisServicer_to_server(servicer, server):
                     servicer.UncordonNode,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.UncordonNodeRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Node.SerializeToString,
+            ),
+            'GetTrajectory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTrajectory,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.GetTrajectoryRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Trajectory.SerializeToString,
+            ),
+            'StreamTrajectories': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamTrajectories,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.StreamTrajectoriesRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Trajectory.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -561,6 +595,60 @@ class Stasis:
             '/stasis.v1.Stasis/UncordonNode',
             protos_dot_stasis_dot_v1_dot_stasis__pb2.UncordonNodeRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_stasis__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTrajectory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.Stasis/GetTrajectory',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.GetTrajectoryRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.Trajectory.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamTrajectories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/stasis.v1.Stasis/StreamTrajectories',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.StreamTrajectoriesRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.Trajectory.FromString,
             options,
             channel_credentials,
             insecure,

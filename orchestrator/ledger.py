@@ -1,0 +1,422 @@
+"""The trajectory ledger: every model turn of every episode, recorded before its response is
+delivered, as a tree that survives preemption exactly once.
+
+Matching rule (also in docs/trajectory.md). A chat request is reduced to a canonical form:
+  * each message keeps role, name and content; content parts are joined as text, line endings
+    become \\n and surrounding whitespace is stripped; None and "" are the same;
+  * tool calls keep function name and arguments; arguments that parse as JSON compare as JSON
+    (key order and spacing do not matter), others as stripped text; call ids are ignored;
+  * sampling parameters (model, temperature, top_p, max tokens, stop, seed, tools, tool_choice,
+    response_format) are part of the request; transport fields are not.
+A request whose canonical form equals a recorded turn's is answered from the ledger with the
+recorded bytes (a replay). Otherwise it is sampled fresh, and its parent is the recorded turn
+whose conversation (its messages plus its answer) is the longest prefix of the request's
+messages. If that parent already has a child recorded by an earlier run of the sandbox after
+the snapshot the current run was restored from, the restored harness has diverged: that child
+and its descendants are marked abandoned and the new turn continues the parent's branch.
+Children recorded by the same run are parallel calls and stay live on branches of their own.
+A completion request is matched the same way with its prompt text as the conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS turns (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    episode_id TEXT NOT NULL,
+    parent_id INTEGER,
+    branch INTEGER NOT NULL,
+    run INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    after_hash TEXT NOT NULL,
+    after_len INTEGER NOT NULL,
+    request TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    response BLOB NOT NULL,
+    token_ids TEXT NOT NULL,
+    logprobs TEXT NOT NULL,
+    prompt_token_ids TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    abandoned INTEGER NOT NULL DEFAULT 0,
+    replays INTEGER NOT NULL DEFAULT 0,
+    delivered INTEGER NOT NULL DEFAULT 0,
+    upstream_ms REAL NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
+CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
+CREATE INDEX IF NOT EXISTS turns_after ON turns(episode_id, after_hash);
+CREATE TABLE IF NOT EXISTS verifications (
+    episode_id TEXT PRIMARY KEY,
+    reward REAL,
+    exit_code INTEGER,
+    timed_out INTEGER NOT NULL,
+    log BLOB NOT NULL,
+    duration_ms REAL NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+_SAMPLING = (
+    "model", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed", "tools",
+    "tool_choice", "response_format", "presence_penalty", "frequency_penalty", "logit_bias", "n",
+)  # fmt: skip
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return str(content).replace("\r\n", "\n").strip()
+
+
+def _arguments(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw.strip()
+    return raw
+
+
+def canonical_message(m: Any) -> dict[str, Any]:
+    if not isinstance(m, dict):
+        raise ValueError("every message must be an object")
+    out: dict[str, Any] = {"role": str(m.get("role", "")), "content": _text(m.get("content"))}
+    if m.get("name"):
+        out["name"] = m["name"]
+    calls = m.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = [
+            {
+                "name": (c.get("function") or {}).get("name", ""),
+                "arguments": _arguments((c.get("function") or {}).get("arguments")),
+            }
+            for c in calls
+        ]
+    return out
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _rolling(items: Sequence[Any]) -> list[str]:
+    """hashes[k] identifies items[:k+1], so every prefix of a conversation has its own hash."""
+    hashes, h = [], ""
+    for item in items:
+        h = hashlib.sha256((h + _digest(item)).encode()).hexdigest()
+        hashes.append(h)
+    return hashes
+
+
+@dataclass(frozen=True)
+class CanonicalRequest:
+    kind: str
+    """chat | completion"""
+    context: tuple[Any, ...]
+    """Canonical messages (chat), or the prompt as one item (completion)."""
+    params: dict[str, Any]
+
+    @classmethod
+    def parse(cls, kind: str, body: dict[str, Any]) -> CanonicalRequest:
+        params = {k: body[k] for k in _SAMPLING if k in body and body[k] is not None}
+        if kind == "chat":
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise ValueError("messages: must be a non-empty list")
+            return cls(kind, tuple(canonical_message(m) for m in messages), params)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise ValueError("prompt: must be a string")
+        return cls(kind, (prompt,), params)
+
+    @property
+    def fingerprint(self) -> str:
+        return _digest([self.kind, list(self.context), self.params])
+
+    def prefix_hashes(self, lengths: Sequence[int]) -> list[str]:
+        """Hashes of the conversation's proper prefixes of the given lengths, longest first.
+
+        Lengths count messages for chat and characters for completions; the ledger asks only
+        for lengths at which some recorded conversation ends.
+        """
+        wanted = sorted((n for n in set(lengths) if 0 < n < self.size), reverse=True)
+        if self.kind == "chat":
+            rolling = _rolling(self.context)
+            return [rolling[n - 1] for n in wanted]
+        return [_digest(["completion", self.context[0][:n]]) for n in wanted]
+
+    @property
+    def size(self) -> int:
+        return len(self.context) if self.kind == "chat" else len(self.context[0])
+
+    def after(self, answer: Any) -> tuple[str, int]:
+        """Identity and length of the conversation once this request's answer is appended."""
+        if self.kind == "chat":
+            return _rolling([*self.context, answer])[-1], len(self.context) + 1
+        text = self.context[0] + answer
+        return _digest(["completion", text]), len(text)
+
+
+@dataclass(frozen=True)
+class Turn:
+    id: int
+    episode_id: str
+    parent_id: int | None
+    branch: int
+    run: int
+    kind: str
+    response: bytes
+    token_ids: list[int]
+    logprobs: list[float]
+    prompt_token_ids: list[int]
+    policy_version: str
+    abandoned: bool
+    replays: int
+    created_at: float
+
+
+@dataclass
+class Branch:
+    id: int
+    turns: list[Turn]
+    abandoned: bool
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    """1 for tokens the policy sampled (trainable), 0 for context."""
+
+
+@dataclass
+class Verification:
+    reward: float | None
+    exit_code: int | None
+    timed_out: bool
+    log: bytes
+    duration_ms: float
+
+
+class Ledger:
+    """Durable turns in the orchestrator's database file (its own connection, WAL, fsync)."""
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # record before deliver means on disk before deliver
+        self._db.executescript(SCHEMA)
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    @staticmethod
+    def _turn(r: sqlite3.Row) -> Turn:
+        return Turn(
+            id=r["id"],
+            episode_id=r["episode_id"],
+            parent_id=r["parent_id"],
+            branch=r["branch"],
+            run=r["run"],
+            kind=r["kind"],
+            response=bytes(r["response"]),
+            token_ids=json.loads(r["token_ids"]),
+            logprobs=json.loads(r["logprobs"]),
+            prompt_token_ids=json.loads(r["prompt_token_ids"]),
+            policy_version=r["policy_version"],
+            abandoned=bool(r["abandoned"]),
+            replays=r["replays"],
+            created_at=r["created_at"],
+        )
+
+    def cursor(self, episode_id: str) -> dict[str, int]:
+        """The ledger position a snapshot records: every turn up to `turn` happened before it."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(MAX(id), 0), COUNT(*) FROM turns WHERE episode_id = ?", (episode_id,)
+            ).fetchone()
+        return {"turn": int(row[0]), "turns": int(row[1])}
+
+    def replay(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
+        """The live recorded turn with this exact request, counted as replayed once more."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0 ORDER BY id LIMIT 1",
+                (episode_id, request.fingerprint),
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE turns SET replays = replays + 1 WHERE id = ?", (row["id"],))
+            return self._turn(row)
+
+    def record(
+        self,
+        episode_id: str,
+        run: int,
+        resumed_after_turn: int,
+        request: CanonicalRequest,
+        answer: Any,
+        response: bytes,
+        token_ids: list[int],
+        logprobs: list[float],
+        prompt_token_ids: list[int],
+        policy_version: str,
+        upstream_ms: float,
+    ) -> Turn:
+        """Commit a freshly sampled turn, placing it in the tree (see the module docstring)."""
+        with self._tx() as db:
+            parent = None
+            lengths = [
+                r[0]
+                for r in db.execute(
+                    "SELECT DISTINCT after_len FROM turns WHERE episode_id = ? AND kind = ?",
+                    (episode_id, request.kind),
+                )
+            ]
+            for h in request.prefix_hashes(lengths):
+                parent = db.execute(
+                    "SELECT * FROM turns WHERE episode_id = ? AND after_hash = ? ORDER BY abandoned, id DESC LIMIT 1",
+                    (episode_id, h),
+                ).fetchone()
+                if parent is not None:
+                    break
+            parent_id = parent["id"] if parent is not None else None
+            siblings = db.execute(
+                "SELECT * FROM turns WHERE episode_id = ? AND parent_id IS ? AND abandoned = 0",
+                (episode_id, parent_id),
+            ).fetchall()
+            stale = [s for s in siblings if s["run"] < run and s["id"] > resumed_after_turn]
+            live = [s for s in siblings if s not in stale]
+            next_branch = (
+                (
+                    db.execute(
+                        "SELECT COALESCE(MAX(branch), -1) FROM turns WHERE episode_id = ?", (episode_id,)
+                    ).fetchone()[0]
+                )
+                + 1
+            )
+            base = parent["branch"] if parent is not None else 0
+            for s in stale:
+                # The diverged continuation keeps its turns under a new branch number; the new turn
+                # takes over the branch it was on.
+                self._abandon(
+                    db,
+                    s["id"],
+                    old_branch=s["branch"],
+                    new_branch=next_branch if s["branch"] == base else s["branch"],
+                )
+                next_branch += 1
+            branch = (
+                base
+                if not live and not (parent is None and self._has_live_root(db, episode_id))
+                else next_branch
+            )
+            after_hash, after_len = request.after(answer)
+            cursor = db.execute(
+                "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
+                " request, answer, response, token_ids, logprobs, prompt_token_ids, policy_version, upstream_ms,"
+                " created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
+                    json.dumps({"context": list(request.context), "params": request.params}), json.dumps(answer),
+                    response, json.dumps(token_ids), json.dumps(logprobs), json.dumps(prompt_token_ids),
+                    policy_version, upstream_ms, time.time(),
+                ),
+            )  # fmt: skip
+            return self._turn(db.execute("SELECT * FROM turns WHERE id = ?", (cursor.lastrowid,)).fetchone())
+
+    @staticmethod
+    def _has_live_root(db: sqlite3.Connection, episode_id: str) -> bool:
+        return (
+            db.execute(
+                "SELECT 1 FROM turns WHERE episode_id = ? AND parent_id IS NULL AND abandoned = 0",
+                (episode_id,),
+            ).fetchone()
+            is not None
+        )
+
+    def _abandon(self, db: sqlite3.Connection, turn_id: int, old_branch: int, new_branch: int) -> None:
+        todo = [turn_id]
+        while todo:
+            current = todo.pop()
+            db.execute(
+                "UPDATE turns SET abandoned = 1, branch = CASE WHEN branch = ? THEN ? ELSE branch END WHERE id = ?",
+                (old_branch, new_branch, current),
+            )
+            todo += [r[0] for r in db.execute("SELECT id FROM turns WHERE parent_id = ?", (current,))]
+
+    def mark_delivered(self, turn_id: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE turns SET delivered = 1 WHERE id = ?", (turn_id,))
+
+    def turns(self, episode_id: str) -> list[Turn]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM turns WHERE episode_id = ? ORDER BY id", (episode_id,)
+            ).fetchall()
+        return [self._turn(r) for r in rows]
+
+    def branches(self, episode_id: str) -> list[Branch]:
+        """Every branch with its aligned token arrays; branch 0 is the main one."""
+        by_branch: dict[int, list[Turn]] = {}
+        for t in self.turns(episode_id):
+            by_branch.setdefault(t.branch, []).append(t)
+        return [_aligned(b, turns) for b, turns in sorted(by_branch.items())]
+
+    # -- rewards ----------------------------------------------------------------------------
+
+    def record_verification(self, episode_id: str, v: Verification) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO verifications VALUES (?,?,?,?,?,?,?)",
+                (episode_id, v.reward, v.exit_code, int(v.timed_out), v.log, v.duration_ms, time.time()),
+            )
+
+    def verification(self, episode_id: str) -> Verification | None:
+        with self._lock:
+            r = self._db.execute("SELECT * FROM verifications WHERE episode_id = ?", (episode_id,)).fetchone()
+        if r is None:
+            return None
+        return Verification(
+            r["reward"], r["exit_code"], bool(r["timed_out"]), bytes(r["log"]), r["duration_ms"]
+        )
+
+
+def _aligned(branch: int, turns: list[Turn]) -> Branch:
+    """Lay a branch's turns out as one token sequence: context tokens (mask 0, log-prob 0) between
+    the sampled ones (mask 1, their behaviour log-probs), as the trainer consumes them."""
+    out = Branch(id=branch, turns=turns, abandoned=all(t.abandoned for t in turns))
+    for t in turns:
+        prompt = t.prompt_token_ids
+        # The next prompt normally extends everything so far; then only its new tail is context.
+        context = prompt[len(out.token_ids) :] if prompt[: len(out.token_ids)] == out.token_ids else prompt
+        out.token_ids += context + t.token_ids
+        out.logprobs += [0.0] * len(context) + t.logprobs
+        out.loss_mask += [0] * len(context) + [1] * len(t.token_ids)
+    return out
