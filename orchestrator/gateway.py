@@ -178,7 +178,7 @@ class Gateway:
             status, response = pending.result()
             return status, response, "replay"
         try:
-            status, response = self._sample(episode, kind, path, body, request)
+            status, response = self._sample(episode, kind, path, raw, body, request)
             pending.set_result((status, response))
             return status, response, "sampled"
         except BaseException as exc:
@@ -189,7 +189,13 @@ class Gateway:
                 self._inflight.pop(key, None)
 
     def _sample(
-        self, episode: Episode, kind: str, path: str, body: dict[str, Any], request: CanonicalRequest
+        self,
+        episode: Episode,
+        kind: str,
+        path: str,
+        raw: bytes,
+        body: dict[str, Any],
+        request: CanonicalRequest,
     ) -> tuple[int, bytes]:
         forwarded = dict(body)
         forwarded["return_token_ids"] = True
@@ -225,6 +231,7 @@ class Gateway:
             episode.runs,
             self.resumed_after(episode),
             request,
+            raw,
             sampled.answer,
             response,
             sampled.token_ids,

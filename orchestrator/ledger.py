@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS turns (
     after_hash TEXT NOT NULL,
     after_len INTEGER NOT NULL,
     request TEXT NOT NULL,
+    request_raw BLOB NOT NULL,
     answer TEXT NOT NULL,
     response BLOB NOT NULL,
     token_ids TEXT NOT NULL,
@@ -180,6 +181,8 @@ class Turn:
     branch: int
     run: int
     kind: str
+    request_raw: bytes
+    """The harness's request body as it arrived."""
     response: bytes
     token_ids: list[int]
     logprobs: list[float]
@@ -245,6 +248,7 @@ class Ledger:
             branch=r["branch"],
             run=r["run"],
             kind=r["kind"],
+            request_raw=bytes(r["request_raw"]),
             response=bytes(r["response"]),
             token_ids=json.loads(r["token_ids"]),
             logprobs=json.loads(r["logprobs"]),
@@ -281,6 +285,7 @@ class Ledger:
         run: int,
         resumed_after_turn: int,
         request: CanonicalRequest,
+        request_raw: bytes,
         answer: Any,
         response: bytes,
         token_ids: list[int],
@@ -340,12 +345,12 @@ class Ledger:
             after_hash, after_len = request.after(answer)
             cursor = db.execute(
                 "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
-                " request, answer, response, token_ids, logprobs, prompt_token_ids, policy_version, upstream_ms,"
-                " created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " request, request_raw, answer, response, token_ids, logprobs, prompt_token_ids, policy_version,"
+                " upstream_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
-                    json.dumps({"context": list(request.context), "params": request.params}), json.dumps(answer),
-                    response, json.dumps(token_ids), json.dumps(logprobs), json.dumps(prompt_token_ids),
+                    json.dumps({"context": list(request.context), "params": request.params}), request_raw,
+                    json.dumps(answer), response, json.dumps(token_ids), json.dumps(logprobs), json.dumps(prompt_token_ids),
                     policy_version, upstream_ms, time.time(),
                 ),
             )  # fmt: skip

@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 
 from sandbox_agent.errors import AgentError
+from sandbox_agent.forwarder import Forwarder, parse_target
+from sandbox_agent.network import GATEWAY_IP
 from sandbox_agent.node import Node
 from sandbox_agent.registration import Registration
 from sandbox_agent.service import serve
@@ -48,6 +50,10 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         "--advertise", default=env("STASIS_ADVERTISE", ""), help="HOST:PORT the orchestrator dials"
     )
     p.add_argument("--heartbeat", type=float, default=float(env("STASIS_HEARTBEAT_S", "1.0")))
+    p.add_argument(
+        "--gateway-forward", default=env("STASIS_GATEWAY_FORWARD", ""), help="HOST:PORT of the gateway"
+    )
+    p.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
     a = p.parse_args(argv)
     labels = dict(kv.split("=", 1) for kv in a.label if "=" in kv)
     return AgentSettings(
@@ -57,7 +63,7 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         listen=a.listen,
         base_image_tar=a.base_image_tar,
         criu=a.criu,
-        allowed_ports=tuple(a.allow_port),
+        allowed_ports=tuple(dict.fromkeys([*a.allow_port, *([a.gateway_port] if a.gateway_forward else [])])),
         slots=a.slots,
         memory_mb=a.memory_mb,
         labels=labels,
@@ -65,6 +71,8 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         orchestrator=a.orchestrator,
         advertise=a.advertise,
         heartbeat_s=a.heartbeat,
+        gateway_forward=a.gateway_forward,
+        gateway_port=a.gateway_port,
     )
 
 
@@ -79,6 +87,17 @@ def main(argv: list[str] | None = None) -> None:
     host = settings.listen.rsplit(":", 1)[0]
     address = f"{host}:{port}"
     print(f"stasis-agent node={settings.node} listening on {address}", flush=True)
+    forwarder = None
+    if settings.gateway_forward:
+        try:
+            target = parse_target(settings.gateway_forward)
+        except ValueError as exc:
+            sys.exit(f"stasis-agent: {exc}")
+        forwarder = Forwarder((GATEWAY_IP, settings.gateway_port), target).start()
+        print(
+            f"relaying {GATEWAY_IP}:{settings.gateway_port} to the gateway at {settings.gateway_forward}",
+            flush=True,
+        )
     registration = None
     if settings.orchestrator:
         registration = Registration(node, settings.orchestrator, settings.advertise or address)
@@ -90,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     # Sandboxes keep running: a restarted agent picks them up from its records.
     if registration:
         registration.stop()
+    if forwarder:
+        forwarder.stop()
     server.stop(grace=5).wait()
 
 

@@ -36,6 +36,11 @@ class AgentSettings:
     """Orchestrator address to register and heartbeat with; empty runs the agent standalone."""
     advertise: str = ""
     """Address the orchestrator should dial for this agent; empty means the bound listen address."""
+    gateway_forward: str = ""
+    """HOST:PORT of the orchestrator's gateway; the node relays 169.254.1.1:<gateway_port> to it.
+    Empty when the gateway listens on 169.254.1.1 itself (the local stack)."""
+    gateway_port: int = 8080
+    """Port on 169.254.1.1 where sandboxes find the gateway; also allowed through the isolation rules."""
     heartbeat_s: float = 1.0
     """Heartbeat period; the orchestrator declares a node lost after several missed ones."""
     labels: dict[str, str] = field(default_factory=dict)

@@ -100,6 +100,7 @@ class HarnessSettings:
     request_timeout: float
     server_retries: int
     retry_delay: float
+    step_delay: float
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> HarnessSettings:
@@ -115,6 +116,7 @@ class HarnessSettings:
             request_timeout=float(env.get("HARNESS_REQUEST_TIMEOUT", "600")),
             server_retries=int(env.get("HARNESS_SERVER_RETRIES", "5")),
             retry_delay=float(env.get("HARNESS_RETRY_DELAY", "0.5")),
+            step_delay=float(env.get("HARNESS_STEP_DELAY_S", "0")),
         )
 
 
@@ -286,6 +288,8 @@ def run(settings: HarnessSettings) -> int:
             )
         tool_calls += len(calls)
         write_progress(settings.workdir, turn, "running", tool_calls)
+        # Stands in for the minutes real tools take between model calls.
+        time.sleep(settings.step_delay)
     else:
         log(f"no answer after {settings.max_turns} turns")
         write_progress(settings.workdir, settings.max_turns, "max_turns", tool_calls)

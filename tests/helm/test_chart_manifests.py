@@ -84,11 +84,6 @@ def test_agent_flags_point_at_the_orchestrator_service(reference_install: list[M
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-@pytest.mark.xfail(
-    reason="stasis-agent does not accept --gateway-forward yet; remove this mark once it does",
-    raises=SystemExit,
-    strict=False,
-)
 def test_agent_flags_parse_with_the_real_agent(reference_install: list[Manifest]) -> None:
     """The DaemonSet's arguments, with the kubelet's $(VAR) expansion done, parse in stasis-agent."""
     agent = container(find(reference_install, "DaemonSet", AGENT), "agent")
@@ -96,6 +91,7 @@ def test_agent_flags_parse_with_the_real_agent(reference_install: list[Manifest]
     settings = agent_main.settings_from_args(expanded)
     assert settings.node == "node-a"
     assert settings.allowed_ports == (8080,)
+    assert settings.gateway_forward.endswith(":8080") and settings.gateway_port == 8080
     assert (settings.slots, settings.memory_mb, settings.backend) == (4, 16384, "runc")
 
 
