@@ -94,6 +94,8 @@ def agent_command(settings: LocalSettings, name: str, orchestrator: str, gateway
         sys.executable, "-m", "sandbox_agent",
         "--node", name,
         "--root", str(state_dir / "nodes" / name),
+        # Nodes on one machine share the read-only image trees instead of importing them each.
+        "--image-cache", str(state_dir / "images"),
         "--listen", "127.0.0.1:0",
         "--orchestrator", orchestrator,
         "--snapshot-store", f"file://{state_dir / 'snapshots'}",

@@ -12,12 +12,14 @@ log = logging.getLogger(__name__)
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy one direction; when it ends, end both, and close the socket this direction read."""
     with contextlib.suppress(OSError):
         while data := src.recv(65536):
             dst.sendall(data)
     for s in (src, dst):
         with contextlib.suppress(OSError):
             s.shutdown(socket.SHUT_RDWR)
+    src.close()
 
 
 class Forwarder:

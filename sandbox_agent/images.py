@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -10,6 +11,7 @@ import stat
 import tempfile
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,7 +79,29 @@ class ImageCache:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self._names_file = self.root / "names.json"
-        self._lock = threading.Lock()
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+
+    @contextmanager
+    def importing(self) -> Iterator[None]:
+        """Hold the cache for a check-then-import. Agents of several nodes on one machine may
+        share a cache, so a file lock orders them as well as the threads of one agent."""
+        with self._thread_lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            with open(self.root / ".lock", "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                self._depth = 1
+                try:
+                    yield
+                finally:
+                    self._depth = 0
+                    fcntl.flock(f, fcntl.LOCK_UN)
 
     def _names(self) -> dict[str, str]:
         try:
@@ -146,7 +170,7 @@ class ImageCache:
             rootfs.mkdir()
             fill(rootfs)  # type: ignore[operator]
             digest, size = tree_digest(rootfs)
-            with self._lock:
+            with self.importing():
                 final = self._dir(digest)
                 if not (final / "image.json").exists():
                     shutil.rmtree(final, ignore_errors=True)

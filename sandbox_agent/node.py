@@ -97,7 +97,7 @@ class Node:
         self.settings = settings
         self.name = validate_id("node", settings.node)
         settings.root.mkdir(parents=True, exist_ok=True)
-        self.images = ImageCache(settings.root / "images")
+        self.images = ImageCache(settings.image_cache or settings.root / "images")
         self.backend = backend or make_backend(settings)
         self.criu_version = criu_version(settings.criu)
         self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
@@ -119,12 +119,13 @@ class Node:
         tar = self.settings.base_image_tar
         if tar is None:
             return
-        try:
-            self.images.resolve("base")
-        except NotFound:
-            if tar.is_file():
-                image = self.images.import_tarball(tar, name="base")
-                log.info("node %s imported base image %s", self.name, image.digest)
+        with self.images.importing():
+            try:
+                self.images.resolve("base")
+            except NotFound:
+                if tar.is_file():
+                    image = self.images.import_tarball(tar, name="base")
+                    log.info("node %s imported base image %s", self.name, image.digest)
 
     def _recover(self) -> None:
         """Drop half-made sandboxes and containers that have no record after a crash."""

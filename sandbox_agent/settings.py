@@ -18,6 +18,8 @@ class AgentSettings:
     """`runc` (default: no daemon in the checkpoint path) or `docker` (a Docker Engine on the node)."""
     listen: str = "127.0.0.1:0"
     """gRPC listen address; port 0 picks a free one and the agent prints it."""
+    image_cache: Path | None = None
+    """Read-only image trees, keyed by digest; default <root>/images. Nodes on one machine may share one."""
     base_image_tar: Path | None = DEFAULT_BASE_IMAGE_TAR
     """Imported as image `base` at start if the cache lacks it; built by scripts/host-setup.sh."""
     criu: str = "criu"

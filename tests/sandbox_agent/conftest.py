@@ -19,8 +19,14 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(scope="session")
+def image_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One image cache for every test node: the base image is imported once per session."""
+    return tmp_path_factory.mktemp("images")
+
+
 @pytest.fixture
-def make_node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[NodeFactory]:
+def make_node(tmp_path: Path, image_cache: Path, request: pytest.FixtureRequest) -> Iterator[NodeFactory]:
     """Nodes with their own roots on this host; every sandbox they hold is deleted at the end."""
     nodes: list[Node] = []
 
@@ -31,6 +37,7 @@ def make_node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[NodeFa
         settings = AgentSettings(
             node=name,
             root=tmp_path / name,
+            image_cache=image_cache,
             backend=backend,
             docker_url=docker_url,
             **overrides,  # type: ignore[arg-type]

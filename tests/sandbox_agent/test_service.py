@@ -49,7 +49,7 @@ def test_lifecycle_over_grpc(
     assert [s.id for s in a.ListSandboxes(pb.ListSandboxesRequest()).sandboxes] == ["s1"]
     info = a.GetNodeInfo(pb.GetNodeInfoRequest())
     assert info.name == "node-a" and info.running == 1 and info.criu_version.startswith("4.")
-    assert [list(i.names) for i in info.images] == [["base"]]
+    assert any("base" in i.names for i in info.images)
 
     result = a.Checkpoint(pb.CheckpointRequest(sandbox_id="s1", directory=str(tmp_path / "ck")))
     assert result.timings.dump_ms > 0 and result.criu_bytes > 0 and result.layer_bytes > 0

@@ -1,0 +1,349 @@
+"""Agent episodes through the gateway, for real: preemptions across nodes, an in-flight request
+at freeze time, the official openai SDK in an imported image, isolation and rewards."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import StasisClient
+from orchestrator.local import LocalStack
+from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from tests.orchestrator.conftest import REPO, cli, wait_until
+
+HARNESS = (REPO / "examples" / "harness" / "agent.py").read_bytes()
+GRADER = b"""\
+import json, os
+progress = json.load(open("/work/progress.json"))
+print("turns=%d status=%s" % (progress["turn"], progress["status"]))
+print(1.0 if progress["status"] == "answered" else 0.0)
+"""
+
+
+@pytest.fixture
+def model() -> Iterator[ReferenceModelServer]:
+    server = ReferenceModelServer(ReferenceModelSettings(seed=11, mean_tool_turns=14)).start()
+    yield server
+    server.stop()
+
+
+def harness_spec(**env: str) -> dict[str, Any]:
+    return {
+        "image": "base",
+        "command": ["python3", "/harness/agent.py"],
+        "env": {"HARNESS_MAX_TURNS": "60", **env},
+        "files": {"/harness/agent.py": {"base64": __import__("base64").b64encode(HARNESS).decode()}},
+        "resources": {"cpus": 0.5, "memory_mb": 512},
+        "reward": {
+            "command": ["python3", "/grader/grade.py"],
+            "files": {"/grader/grade.py": GRADER.decode()},
+        },
+    }
+
+
+def _main_chain_is_whole(turns: list[Any]) -> None:
+    assert len({t.id for t in turns}) == len(turns), "a turn appears twice"
+    assert all(t.index == i for i, t in enumerate(turns))
+    for parent, child in itertools.pairwise(turns):
+        assert child.parent_id == parent.id, "a gap in the main branch"
+
+
+@pytest.mark.timeout(420)
+def test_example_harness_through_three_preemptions(
+    make_stack: Callable[..., LocalStack], model: ReferenceModelServer
+) -> None:
+    stack = make_stack(nodes=2, slots=1, upstream=model.url)
+    with StasisClient(stack.address) as c:
+        episode = c.submit(harness_spec(HARNESS_STEP_DELAY_S="0.6"))
+        nodes = []
+        for target in ("node-2", "node-1", "node-2"):
+            running = c.wait(episode.id, ["RUNNING"], timeout_s=90)
+            nodes.append(running.node)
+            wait_until(lambda: c.trajectory(episode.id).main.turns, 60, "a turn")
+            time.sleep(1.5)
+            c.preempt(episode.id, reason="e2e")
+            c.wait(episode.id, ["PREEMPTED"], timeout_s=90)
+            c.resume(episode.id, node=target if target != nodes[-1] else "")
+        nodes.append(c.wait(episode.id, ["RUNNING"], timeout_s=90).node)
+        final = c.wait(episode.id, ["SUCCEEDED"], timeout_s=240)
+        assert final.snapshots == 3 and final.reward == 1.0
+        assert {"node-1", "node-2"} <= set(nodes)
+
+        t = c.trajectory(episode.id, include_branches=True)
+        completed = int(t.verifier_log.split("turns=")[1].split()[0])
+        turns = t.main.turns
+        _main_chain_is_whole(turns)
+        assert len(turns) == completed, "exactly one turn per request the harness completed"
+        assert not any(b.turns and not b.abandoned for b in t.branches), (
+            "a single-threaded harness has one live branch"
+        )
+        # Each recorded log-prob is what the model server returned for that sampled token.
+        for turn, record in zip(
+            turns, [tt for tt in _ledger_turns(stack, episode.id) if tt.branch == 0], strict=True
+        ):
+            body = json.loads(record.request_raw)
+            scored = model.model.score_chat(body, turn.token_ids)
+            assert [d.logprob(tok) for d, tok in zip(scored, turn.token_ids, strict=True)] == turn.logprobs
+            returned = json.loads(record.response)["choices"][0]["logprobs"]["content"]
+            assert [e["logprob"] for e in returned] == turn.logprobs
+        assert len(t.main.token_ids) == len(t.main.logprobs) == len(t.main.loss_mask)
+        assert sum(t.main.loss_mask) == sum(len(tt.token_ids) for tt in turns)
+
+        data = json.loads(cli(stack.address, "trajectory", episode.id, "-o", "json").stdout)
+        assert data["reward"] == 1.0 and len([x for x in data["turns"] if x["branch"] == 0]) == completed
+        for key in ("index", "branch", "replayed", "token_ids", "logprobs", "policy_version"):
+            assert all(key in x for x in data["turns"]), key
+
+
+def _ledger_turns(stack: LocalStack, episode_id: str) -> list[Any]:
+    assert stack.orchestrator is not None
+    return stack.orchestrator.ledger.turns(episode_id)
+
+
+class SlowUpstream:
+    """A proxy that holds every model response for `delay_s`, so a request is in flight at freeze time."""
+
+    def __init__(self, target: str, delay_s: float) -> None:
+        import http.server
+        import urllib.request
+
+        self.requests = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                outer.requests += 1
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                req = urllib.request.Request(
+                    target + self.path.removeprefix("/v1"),
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(req) as resp:
+                    data, version = resp.read(), resp.headers.get("x-policy-version", "")
+                time.sleep(delay_s)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("x-policy-version", version)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+IN_FLIGHT = r"""
+import hashlib, json, os, time, urllib.request
+body = json.dumps({"model": "reference", "messages": [{"role": "user", "content": "one question"}], "seed": 9}).encode()
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+    headers={"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+attempt = 0
+while True:
+    attempt += 1
+    print("attempt", attempt, flush=True)
+    try:
+        data = opener.open(req, timeout=60).read()
+        break
+    except Exception as exc:
+        print("retry after", type(exc).__name__, flush=True)
+        time.sleep(0.2)
+print("sha", hashlib.sha256(data).hexdigest(), flush=True)
+print(hashlib.sha256(data).hexdigest())
+"""
+
+
+@pytest.mark.timeout(240)
+def test_request_in_flight_at_freeze_is_served_from_the_ledger(
+    make_stack: Callable[..., LocalStack], model: ReferenceModelServer
+) -> None:
+    slow = SlowUpstream(model.url, delay_s=4.0)
+    try:
+        stack = make_stack(nodes=2, slots=1, upstream=slow.url)
+        with StasisClient(stack.address) as c:
+            spec = {
+                "image": "base",
+                "command": ["python3", "-c", IN_FLIGHT],
+                # The reward is the sha of the bytes the harness finally received, read back by the verifier.
+                "reward": {"command": ["sh", "-c", "grep ^sha /.stasis/harness.log | tail -1; echo 1"]},
+            }
+            episode = c.submit(spec)
+            first = c.wait(episode.id, ["RUNNING"], timeout_s=60).node
+            wait_until(lambda: slow.requests == 1, 30, "the request to reach the model server")
+            c.preempt(episode.id)  # the harness is blocked on its request: it is frozen mid-flight
+            c.wait(episode.id, ["PREEMPTED"], timeout_s=60)
+            c.resume(episode.id, node="node-2" if first == "node-1" else "node-1")
+            final = c.wait(episode.id, ["SUCCEEDED"], timeout_s=120)
+            assert final.runs == 2
+            (turn,) = _ledger_turns(stack, episode.id)
+            assert turn.replays >= 1, "the retried request was answered from the ledger"
+            assert slow.requests == 1, "and never sampled twice"
+            log = c.trajectory(episode.id).verifier_log
+            assert f"sha {hashlib.sha256(turn.response).hexdigest()}" in log, "byte for byte"
+            assert c.trajectory(episode.id).main.turns[0].replayed
+    finally:
+        slow.stop()
+
+
+OPENAI_HARNESS = r"""
+import json, os, time
+from openai import OpenAI
+client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY come from Stasis
+messages = [{"role": "user", "content": "count to three"}]
+for turn in range(6):
+    reply = client.chat.completions.create(model="reference", messages=messages, max_tokens=12, logprobs=True)
+    messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    messages.append({"role": "user", "content": "go on"})
+    print("turn", turn, reply.system_fingerprint, flush=True)
+    time.sleep(1.0)
+json.dump({"turns": 6}, open("/result.json", "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def openai_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The base image plus the official openai SDK, as a directory to import."""
+    root = tmp_path_factory.mktemp("openai-image") / "rootfs"
+    subprocess.run(
+        ["tar", "-xf", "/var/cache/stasis/images/base/rootfs.tar", "--numeric-owner", "-C", str(root.parent)],
+        check=True,
+    )
+    (root.parent / ".").rename(root) if False else None
+    return root.parent
+
+
+@pytest.mark.timeout(420)
+def test_official_openai_sdk_harness_survives_preemption(
+    make_stack: Callable[..., LocalStack], model: ReferenceModelServer, openai_image: Path
+) -> None:
+    stack = make_stack(nodes=2, slots=1, upstream=model.url)
+    for name in stack.agents:
+        _import_image(stack, name, openai_image)
+    with StasisClient(stack.address) as c:
+        episode = c.submit({"image": "openai", "command": ["python3", "-c", OPENAI_HARNESS]})
+        first = c.wait(episode.id, ["RUNNING"], timeout_s=60).node
+        wait_until(lambda: len(c.trajectory(episode.id).main.turns) >= 2, 60, "two turns")
+        c.preempt(episode.id)
+        c.wait(episode.id, ["PREEMPTED"], timeout_s=60)
+        c.resume(episode.id, node="node-2" if first == "node-1" else "node-1")
+        final = c.wait(episode.id, ["SUCCEEDED"], timeout_s=120)
+        assert final.exit_code == 0
+        turns = c.trajectory(episode.id).main.turns
+        assert len(turns) == 6 and len({t.id for t in turns}) == 6
+
+
+def _import_image(stack: LocalStack, node: str, directory: Path) -> None:
+    import grpc
+
+    from protos.stasis.v1 import agent_pb2, agent_pb2_grpc
+
+    address = next(n.address for n in StasisClient(stack.address).nodes() if n.name == node)
+    with grpc.insecure_channel(address) as channel:
+        agent_pb2_grpc.SandboxAgentStub(channel).ImportImage(
+            agent_pb2.ImportImageRequest(name="openai", directory=str(directory)), timeout=300
+        )
+    wait_until(
+        lambda: any(
+            "openai" in names
+            for n in StasisClient(stack.address).nodes()
+            if n.name == node
+            for names in n.images.values()
+        ),
+        30,
+        "image known",
+    )
+
+
+ISOLATION = r"""
+import os, socket, sys, urllib.request
+def reach(host, port):
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return "open"
+    except OSError as exc:
+        return type(exc).__name__
+gateway = os.environ["OPENAI_BASE_URL"].split("//")[1].split("/")[0]
+host, port = gateway.split(":")
+print("gateway", reach(host, int(port)), flush=True)
+for target in sys.argv[1:]:
+    h, p = target.split(":")
+    print("other", target, reach(h, int(p)), flush=True)
+hidden = [p for p in ("/grader", "/grader/grade.py") if os.path.exists(p)]
+print("hidden files seen:", hidden, flush=True)
+open("/work-result", "w").write("done")
+"""
+
+
+@pytest.mark.timeout(180)
+def test_sandbox_reaches_only_the_gateway_and_never_sees_reward_files(
+    make_stack: Callable[..., LocalStack], model: ReferenceModelServer
+) -> None:
+    stack = make_stack(nodes=1, slots=1, upstream=model.url)
+    servers = [socket.create_server((addr, 0)) for addr in ("169.254.1.1", "127.0.0.1")]
+    targets = [f"{s.getsockname()[0]}:{s.getsockname()[1]}" for s in servers]
+    try:
+        with StasisClient(stack.address) as c:
+            grader = "import os\nprint('saw harness output:', os.path.exists('/work-result'))\nprint(0.5)\n"
+            episode = c.submit(
+                {
+                    "image": "base",
+                    "command": ["python3", "-c", ISOLATION, *targets],
+                    "reward": {
+                        "command": ["sh", "-c", "cat /.stasis/harness.log; python3 /grader/grade.py"],
+                        "files": {"/grader/grade.py": grader},
+                    },
+                }
+            )
+            final = c.wait(episode.id, ["SUCCEEDED"], timeout_s=90)
+            assert final.reward == 0.5
+            log = c.trajectory(episode.id).verifier_log
+            assert "saw harness output: True" in log
+            assert "gateway open" in log
+            for target in targets:
+                assert f"other {target} " in log and f"other {target} open" not in log
+            assert "hidden files seen: []" in log
+    finally:
+        for s in servers:
+            s.close()
+
+
+@pytest.mark.timeout(120)
+def test_crashing_verifier_fails_the_episode(
+    make_stack: Callable[..., LocalStack], model: ReferenceModelServer
+) -> None:
+    stack = make_stack(nodes=1, slots=1, upstream=model.url)
+    with StasisClient(stack.address) as c:
+        crash = c.submit(
+            {
+                "image": "base",
+                "command": ["true"],
+                "reward": {"command": ["sh", "-c", "echo boom >&2; exit 4"]},
+            }
+        )
+        no_number = c.submit(
+            {"image": "base", "command": ["true"], "reward": {"command": ["echo", "great job"]}}
+        )
+        for episode_id, words in ((crash.id, "exit code 4"), (no_number.id, "'great job' is not a number")):
+            with pytest.raises(Exception, match="FAILED"):
+                c.wait(episode_id, ["SUCCEEDED"], timeout_s=90)
+            failed = c.get(episode_id)
+            assert failed.state == "FAILED" and failed.reward is None and words in failed.reason
