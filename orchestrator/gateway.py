@@ -176,7 +176,8 @@ class Gateway:
             # The same request is already with the upstream (a retry of an in-flight request):
             # it gets the same recorded answer, not a second sample.
             status, response = pending.result()
-            return status, response, "replay"
+            recorded = self.ledger.replay(episode.id, request)  # counts this delivery as a replay
+            return (200, recorded.response, "replay") if recorded else (status, response, "replay")
         try:
             status, response = self._sample(episode, kind, path, raw, body, request)
             pending.set_result((status, response))

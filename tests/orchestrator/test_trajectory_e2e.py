@@ -8,6 +8,7 @@ import itertools
 import json
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -222,13 +223,13 @@ json.dump({"turns": 6}, open("/result.json", "w"))
 @pytest.fixture(scope="module")
 def openai_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The base image plus the official openai SDK, as a directory to import."""
-    root = tmp_path_factory.mktemp("openai-image") / "rootfs"
-    subprocess.run(
-        ["tar", "-xf", "/var/cache/stasis/images/base/rootfs.tar", "--numeric-owner", "-C", str(root.parent)],
-        check=True,
-    )
-    (root.parent / ".").rename(root) if False else None
-    return root.parent
+    root = tmp_path_factory.mktemp("openai-image")
+    base = "/var/cache/stasis/images/base/rootfs.tar"
+    subprocess.run(["tar", "-xf", base, "--numeric-owner", "--xattrs", "-C", str(root)], check=True)
+    site = root / "usr" / "lib" / "python3" / "dist-packages"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(site), "--python-version", "3.11"]
+    subprocess.run([*pip, "--only-binary=:all:", "--no-compile", "openai"], check=True)
+    return root
 
 
 @pytest.mark.timeout(420)
@@ -239,14 +240,21 @@ def test_official_openai_sdk_harness_survives_preemption(
     for name in stack.agents:
         _import_image(stack, name, openai_image)
     with StasisClient(stack.address) as c:
-        episode = c.submit({"image": "openai", "command": ["python3", "-c", OPENAI_HARNESS]})
+        episode = c.submit(
+            {
+                "image": "openai",
+                "command": ["python3", "-c", OPENAI_HARNESS],
+                # The verifier reads the harness's log: the SDK's own output, then the reward.
+                "reward": {"command": ["sh", "-c", "grep -c ^turn /.stasis/harness.log"]},
+            }
+        )
         first = c.wait(episode.id, ["RUNNING"], timeout_s=60).node
         wait_until(lambda: len(c.trajectory(episode.id).main.turns) >= 2, 60, "two turns")
         c.preempt(episode.id)
         c.wait(episode.id, ["PREEMPTED"], timeout_s=60)
         c.resume(episode.id, node="node-2" if first == "node-1" else "node-1")
         final = c.wait(episode.id, ["SUCCEEDED"], timeout_s=120)
-        assert final.exit_code == 0
+        assert final.exit_code == 0 and final.reward == 6.0, "the harness printed six turns"
         turns = c.trajectory(episode.id).main.turns
         assert len(turns) == 6 and len({t.id for t in turns}) == 6
 
