@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -103,7 +104,12 @@ class Commands:
                 snapshot_store=a.snapshot_store,
                 node_lost_after_s=a.node_lost_after,
                 gateway_listen=a.gateway_listen,
+                gateway_port=a.gateway_port,
                 upstream=a.upstream,
+                gc_keep_last=a.gc_keep_last,
+                default_time_slice_s=a.default_time_slice,
+                default_priority=a.default_priority,
+                kube_watch=a.kube_watch,
             )
         ).start()
         print(f"stasis server listening on {orchestrator.address}", file=self.out, flush=True)
@@ -316,13 +322,28 @@ def parser() -> argparse.ArgumentParser:
         "--upstream", default="", help="OpenAI-compatible model server (default: the reference model)"
     )
 
-    srv = sub.add_parser("server", help="run the orchestrator alone (cluster mode)")
-    srv.add_argument("--listen", default="0.0.0.0:7070")
-    srv.add_argument("--state-dir", default="/var/lib/stasis")
-    srv.add_argument("--snapshot-store", default="")
-    srv.add_argument("--node-lost-after", type=float, default=10.0)
-    srv.add_argument("--gateway-listen", default="")
-    srv.add_argument("--upstream", default="")
+    env = os.environ.get
+    srv = sub.add_parser(
+        "server", help="run the orchestrator alone (cluster mode); flags default to $STASIS_*"
+    )
+    srv.add_argument("--listen", default=env("STASIS_LISTEN", "0.0.0.0:7070"))
+    srv.add_argument("--state-dir", default=env("STASIS_STATE_DIR", "/var/lib/stasis"))
+    srv.add_argument("--snapshot-store", default=env("STASIS_SNAPSHOT_STORE", ""))
+    srv.add_argument("--node-lost-after", type=float, default=float(env("STASIS_NODE_LOST_AFTER", "10")))
+    srv.add_argument("--gateway-listen", default=env("STASIS_GATEWAY_LISTEN", ""))
+    srv.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
+    srv.add_argument("--upstream", default=env("STASIS_UPSTREAM", ""))
+    srv.add_argument("--gc-keep-last", type=int, default=int(env("STASIS_GC_KEEP_LAST", "3")))
+    srv.add_argument(
+        "--default-time-slice", type=float, default=float(env("STASIS_DEFAULT_TIME_SLICE_SECONDS", "0"))
+    )
+    srv.add_argument("--default-priority", type=int, default=int(env("STASIS_DEFAULT_PRIORITY", "0")))
+    srv.add_argument(
+        "--kube-watch",
+        action=argparse.BooleanOptionalAction,
+        default=bool(env("KUBERNETES_SERVICE_HOST")),
+        help="drain nodes Kubernetes is reclaiming (default: on inside a cluster)",
+    )
 
     s = sub.add_parser("submit", help="submit an episode; prints its id")
     s.add_argument("-f", "--file", required=True, help="episode spec, YAML or JSON")

@@ -34,12 +34,13 @@ class Upstream:
     """An OpenAI-compatible model server."""
 
     base_url: str
-    """Up to and including /v1, e.g. http://vllm:8000/v1."""
+    """The server's OpenAI base URL, e.g. http://vllm:8000/v1; a URL without the /v1 gets it."""
     api_key: str = ""
     timeout_s: float = 600.0
 
     def post(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
-        url = urllib.parse.urlsplit(self.base_url.rstrip("/") + path)
+        base = self.base_url.rstrip("/")
+        url = urllib.parse.urlsplit((base if base.endswith("/v1") else base + "/v1") + path)
         conn_type = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         conn = conn_type(url.hostname or "127.0.0.1", url.port, timeout=self.timeout_s)
         headers = {"Content-Type": "application/json", "Accept": "application/json"}

@@ -23,13 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from orchestrator._sqlite import Database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS turns (
@@ -217,27 +217,14 @@ class Ledger:
     """Durable turns in the orchestrator's database file (its own connection, WAL, fsync)."""
 
     def __init__(self, path: Path) -> None:
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # record before deliver means on disk before deliver
-        self._db.executescript(SCHEMA)
-        self._lock = threading.RLock()
+        # Record before deliver: a turn's commit is on disk before its response leaves.
+        self._database = Database(path, SCHEMA)
+        self._db = self._database.db
+        self._lock = self._database.lock
+        self._tx = self._database.tx
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        self._database.close()
 
     @staticmethod
     def _turn(r: sqlite3.Row) -> Turn:

@@ -4,7 +4,6 @@ own root and name, sharing nothing with the others but the snapshot store."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import signal
 import socket
@@ -24,13 +23,6 @@ from orchestrator.server import GATEWAY_IP, Orchestrator
 from orchestrator.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # An agent must not outlive a `stasis up` that was killed outright.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -64,12 +56,10 @@ class AgentProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
+            # No preexec_fn: running Python in a forked child of a process with gRPC threads can
+            # abort it; the agent watches for its parent's death itself (--exit-with-parent).
             self.process = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
             )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -102,6 +92,7 @@ def agent_command(settings: LocalSettings, name: str, orchestrator: str, gateway
         "--slots", str(settings.slots),
         "--memory-mb", str(settings.memory_mb),
         "--backend", settings.backend,
+        "--exit-with-parent",  # an agent must not outlive a `stasis up` that was killed outright
         *(["--allow-port", str(gateway_port)] if gateway_port else []),
     ]  # fmt: skip
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from concurrent import futures
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -49,6 +50,7 @@ class Orchestrator:
             gateway_env=self._gateway_env,
         )
         self.gateway: Gateway | None = None
+        self.watcher: Any = None
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="api"),
             options=[
@@ -98,6 +100,10 @@ class Orchestrator:
         log.info("orchestrator listening on %s, state in %s", self.address, self.settings.state_dir)
         if gateway and self.settings.gateway_listen:
             self.start_gateway()
+        if self.settings.kube_watch:
+            from orchestrator.kube import NodeWatcher
+
+            self.watcher = NodeWatcher(self.control, self.store).start()
         return self
 
     def start_gateway(self) -> Gateway:
@@ -116,6 +122,8 @@ class Orchestrator:
     def stop(self) -> None:
         for name in ("stasis.v1.Stasis", "stasis.v1.NodeRegistry", ""):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.watcher is not None:
+            self.watcher.stop()
         if self.gateway is not None:
             self.gateway.stop()
         self.server.stop(grace=2).wait()

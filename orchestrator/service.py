@@ -8,6 +8,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
@@ -33,7 +34,7 @@ from orchestrator.errors import (
     TemporaryError,
 )
 from orchestrator.ledger import Ledger
-from orchestrator.model import TERMINAL, Episode, NodeRecord, NodeState, Reason
+from orchestrator.model import TERMINAL, Episode, EpisodeSpec, NodeRecord, NodeState, Reason
 from orchestrator.scheduler import occupies_node
 from orchestrator.store import SqliteStateStore
 from protos.stasis.v1 import stasis_pb2 as pb
@@ -105,11 +106,23 @@ class StasisService(pb_grpc.StasisServicer):
     def SubmitEpisode(self, request: pb.SubmitEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
-        spec = spec_from_pb(request.spec)
+        spec = self._with_defaults(spec_from_pb(request.spec))
         self._check_image(spec.image)
         episode = self.store.submit(spec, request.request_id, self.control.pool_of_addresses)
         self.control.wake()
         return episode_to_pb(episode, time.time())
+
+    def _with_defaults(self, spec: EpisodeSpec) -> EpisodeSpec:
+        s = self.control.settings
+        p = spec.preemption
+        return replace(
+            spec,
+            preemption=replace(
+                p,
+                time_slice_s=p.time_slice_s or s.default_time_slice_s,
+                priority=p.priority or s.default_priority,
+            ),
+        )
 
     def _check_image(self, image: str) -> None:
         nodes = [n for n in self.store.nodes() if n.state != NodeState.LOST]
@@ -139,7 +152,7 @@ class StasisService(pb_grpc.StasisServicer):
         for episode_id in request.episode_ids:
             self.store.get(episode_id)
         since = request.since_seq
-        while context.is_active():
+        while context.is_active() and not self.store.closed:
             events = self.store.events(since, request.episode_ids)
             for ev in events:
                 yield event_to_pb(ev)
@@ -248,7 +261,7 @@ class StasisService(pb_grpc.StasisServicer):
     ) -> Iterator[pb.Trajectory]:
         labels = dict(request.labels)
         since = request.since_seq
-        while context.is_active():
+        while context.is_active() and not self.store.closed:
             events = self.store.events(since)
             for ev in events:
                 since = ev.seq

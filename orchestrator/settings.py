@@ -35,6 +35,12 @@ class OrchestratorSettings:
     """Snapshots kept per live episode; older ones are collected. The latest is always kept."""
     gc_grace_s: float = 600.0
     """An ended episode's snapshots stay this long for inspection and export before collection."""
+    default_time_slice_s: float = 0.0
+    """Time slice for episodes whose spec gives none (0); 0 here too means no time-slicing."""
+    default_priority: int = 0
+    """Priority for episodes whose spec gives none (0)."""
+    kube_watch: bool = False
+    """Watch Kubernetes nodes and drain the Stasis node of a node being reclaimed (in a cluster)."""
     gateway_port: int = 8080
     """Port of the inference gateway as sandboxes see it, on 169.254.1.1."""
     gateway_listen: str = ""

@@ -14,11 +14,11 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator._sqlite import Database
 from orchestrator.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
 from orchestrator.model import (
     ALLOWED,
@@ -168,31 +168,16 @@ class SqliteStateStore:
     """The embedded store: one SQLite file in WAL mode, fsync on every commit."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a commit that returned is on disk, so a SIGKILL or power cut loses no transition.
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        self._lock = threading.RLock()
+        self._database = Database(path, SCHEMA, on_commit=lambda: self._changed.notify_all())
+        self._db = self._database.db
+        self._lock = self._database.lock
         self._changed = threading.Condition(self._lock)
+        self._tx = self._database.tx
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        self._database.close()
+        with self._changed:
             self._changed.notify_all()
 
     # -- episodes ---------------------------------------------------------------------------
@@ -448,11 +433,18 @@ class SqliteStateStore:
             rows = self._db.execute(query + " ORDER BY seq LIMIT ?", (*args, limit)).fetchall()
         return [Event(**dict(r)) for r in rows]
 
+    @property
+    def closed(self) -> bool:
+        return self._database.closed
+
     def wait_for_events(self, since_seq: int, timeout: float) -> bool:
-        """Block until an event newer than since_seq exists or timeout passes."""
+        """Block until an event newer than since_seq exists, the store closes, or timeout passes."""
         with self._changed:
             return self._changed.wait_for(
-                lambda: (self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0) > since_seq,
+                lambda: (
+                    self.closed
+                    or (self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0) > since_seq
+                ),
                 timeout=timeout,
             )
 

@@ -54,6 +54,7 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     p.add_argument(
         "--gateway-forward", default=env("STASIS_GATEWAY_FORWARD", ""), help="HOST:PORT of the gateway"
     )
+    p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process dies")
     p.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
     a = p.parse_args(argv)
     labels = dict(kv.split("=", 1) for kv in a.label if "=" in kv)
@@ -78,8 +79,17 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     )
 
 
+def _watch_parent(stop: threading.Event) -> None:
+    parent = os.getppid()
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            logging.getLogger(__name__).warning("the process that started this agent is gone; stopping")
+            stop.set()
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    exit_with_parent = "--exit-with-parent" in (argv if argv is not None else sys.argv[1:])
     settings = settings_from_args(argv)
     try:
         node = Node(settings)
@@ -107,13 +117,15 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if exit_with_parent:
+        threading.Thread(target=_watch_parent, args=(stop,), daemon=True).start()
     stop.wait()
     # Sandboxes keep running: a restarted agent picks them up from its records.
     if registration:
         registration.stop()
     if forwarder:
         forwarder.stop()
-    server.stop(grace=5).wait()
+    server.stop(grace=1).wait()
 
 
 if __name__ == "__main__":

@@ -87,3 +87,41 @@ def test_corrupt_chunk_fails_the_restore(make_node: NodeFactory, tmp_path: Path)
     assert a.get("c1").state == SandboxState.RUNNING
     with SnapshotStore.open(url) as store:
         assert not store.verify("c-s1").ok
+
+
+DIRTY_TENTH = r"""
+import os, random, time
+size = 64 << 20
+buf = bytearray(random.Random(2).randbytes(size))
+print("ready", flush=True)
+while not os.path.exists("/go"):
+    time.sleep(0.05)
+# Dirty a tenth of the memory in 16 stretches spread over the buffer.
+rng, stretch = random.Random(3), size // 10 // 16
+for i in range(16):
+    start = i * (size // 16)
+    buf[start:start + stretch] = rng.randbytes(stretch)
+print("changed", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_snapshot_after_a_tenth_of_memory_changed_adds_little(make_node: NodeFactory, tmp_path: Path) -> None:
+    node = make_node("node-a", snapshot_store=f"file://{tmp_path}/store")
+    node.create("dirty", SandboxSpec(image="base", command=("python3", "-c", DIRTY_TENTH)))
+    wait_for_log(node, "dirty", lambda t: "ready" in t)
+    _, first = node.checkpoint_to_store(
+        "dirty", SnapshotTarget("d-s1", "d", 1, "autosave"), leave_running=True
+    )
+    (node.settings.root / "sandboxes" / "dirty" / "bundle" / "rootfs" / "go").write_text("")
+    wait_for_log(node, "dirty", lambda t: "changed" in t)
+    _, second = node.checkpoint_to_store(
+        "dirty", SnapshotTarget("d-s2", "d", 2, "autosave", parent_id="d-s1"), leave_running=True
+    )
+    share = second.sizes.new_bytes / first.sizes.stored_bytes
+    print(
+        f"first snapshot stored {first.sizes.stored_bytes} bytes; the second added {second.sizes.new_bytes} ({share:.1%})"
+    )
+    assert share <= 0.25

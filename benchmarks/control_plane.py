@@ -1,0 +1,98 @@
+"""Control-plane cost: submit throughput of the gRPC API, and what one preempt + resume costs
+beyond the runtime's own checkpoint and restore, measured in one run.
+
+    .venv/bin/python benchmarks/control_plane.py [--submits 600] [--cycles 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from orchestrator import StasisClient
+from orchestrator.local import LocalSettings, LocalStack
+from orchestrator.server import Orchestrator
+from orchestrator.settings import OrchestratorSettings
+from sandbox_agent import AgentSettings, Node
+
+SPEC = {"image": "base", "command": ["sleep", "3600"], "resources": {"memory_mb": 256}}
+
+
+def submit_throughput(root: Path, submits: int, threads: int) -> float:
+    """Episodes per second accepted by SubmitEpisode (durable, fsynced) with no nodes to run them."""
+    orchestrator = Orchestrator(OrchestratorSettings(state_dir=root / "submit", listen="127.0.0.1:0")).start()
+    try:
+        with StasisClient(orchestrator.address) as client:
+            client.submit(SPEC)  # warm up the channel
+            started = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda _: client.submit(SPEC), range(submits)))
+            return submits / (time.perf_counter() - started)
+    finally:
+        orchestrator.stop()
+
+
+def preempt_resume(root: Path, cycles: int) -> list[tuple[float, float, float, float]]:
+    """(preempt wall, checkpoint inside the agent, resume wall, restore inside the agent), in ms."""
+    stack = LocalStack(LocalSettings(state_dir=root / "stack", nodes=2, slots=1, listen="127.0.0.1:0"))
+    stack.start()
+    rows = []
+    try:
+        with StasisClient(stack.address) as c:
+            episode = c.submit(SPEC)
+            c.wait(episode.id, ["RUNNING"], timeout_s=60)
+            for i in range(cycles):
+                time.sleep(0.5)
+                started = time.perf_counter()
+                c.preempt(episode.id)
+                c.wait(episode.id, ["PREEMPTED"], timeout_s=60)
+                preempt_ms = (time.perf_counter() - started) * 1000
+                snap = c.snapshots(episode.id)[-1]
+                inside_ckpt = snap.timings_ms["frozen_ms"] + snap.timings_ms["put_ms"]
+                node = "node-2" if i % 2 == 0 else "node-1"
+                started = time.perf_counter()
+                c.resume(episode.id, node=node)
+                c.wait(episode.id, ["RUNNING"], timeout_s=60)
+                resume_ms = (time.perf_counter() - started) * 1000
+                reason = c.get(episode.id).reason  # "restored on … (fetch_ms …, total_ms N ms)"
+                inside_restore = float(reason.split("total_ms ")[1].split(" ")[0])
+                rows.append((preempt_ms, inside_ckpt, resume_ms, inside_restore))
+            c.cancel(episode.id)
+    finally:
+        stack.stop()
+        for node_root in sorted((stack.state_dir / "nodes").glob("*")):
+            Node(AgentSettings(node=node_root.name, root=node_root, base_image_tar=None)).delete_all()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--submits", type=int, default=600)
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--cycles", type=int, default=5)
+    a = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="stasis-cp-bench-", dir="/var/tmp"))
+    try:
+        rate = submit_throughput(root, a.submits, a.threads)
+        print(
+            f"submit: {a.submits} episodes over {a.threads} client threads: {rate:.0f} episodes/s (each fsynced)"
+        )
+        rows = preempt_resume(root, a.cycles)
+        for name, wall, inside in (("preempt", 0, 1), ("resume", 2, 3)):
+            w = statistics.median(r[wall] for r in rows)
+            i = statistics.median(r[inside] for r in rows)
+            print(
+                f"{name}: wall {w:.0f} ms, runtime inside the agent {i:.0f} ms, control-plane overhead "
+                f"{w - i:.0f} ms ({w / i:.2f}x the runtime's own time), median of {len(rows)}"
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

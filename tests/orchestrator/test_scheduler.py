@@ -1,0 +1,144 @@
+"""The scheduler's policies as a pure function: a cluster view in, decisions out."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import scheduler
+from orchestrator.model import (
+    Episode,
+    EpisodeSpec,
+    EpisodeState,
+    NodeRecord,
+    NodeState,
+    Preemption,
+    Reason,
+    Resources,
+)
+
+NOW = 10_000.0
+
+
+def node(
+    name: str,
+    slots: int = 1,
+    memory_mb: int = 4096,
+    state: NodeState = NodeState.READY,
+    images: tuple[str, ...] = ("base",),
+) -> NodeRecord:
+    return NodeRecord(
+        name=name, address="", state=state, backend="runc", slots=slots, memory_mb=memory_mb,
+        images={f"sha256:{i}": [i] for i in images}, labels={}, registered_at=0,
+    )  # fmt: skip
+
+
+def episode(
+    eid: str,
+    state: EpisodeState = EpisodeState.PENDING,
+    node_name: str = "",
+    priority: int = 0,
+    slice_s: float = 0,
+    ran_s: float = 0,
+    queued_at: float = 0,
+    image: str = "base",
+    memory_mb: int = 1024,
+    **kw: object,
+) -> Episode:
+    spec = EpisodeSpec(
+        image=image,
+        command=("true",),
+        resources=Resources(memory_mb=memory_mb),
+        preemption=Preemption(priority=priority, time_slice_s=slice_s),
+    )
+    return Episode(
+        id=eid, spec=spec, state=state, reason="", submitted_at=queued_at, updated_at=0, address="", token=eid,
+        node=node_name, run_started_at=NOW - ran_s if state == EpisodeState.RUNNING else 0, queued_at=queued_at,
+        **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_placement_fills_the_freest_node_that_has_the_image() -> None:
+    nodes = [node("a", slots=2), node("b", slots=3), node("c", slots=5, images=())]
+    decisions = scheduler.plan([episode("e1"), episode("e2")], nodes, NOW)
+    assert [(type(d).__name__, d.episode.id, getattr(d, "node", "")) for d in decisions] == [
+        ("Start", "e1", "b"),
+        ("Start", "e2", "a"),
+    ]
+
+
+def test_memory_and_pinning_are_respected() -> None:
+    nodes = [node("a", slots=4, memory_mb=1000), node("b", slots=4)]
+    big = episode("big", memory_mb=2000)
+    pinned = episode("pinned", state=EpisodeState.PREEMPTED, pinned_node="a", memory_mb=100)
+    decisions = scheduler.plan([big, pinned], nodes, NOW)
+    assert {d.episode.id: getattr(d, "node", "") for d in decisions} == {"big": "b", "pinned": "a"}
+
+
+def test_the_longest_waiting_resumes_first() -> None:
+    nodes = [node("a")]
+    waiting = [
+        episode("late", state=EpisodeState.PREEMPTED, queued_at=300),
+        episode("early", state=EpisodeState.PREEMPTED, queued_at=100),
+        episode("middle", queued_at=200),
+    ]
+    (first,) = scheduler.plan(waiting, nodes, NOW)
+    assert isinstance(first, scheduler.Restore) and first.episode.id == "early"
+
+
+def test_held_and_backed_off_episodes_wait() -> None:
+    waiting = [
+        episode("held", state=EpisodeState.PREEMPTED, held=True),
+        episode("backoff", not_before=NOW + 5),
+    ]
+    assert scheduler.plan(waiting, [node("a", slots=4)], NOW) == []
+
+
+def test_priority_preempts_the_lowest_priority_longest_running() -> None:
+    running = [
+        episode("low-short", EpisodeState.RUNNING, "a", priority=1, ran_s=10),
+        episode("low-long", EpisodeState.RUNNING, "b", priority=1, ran_s=500),
+        episode("mid", EpisodeState.RUNNING, "c", priority=5, ran_s=900),
+    ]
+    urgent = episode("urgent", priority=9)
+    decisions = scheduler.plan([*running, urgent], [node("a"), node("b"), node("c")], NOW)
+    assert [(d.episode.id, d.reason) for d in decisions if isinstance(d, scheduler.Checkpoint)] == [
+        ("low-long", Reason.PRIORITY)
+    ]
+    # Equal priority never preempts.
+    assert (
+        scheduler.plan([*running, episode("peer", priority=1)], [node("a"), node("b"), node("c")], NOW) == []
+    )
+
+
+def test_time_slice_rotates_only_while_others_wait() -> None:
+    nodes = [node("a"), node("b")]
+    running = [
+        episode("r1", EpisodeState.RUNNING, "a", slice_s=60, ran_s=100),
+        episode("r2", EpisodeState.RUNNING, "b", slice_s=60, ran_s=300),
+    ]
+    assert scheduler.plan(running, nodes, NOW) == [], "nobody waits: no preemption"
+    decisions = scheduler.plan([*running, episode("w")], nodes, NOW)
+    assert [(d.episode.id, d.reason) for d in decisions] == [("r2", Reason.TIME_SLICE)]
+    fresh = [episode("r1", EpisodeState.RUNNING, "a", slice_s=60, ran_s=10)]
+    assert scheduler.plan([*fresh, episode("w")], [node("a")], NOW) == [], "a run gets its whole slice"
+
+
+def test_drain_checkpoints_everything_on_the_node_and_places_nothing_there() -> None:
+    nodes = [node("a", slots=2, state=NodeState.DRAINING), node("b", slots=0)]
+    running = [episode("r1", EpisodeState.RUNNING, "a"), episode("r2", EpisodeState.RUNNING, "a")]
+    decisions = scheduler.plan([*running, episode("new")], nodes, NOW)
+    assert sorted((d.episode.id, d.reason) for d in decisions) == [("r1", Reason.DRAIN), ("r2", Reason.DRAIN)]
+
+
+@pytest.mark.parametrize("state", [NodeState.LOST, NodeState.CORDONED])
+def test_unusable_nodes_take_nothing(state: NodeState) -> None:
+    assert scheduler.plan([episode("e")], [node("a", state=state)], NOW) == []
+
+
+def test_autosave_period() -> None:
+    e = episode("e", EpisodeState.RUNNING, "a", ran_s=100)
+    e.spec = EpisodeSpec(image="base", command=("true",), preemption=Preemption(autosave_s=30))
+    (d,) = scheduler.plan([e], [node("a")], NOW)
+    assert isinstance(d, scheduler.Checkpoint) and d.leave_running and d.reason == Reason.AUTOSAVE
+    e.last_autosave_at = NOW - 10
+    assert scheduler.plan([e], [node("a")], NOW) == []
