@@ -365,14 +365,17 @@ class StasisClient:
         timeout_s: float = 600,
         on_change: Callable[[EpisodeInfo], None] | None = None,
     ) -> EpisodeInfo:
-        """Wait until the episode is in one of states; raises TimeoutError with its last state.
+        """Wait until the episode is in one of states, following its events as they happen.
 
-        An episode that ends in another state raises FailedPrecondition at once.
+        Raises TimeoutError with its last state, and FailedPrecondition at once if the episode
+        ends in another state.
         """
         wanted = {s.upper() for s in states}
         deadline = time.monotonic() + timeout_s
         last = ""
-        while True:
+
+        def check() -> EpisodeInfo | None:
+            nonlocal last
             episode = self.get(episode_id)
             if episode.state != last:
                 last = episode.state
@@ -384,9 +387,27 @@ class StasisClient:
                 raise FailedPrecondition(
                     f"episode {episode_id} ended as {episode.state} ({episode.reason}), not {'/'.join(sorted(wanted))}"
                 )
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"episode {episode_id} is still {episode.state} after {timeout_s:.0f}s")
-            time.sleep(0.2)
+            return None
+
+        events = self.events(episode_id)
+        since = events[-1].seq if events else 0
+        while True:
+            if (done := check()) is not None:
+                return done
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"episode {episode_id} is still {last} after {timeout_s:.0f}s")
+            request = pb.WatchEpisodesRequest(episode_ids=[episode_id], since_seq=since)
+            try:
+                for m in self._stub.WatchEpisodes(request, timeout=remaining):
+                    since = m.seq
+                    if m.kind == "transition" and (done := check()) is not None:
+                        return done
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    with self._translated():
+                        raise
+                time.sleep(0.2)  # the orchestrator restarts, or the deadline passed: check again
 
     # -- trajectories -----------------------------------------------------------------------
 
