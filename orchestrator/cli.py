@@ -415,6 +415,10 @@ def main(argv: list[str] | None = None, out: Any = sys.stdout, err: Any = sys.st
         print(f"{PROG}: {exc}", file=err)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=err)
+    except BrokenPipeError:
+        # The reader (head, less) went away: stop quietly, as other command-line tools do.
+        sys.stderr.close()
+        return 0
     return 1
 
 
