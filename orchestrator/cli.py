@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None, out: Any = sys.stdout, err: Any = sys.st
         print(f"{PROG}: interrupted", file=err)
     except BrokenPipeError:
         # The reader (head, less) went away: stop quietly, as other command-line tools do.
-        sys.stderr.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 1
 
