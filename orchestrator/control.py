@@ -32,7 +32,7 @@ from orchestrator.model import (
     address_pool,
 )
 from orchestrator.settings import OrchestratorSettings
-from orchestrator.store import SqliteStateStore
+from orchestrator.store import StateStore
 from snapshots import RetentionPolicy, SnapshotError, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Control:
     def __init__(
         self,
         settings: OrchestratorSettings,
-        store: SqliteStateStore,
+        store: StateStore,
         snapshots: SnapshotStore,
         agents: AgentPool | None = None,
         *,

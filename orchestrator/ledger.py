@@ -52,7 +52,6 @@ CREATE TABLE IF NOT EXISTS turns (
     policy_version TEXT NOT NULL,
     abandoned INTEGER NOT NULL DEFAULT 0,
     replays INTEGER NOT NULL DEFAULT 0,
-    delivered INTEGER NOT NULL DEFAULT 0,
     upstream_ms REAL NOT NULL,
     created_at REAL NOT NULL
 );
@@ -362,10 +361,6 @@ class Ledger:
                 (old_branch, new_branch, current),
             )
             todo += [r[0] for r in db.execute("SELECT id FROM turns WHERE parent_id = ?", (current,))]
-
-    def mark_delivered(self, turn_id: int) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE turns SET delivered = 1 WHERE id = ?", (turn_id,))
 
     def turns(self, episode_id: str) -> list[Turn]:
         with self._lock:

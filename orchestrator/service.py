@@ -36,7 +36,7 @@ from orchestrator.errors import (
 from orchestrator.ledger import Ledger
 from orchestrator.model import TERMINAL, Episode, EpisodeSpec, NodeRecord, NodeState, Reason
 from orchestrator.scheduler import occupies_node
-from orchestrator.store import SqliteStateStore
+from orchestrator.store import StateStore
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 from snapshots import SnapshotError, SnapshotStore
@@ -52,6 +52,7 @@ _STATUS: list[tuple[type[StasisError], grpc.StatusCode]] = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 
 def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
@@ -92,7 +93,7 @@ def _required(field: str, value: str) -> str:
 
 class StasisService(pb_grpc.StasisServicer):
     def __init__(
-        self, control: Control, store: SqliteStateStore, snapshots: SnapshotStore, ledger: Ledger
+        self, control: Control, store: StateStore, snapshots: SnapshotStore, ledger: Ledger
     ) -> None:
         self.control = control
         self.store = store
@@ -172,31 +173,52 @@ class StasisService(pb_grpc.StasisServicer):
         events = self.store.events(request.since_seq, ids, request.limit or 1000)
         return pb.ListEventsResponse(events=[event_to_pb(e) for e in events])
 
+    def _idempotent(
+        self, request_id: str, method: str, payload: dict[str, str], action: Callable[[], R]
+    ) -> R | None:
+        """Run action unless a request with this id already did (then None); a failed action
+        leaves the id unused, so its retry fails the same way."""
+        if request_id and self.store.known_request(request_id, method, payload) is not None:
+            return None
+        result = action()
+        if request_id:
+            self.store.remember_request(request_id, method, payload, next(iter(payload.values())))
+        return result
+
+    def _episode_change(
+        self, request_id: str, method: str, payload: dict[str, str], action: Callable[[], Episode]
+    ) -> pb.Episode:
+        episode_id = _required("episode_id", payload["id"])
+        self.store.get(episode_id)
+        episode = self._idempotent(request_id, method, payload, action) or self.store.get(episode_id)
+        return episode_to_pb(episode, time.time())
+
     @_rpc
     def CancelEpisode(self, request: pb.CancelEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
-        episode_id = _required("episode_id", request.episode_id)
-        if self.store.remember_request(request.request_id, "CancelEpisode", {"id": episode_id}, episode_id):
-            return self._episode(episode_id)
-        return episode_to_pb(self.control.cancel(episode_id), time.time())
+        episode_id = request.episode_id
+        return self._episode_change(
+            request.request_id, "CancelEpisode", {"id": episode_id}, lambda: self.control.cancel(episode_id)
+        )
 
     @_rpc
     def PreemptEpisode(self, request: pb.PreemptEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
-        episode_id = _required("episode_id", request.episode_id)
-        self.store.get(episode_id)
-        payload = {"id": episode_id, "reason": request.reason}
-        if self.store.remember_request(request.request_id, "PreemptEpisode", payload, episode_id):
-            return self._episode(episode_id)
-        why = request.reason or "preempted by user"
-        return episode_to_pb(self.control.checkpoint(episode_id, Reason.MANUAL, why), time.time())
+        episode_id, why = request.episode_id, request.reason or "preempted by user"
+        return self._episode_change(
+            request.request_id,
+            "PreemptEpisode",
+            {"id": episode_id, "reason": request.reason},
+            lambda: self.control.checkpoint(episode_id, Reason.MANUAL, why),
+        )
 
     @_rpc
     def ResumeEpisode(self, request: pb.ResumeEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
-        episode_id = _required("episode_id", request.episode_id)
-        self.store.get(episode_id)
-        payload = {"id": episode_id, "node": request.node}
-        if self.store.remember_request(request.request_id, "ResumeEpisode", payload, episode_id):
-            return self._episode(episode_id)
-        return episode_to_pb(self.control.resume(episode_id, request.node), time.time())
+        episode_id = request.episode_id
+        return self._episode_change(
+            request.request_id,
+            "ResumeEpisode",
+            {"id": episode_id, "node": request.node},
+            lambda: self.control.resume(episode_id, request.node),
+        )
 
     @_rpc
     def ListSnapshots(
@@ -218,21 +240,23 @@ class StasisService(pb_grpc.StasisServicer):
     def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext) -> pb.ListNodesResponse:
         return pb.ListNodesResponse(nodes=[self._node(n) for n in self.store.nodes()])
 
+    def _node_change(
+        self, request_id: str, method: str, name: str, action: Callable[[str], NodeRecord]
+    ) -> pb.Node:
+        _required("node", name)
+        self.store.node(name)
+        node = self._idempotent(request_id, method, {"node": name}, lambda: action(name)) or self.store.node(
+            name
+        )
+        return self._node(node)
+
     @_rpc
     def DrainNode(self, request: pb.DrainNodeRequest, context: grpc.ServicerContext) -> pb.Node:
-        name = _required("node", request.node)
-        self.store.node(name)
-        if self.store.remember_request(request.request_id, "DrainNode", {"node": name}, name):
-            return self._node(self.store.node(name))
-        return self._node(self.control.drain(name))
+        return self._node_change(request.request_id, "DrainNode", request.node, self.control.drain)
 
     @_rpc
     def UncordonNode(self, request: pb.UncordonNodeRequest, context: grpc.ServicerContext) -> pb.Node:
-        name = _required("node", request.node)
-        self.store.node(name)
-        if self.store.remember_request(request.request_id, "UncordonNode", {"node": name}, name):
-            return self._node(self.store.node(name))
-        return self._node(self.control.uncordon(name))
+        return self._node_change(request.request_id, "UncordonNode", request.node, self.control.uncordon)
 
     def _trajectory(self, episode: Episode, include_branches: bool, seq: int = 0) -> pb.Trajectory:
         branches = self.ledger.branches(episode.id)

@@ -154,9 +154,13 @@ class StateStore(Protocol):
     def nodes(self) -> list[NodeRecord]: ...
     def node(self, name: str) -> NodeRecord: ...
     def set_node_state(self, name: str, state: NodeState, reason: str) -> NodeRecord: ...
+    def known_request(self, request_id: str, method: str, payload: Mapping[str, Any]) -> str | None: ...
     def remember_request(
         self, request_id: str, method: str, payload: Mapping[str, Any], target: str
-    ) -> str | None: ...
+    ) -> None: ...
+    def update_node_images(self, name: str, images: dict[str, list[str]]) -> None: ...
+    @property
+    def closed(self) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -532,14 +536,13 @@ class SqliteStateStore:
             (request_id, method, _fingerprint(method, payload), target, time.time()),
         )
 
-    def remember_request(
-        self, request_id: str, method: str, payload: Mapping[str, Any], target: str
-    ) -> str | None:
-        """Note a state-changing request; returns the target of an earlier identical one, if any."""
-        if not request_id:
-            return None
+    def known_request(self, request_id: str, method: str, payload: Mapping[str, Any]) -> str | None:
+        """The target of an earlier request with this id; Conflict if that request was different."""
+        with self._lock:
+            return self._known_request(self._db, request_id, method, payload)
+
+    def remember_request(self, request_id: str, method: str, payload: Mapping[str, Any], target: str) -> None:
+        """Note a state-changing request that succeeded, so a retry of it is not done twice."""
         with self._tx() as db:
-            known = self._known_request(db, request_id, method, payload)
-            if known is None:
+            if self._known_request(db, request_id, method, payload) is None:
                 self._store_request(db, request_id, method, payload, target)
-            return known

@@ -56,8 +56,6 @@ def criu_version(criu: str) -> str:
 
 def make_backend(settings: AgentSettings) -> Backend:
     if settings.backend == "runc":
-        from sandbox_agent.runc import RuncBackend
-
         conf = settings.root / "criu-runc.conf"
         # TCP connections come back closed, so the harness's HTTP client reconnects.
         conf.write_text("tcp-close\n")

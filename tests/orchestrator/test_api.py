@@ -147,6 +147,10 @@ def test_request_ids_make_changes_idempotent(api: tuple[pb_grpc.StasisStub, Stas
     cancel = pb.CancelEpisodeRequest(episode_id=first.id, request_id="cancel-1")
     assert stub.CancelEpisode(cancel).state == pb.EPISODE_STATE_CANCELLED
     assert stub.CancelEpisode(cancel).state == pb.EPISODE_STATE_CANCELLED  # a retry, not an error
+    # A request that failed leaves its id unused: the retry fails the same way.
+    refused = pb.PreemptEpisodeRequest(episode_id=first.id, request_id="preempt-1")
+    for _ in range(2):
+        assert _status(lambda: stub.PreemptEpisode(refused))[0] == grpc.StatusCode.FAILED_PRECONDITION
 
 
 @pytest.mark.timeout(60)

@@ -43,7 +43,7 @@ def harness_spec(**env: str) -> dict[str, Any]:
         "image": "base",
         "command": ["python3", "/harness/agent.py"],
         "env": {"HARNESS_MAX_TURNS": "60", **env},
-        "files": {"/harness/agent.py": {"base64": __import__("base64").b64encode(HARNESS).decode()}},
+        "files": {"/harness/agent.py": HARNESS.decode()},
         "resources": {"cpus": 0.5, "memory_mb": 512},
         "reward": {
             "command": ["python3", "/grader/grade.py"],
