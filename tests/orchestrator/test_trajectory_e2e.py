@@ -305,11 +305,21 @@ open("/work-result", "w").write("done")
 def test_sandbox_reaches_only_the_gateway_and_never_sees_reward_files(
     make_stack: Callable[..., LocalStack], model: ReferenceModelServer
 ) -> None:
-    stack = make_stack(nodes=1, slots=1, upstream=model.url)
+    stack = make_stack(nodes=1, slots=2, upstream=model.url)
+    # Servers the sandbox must not reach: another port on the gateway's own address, the host's
+    # loopback (which inside the sandbox is the sandbox's own), and a neighbouring sandbox.
     servers = [socket.create_server((addr, 0)) for addr in ("169.254.1.1", "127.0.0.1")]
     targets = [f"{s.getsockname()[0]}:{s.getsockname()[1]}" for s in servers]
+    neighbour_server = (
+        "import socket\ns = socket.create_server(('0.0.0.0', 9000))\nwhile True:\n    s.accept()[0].close()\n"
+    )
     try:
         with StasisClient(stack.address) as c:
+            neighbour = c.submit({"image": "base", "command": ["python3", "-c", neighbour_server]})
+            neighbour_address = c.wait(neighbour.id, ["RUNNING"], timeout_s=60).address
+            # The neighbour's server is up: the node itself reaches it.
+            wait_until(lambda: _connects(neighbour_address, 9000), 30, "the neighbour's server")
+            targets.append(f"{neighbour_address}:9000")
             grader = "import os\nprint('saw harness output:', os.path.exists('/work-result'))\nprint(0.5)\n"
             episode = c.submit(
                 {
@@ -329,9 +339,18 @@ def test_sandbox_reaches_only_the_gateway_and_never_sees_reward_files(
             for target in targets:
                 assert f"other {target} " in log and f"other {target} open" not in log
             assert "hidden files seen: []" in log
+            c.cancel(neighbour.id)
     finally:
         for s in servers:
             s.close()
+
+
+def _connects(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 @pytest.mark.timeout(120)
