@@ -229,6 +229,16 @@ class Commands:
         _table(rows, self.out)
         return 0
 
+    def export(self) -> int:
+        dest = Path(self.args.output)
+        with self.client() as c:
+            size = c.export_snapshot(self.args.snapshot_id, dest)
+        print(
+            f"{dest} ({_size(size)}): config.dump, spec.dump, checkpoint/, rootfs-diff.tar, deleted.files",
+            file=self.out,
+        )
+        return 0
+
     def events(self) -> int:
         with self.client() as c:
             items = c.events(self.args.id)
@@ -384,6 +394,12 @@ def parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=text)
         c.add_argument("id")
         c.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+    x = sub.add_parser(
+        "export", help="write a snapshot as a container checkpoint archive (checkpointctl reads it)"
+    )
+    x.add_argument("snapshot_id")
+    x.add_argument("-o", "--output", required=True, help="archive file to write")
 
     t = sub.add_parser("trajectory", help="recorded turns: token ids, behaviour log-probs, branches, reward")
     t.add_argument("id")

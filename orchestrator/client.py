@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -448,6 +449,17 @@ class StasisClient:
             )
             for s in reply.snapshots
         ]
+
+    def export_snapshot(self, snapshot_id: str, dest: Path) -> int:
+        """Write a snapshot as a standard container checkpoint archive; returns its size in bytes."""
+        size = 0
+        tmp = dest.with_name(f".{dest.name}.partial")
+        with self._translated(), open(tmp, "wb") as f:
+            for chunk in self._stub.ExportSnapshot(pb.ExportSnapshotRequest(snapshot_id=snapshot_id)):
+                f.write(chunk.data)
+                size += len(chunk.data)
+        tmp.replace(dest)
+        return size
 
     def nodes(self) -> list[NodeInfo]:
         return [_node(n) for n in self._call(self._stub.ListNodes, pb.ListNodesRequest()).nodes]

@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -39,7 +41,7 @@ from orchestrator.scheduler import occupies_node
 from orchestrator.store import StateStore
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from snapshots import SnapshotError, SnapshotStore
+from snapshots import SnapshotCorrupt, SnapshotError, SnapshotNotFound, SnapshotStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +53,20 @@ _STATUS: list[tuple[type[StasisError], grpc.StatusCode]] = [
     (TemporaryError, grpc.StatusCode.UNAVAILABLE),
 ]
 
+_SNAPSHOT_STATUS: list[tuple[type[SnapshotError], grpc.StatusCode]] = [
+    (SnapshotNotFound, grpc.StatusCode.NOT_FOUND),
+    (SnapshotCorrupt, grpc.StatusCode.DATA_LOSS),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R")
 
 
 def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
     if isinstance(exc, SnapshotError):
-        context.abort(grpc.StatusCode.UNAVAILABLE, f"snapshot store: {exc}")
+        code = next((c for kind, c in _SNAPSHOT_STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+        context.abort(code, f"snapshot store: {exc}")
     code = next((c for kind, c in _STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
     context.abort(code, str(exc))
 
@@ -92,9 +101,7 @@ def _required(field: str, value: str) -> str:
 
 
 class StasisService(pb_grpc.StasisServicer):
-    def __init__(
-        self, control: Control, store: StateStore, snapshots: SnapshotStore, ledger: Ledger
-    ) -> None:
+    def __init__(self, control: Control, store: StateStore, snapshots: SnapshotStore, ledger: Ledger) -> None:
         self.control = control
         self.store = store
         self.snapshots = snapshots
@@ -239,6 +246,19 @@ class StasisService(pb_grpc.StasisServicer):
     @_rpc
     def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext) -> pb.ListNodesResponse:
         return pb.ListNodesResponse(nodes=[self._node(n) for n in self.store.nodes()])
+
+    @_rpc
+    def ExportSnapshot(
+        self, request: pb.ExportSnapshotRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ArchiveChunk]:
+        snapshot_id = _required("snapshot_id", request.snapshot_id)
+        if not self.snapshots.exists(snapshot_id):
+            raise NotFound(f"snapshot {snapshot_id!r} does not exist (or retention has collected it)")
+        with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+            archive = self.snapshots.export_archive(snapshot_id, Path(tmp) / f"{snapshot_id}.tar")
+            with open(archive, "rb") as f:
+                while block := f.read(1 << 20):
+                    yield pb.ArchiveChunk(data=block)
 
     def _node_change(
         self, request_id: str, method: str, name: str, action: Callable[[str], NodeRecord]

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,10 @@ class Checkpoint:
     @property
     def layer(self) -> Path:
         return self.directory / LAYER
+
+
+def _timestamp(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else datetime.fromisoformat(value).timestamp()
 
 
 def file_digest(path: Path) -> str:
@@ -118,18 +123,24 @@ def load(directory: Path, *, verify: bool = True) -> Checkpoint:
             spec=SandboxSpec.from_json(body["spec"]),
             image_digest=body["image_digest"],
             criu_version=body["criu_version"],
-            created_at=body["created_at"],
+            created_at=_timestamp(body["created_at"]),
             leave_running=body["leave_running"],
             timings=Timings(**body["timings"]),
             sizes=Sizes(**body["sizes"]),
             oci_spec=body["oci_spec"],
-            files=body["files"],
+            files=body.get("files", {}),
             directory=directory,
         )
     except (KeyError, TypeError) as exc:
         raise CheckpointCorrupt(f"{meta} lacks a field or has a wrong one: {exc}") from exc
-    if not (directory / CRIU_DIR / "inventory.img").is_file() or LAYER not in checkpoint.files:
-        raise CheckpointCorrupt(f"{directory} lacks the CRIU inventory or the writable layer")
+    for rel in (f"{CRIU_DIR}/inventory.img", LAYER):
+        if not (directory / rel).is_file():
+            raise CheckpointCorrupt(f"checkpoint {directory}: file {rel} is missing")
+    if not checkpoint.files and verify:
+        # An imported archive: its layer was rebuilt, so no inventory can vouch for the files.
+        raise CheckpointCorrupt(
+            f"{meta} has no file inventory to verify against; restore it without verification"
+        )
     for rel, want in checkpoint.files.items():
         path = directory / rel
         if not path.is_file():
@@ -152,6 +163,9 @@ def _to_json(c: Checkpoint) -> dict[str, Any]:
     d = {f: getattr(c, f) for f in c.__dataclass_fields__}
     d.pop("directory")
     d["spec"] = c.spec.to_json()
+    # RFC 3339 and a `config` block: what the standard checkpoint archive's config.dump is made from.
+    d["created_at"] = datetime.fromtimestamp(c.created_at, UTC).isoformat()
+    d["config"] = {"name": c.sandbox_id, "image": c.spec.image, "oci_runtime": c.backend}
     d["timings"] = asdict(c.timings)
     d["sizes"] = asdict(c.sizes)
     return d

@@ -374,7 +374,11 @@ def import_checkpoint_archive(archive: str | os.PathLike[str], dest: str | os.Pa
         if STATS_DUMP in small and not (criu / STATS_DUMP).exists():
             (criu / STATS_DUMP).write_bytes(small[STATS_DUMP])
         if STASIS_CHECKPOINT in small:
-            checkpoint_json = small[STASIS_CHECKPOINT]
+            # The agent's file inventory described the files it wrote; layer.tar was rebuilt from
+            # rootfs-diff.tar, so the inventory no longer holds and is dropped.
+            original = json.loads(small[STASIS_CHECKPOINT])
+            original.pop("files", None)
+            checkpoint_json = json.dumps(original, indent=1).encode()
         else:
             checkpoint_json = json.dumps(_synthesise_checkpoint(small, source), indent=2).encode()
         (work / CHECKPOINT_JSON).write_bytes(checkpoint_json)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +96,15 @@ def test_submit_preempt_resume_elsewhere_finish(stasis_up: str, tmp_path: Path) 
     assert snapshots[1]["new_bytes"] < snapshots[0]["stored_bytes"]
     table = cli(addr, "snapshots", episode).stdout
     assert snapshots[1]["id"] in table and "STORED" in table
+
+    archive = tmp_path / "checkpoint.tar"
+    cli(addr, "export", snapshots[1]["id"], "-o", str(archive))
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"config.dump", "spec.dump", "rootfs-diff.tar", "deleted.files"} <= names
+    assert any(n.startswith("checkpoint/") and n.endswith("inventory.img") for n in names)
+    missing = cli(addr, "export", "ep-nope-s1", "-o", str(tmp_path / "x.tar"), check=False)
+    assert missing.returncode == 1 and "ep-nope-s1" in missing.stderr
 
     listing = json.loads(cli(addr, "get", "-o", "json", "-l", "suite=e2e").stdout)["items"]
     assert [e["id"] for e in listing] == [episode]

@@ -10,7 +10,7 @@ import pytest
 
 from sandbox_agent import SandboxSpec, SandboxState
 from sandbox_agent.node import SnapshotTarget
-from snapshots import SnapshotCorrupt, SnapshotStore
+from snapshots import SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
 from tests.snapshots.conftest import MotoServer
@@ -125,3 +125,19 @@ def test_snapshot_after_a_tenth_of_memory_changed_adds_little(make_node: NodeFac
         f"first snapshot stored {first.sizes.stored_bytes} bytes; the second added {second.sizes.new_bytes} ({share:.1%})"
     )
     assert share <= 0.25
+
+
+@pytest.mark.timeout(120)
+def test_standard_archive_round_trip_restores(make_node: NodeFactory, tmp_path: Path) -> None:
+    """Export to the kubelet/CRI-O/Podman checkpoint archive, import it back, restore it elsewhere."""
+    url = f"file://{tmp_path}/store"
+    a, b = make_node("node-a", snapshot_store=url), make_node("node-b")
+    a.create("arc", SandboxSpec(image="base", command=("python3", "-c", programs.FILES)))
+    log = wait_for_log(a, "arc", lambda t: t.count("view ") >= 2)
+    a.checkpoint_to_store("arc", SnapshotTarget("arc-s1", "arc", 1, "manual"), leave_running=False)
+    with SnapshotStore.open(url) as store:
+        archive = store.export_archive("arc-s1", tmp_path / "arc.tar")
+    imported = import_checkpoint_archive(archive, tmp_path / "imported")
+    b.restore("arc", imported, verify=False)
+    after = wait_for_log(b, "arc", lambda t: t.count("view ") >= log.count("view ") + 2)
+    assert set(re.findall(r"view (\w+ \d+)", after)) == set(re.findall(r"view (\w+ \d+)", log)[-1:])

@@ -318,6 +318,18 @@ class ListSnapshotsRequest(_message.Message):
     episode_id: str
     def __init__(self, episode_id: _Optional[str] = ...) -> None: ...
 
+class ExportSnapshotRequest(_message.Message):
+    __slots__ = ("snapshot_id",)
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    def __init__(self, snapshot_id: _Optional[str] = ...) -> None: ...
+
+class ArchiveChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
 class ListSnapshotsResponse(_message.Message):
     __slots__ = ("snapshots",)
     SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,11 @@ class StasisStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListSnapshotsRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListSnapshotsResponse.FromString,
                 _registered_method=True)
+        self.ExportSnapshot = channel.unary_stream(
+                '/stasis.v1.Stasis/ExportSnapshot',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ExportSnapshotRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ArchiveChunk.FromString,
+                _registered_method=True)
         self.ListNodes = channel.unary_unary(
                 '/stasis.v1.Stasis/ListNodes',
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListNodesRequest.SerializeToString,
@@ -165,6 +170,13 @@ class StasisServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportSnapshot(self, request, context):
+        """A snapshot as the container checkpoint archive kubelet, CRI-O and Podman write (checkpointctl reads it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListNodes(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -244,6 +256,11 @@ def add_StasisServicer_to_server(servicer, server):
                     servicer.ListSnapshots,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListSnapshotsRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'ExportSnapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportSnapshot,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ExportSnapshotRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ArchiveChunk.SerializeToString,
             ),
             'ListNodes': grpc.unary_unary_rpc_method_handler(
                     servicer.ListNodes,
@@ -514,6 +531,33 @@ class Stasis:
             '/stasis.v1.Stasis/ListSnapshots',
             protos_dot_stasis_dot_v1_dot_stasis__pb2.ListSnapshotsRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_stasis__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/stasis.v1.Stasis/ExportSnapshot',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ExportSnapshotRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ArchiveChunk.FromString,
             options,
             channel_credentials,
             insecure,
