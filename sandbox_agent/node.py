@@ -135,6 +135,16 @@ class Node:
             known.add(d.name)
         for leftover in self.backend.remove_leftovers(known):
             log.warning("node %s removed container %s that had no record", self.name, leftover)
+        for sandbox_id in known:
+            record, layout = self._record(sandbox_id), self._layout(sandbox_id)
+            if self.backend.status(record, layout)[0] == SandboxState.PAUSED:
+                # Only a checkpoint freezes a sandbox; this one's agent died before it thawed.
+                self.backend.thaw(record, layout)
+                log.warning(
+                    "node %s thawed sandbox %s left frozen by an interrupted checkpoint",
+                    self.name,
+                    sandbox_id,
+                )
 
     # -- bookkeeping ------------------------------------------------------------------------
 

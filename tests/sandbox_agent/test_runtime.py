@@ -195,3 +195,14 @@ def test_files_from_the_spec_and_delete_leaves_nothing(make_node: NodeFactory) -
     assert not (node.settings.root / "sandboxes" / "cat").exists()
     assert not Path("/sys/class/net").joinpath("stx").exists()
     assert shutil.which("runc")
+
+
+@pytest.mark.timeout(60)
+def test_restarted_agent_thaws_a_sandbox_an_interrupted_checkpoint_froze(make_node: NodeFactory) -> None:
+    node = make_node("node-a")
+    node.create("frozen", SandboxSpec(image="base", command=("sleep", "600")))
+    record = node.get("frozen").record
+    node.backend.freeze(record, node._layout("frozen"))
+    assert node.get("frozen").state == SandboxState.PAUSED
+    restarted = make_node("node-a")  # the same node root: the agent came back
+    assert restarted.get("frozen").state == SandboxState.RUNNING
