@@ -508,10 +508,10 @@ class Control:
         elif sandbox.busy or sandbox.state == "paused":
             return  # the agent is still at it
         else:
-            self._transition_or_cleanup(
-                e, S.RUNNING, "checkpoint was interrupted; the sandbox kept running", expect=(S.CHECKPOINTING,),
-                pending_snapshot_id="", pending_reason="", run_started_at=time.time(),
-            )  # fmt: skip
+            # The intent was committed but the checkpoint never ran (the request died with the
+            # orchestrator): carry it out now rather than drop what was asked for.
+            sequence = int(e.pending_snapshot_id.rsplit("-s", 1)[1])
+            self._checkpoint(e, sequence, leave_running=False)
 
     def _settle_autosave(self, e: Episode) -> None:
         if not self._record_if_committed(e, leave_running=True):

@@ -4,6 +4,7 @@ from sandbox_agent.checkpoint import Checkpoint, Sizes, Timings
 from sandbox_agent.errors import (
     AgentError,
     AlreadyExists,
+    Busy,
     CheckpointCorrupt,
     CommandFailed,
     FailedPrecondition,
@@ -21,6 +22,7 @@ __all__ = [
     "AgentError",
     "AgentSettings",
     "AlreadyExists",
+    "Busy",
     "Checkpoint",
     "CheckpointCorrupt",
     "CommandFailed",

@@ -30,6 +30,10 @@ class FailedPrecondition(AgentError):
     """The request is well formed but the node's state refuses it."""
 
 
+class Busy(AgentError):
+    """Another operation on the same sandbox is in progress; retry once it is done."""
+
+
 class ImageMismatch(FailedPrecondition):
     """A checkpoint was taken over another base image than the one on this node."""
 

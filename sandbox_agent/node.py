@@ -21,6 +21,7 @@ from sandbox_agent import checkpoint as ckpt
 from sandbox_agent.backend import EXIT_CODE, HARNESS_LOG, Backend, SandboxLayout
 from sandbox_agent.errors import (
     AlreadyExists,
+    Busy,
     FailedPrecondition,
     ImageMismatch,
     InvalidSpec,
@@ -163,9 +164,7 @@ class Node:
         """One operation at a time per sandbox; a concurrent one is refused, not queued."""
         with self._lock:
             if sandbox_id in self._busy:
-                raise FailedPrecondition(
-                    f"sandbox {sandbox_id!r} on node {self.name} is busy with another operation"
-                )
+                raise Busy(f"sandbox {sandbox_id!r} on node {self.name} is busy with another operation")
             self._busy.add(sandbox_id)
         try:
             yield

@@ -21,6 +21,7 @@ from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import (
     AgentError,
     AlreadyExists,
+    Busy,
     CommandFailed,
     FailedPrecondition,
     InvalidSpec,
@@ -57,6 +58,7 @@ _STATUS: list[tuple[type[AgentError], grpc.StatusCode]] = [
     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (ToolUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (Busy, grpc.StatusCode.ABORTED),
     (CommandFailed, grpc.StatusCode.INTERNAL),
 ]
 

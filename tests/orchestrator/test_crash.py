@@ -9,6 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from orchestrator import StasisClient
+from orchestrator.model import EpisodeState
+from orchestrator.store import SqliteStateStore
 from snapshots import SnapshotStore
 from tests.orchestrator.conftest import Cluster, wait_until
 from tests.orchestrator.programs import counter
@@ -113,3 +115,23 @@ def test_orchestrator_killed_at_random_moments(make_cluster: Callable[..., Clust
         for episode_id in ids:
             _assert_history_is_whole(c, episode_id, cluster)
         wait_until(lambda: all(not n.episodes for n in c.nodes()), 30, "nodes to be empty")
+
+
+@pytest.mark.timeout(180)
+def test_intent_committed_but_never_sent_is_carried_out(make_cluster: Callable[..., Cluster]) -> None:
+    """The orchestrator dies after committing CHECKPOINTING and before its request leaves."""
+    cluster = make_cluster(nodes=1, slots=1)
+    with cluster.client() as c:
+        episode = c.submit({"image": "base", "command": ["python3", "-c", counter(400)]})
+        c.wait(episode.id, ["RUNNING"], timeout_s=60)
+        cluster.kill_orchestrator()
+        store = SqliteStateStore(cluster.state_dir / "state.db")
+        store.transition(
+            episode.id, EpisodeState.CHECKPOINTING, "manual: asked just before the crash",
+            pending_snapshot_id=f"{episode.id}-s1", pending_reason="manual",
+        )  # fmt: skip
+        store.close()
+        _restart(cluster)
+        held = c.wait(episode.id, ["PREEMPTED"], timeout_s=90)
+        assert held.held and held.last_snapshot_id == f"{episode.id}-s1"
+        c.cancel(episode.id)
