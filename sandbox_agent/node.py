@@ -10,7 +10,7 @@ import signal as signals
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -220,8 +220,18 @@ class Node:
         self, sandbox_id: str, spec: SandboxSpec, files: dict[str, bytes] | None = None
     ) -> SandboxStatus:
         validate_id("sandbox_id", sandbox_id)
+        return self._status(self._start(sandbox_id, spec, files or {}))
+
+    def _start(
+        self,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        files: dict[str, bytes],
+        read_only_layers: Sequence[Path] = (),
+    ) -> SandboxRecord:
+        """Validate, build and start a fresh sandbox; nothing of it remains if any step fails."""
         spec = spec.validated()
-        files = validate_files(files or {})
+        files = validate_files(files)
         image = self.images.resolve(spec.image)
         record = SandboxRecord(
             id=sandbox_id,
@@ -232,9 +242,9 @@ class Node:
             created_at=time.time(),
         )
         with self._new_sandbox(sandbox_id, record) as layout:
-            self.backend.create(record, layout, image, files)
+            self.backend.create(record, layout, image, files, read_only_layers)
             self.backend.start(record, layout)
-        return self._status(record)
+        return record
 
     def checkpoint(self, sandbox_id: str, dest: Path, *, leave_running: bool) -> ckpt.Checkpoint:
         """Freeze, dump memory and the writable layer into dest; then thaw, or stop and free the node.
@@ -467,21 +477,9 @@ class Node:
                 command=command,
                 hostname="verifier",
                 resources=record.spec.resources,
-            ).validated()
-            files = validate_files(files)
-            local = self.images.resolve(spec.image)
-            vrecord = SandboxRecord(
-                id=verifier_id,
-                node=self.name,
-                backend=self.backend.name,
-                spec=spec,
-                image_digest=local.digest,
-                created_at=time.time(),
             )
             started = time.monotonic()
-            with self._new_sandbox(verifier_id, vrecord) as vlayout:
-                self.backend.create(vrecord, vlayout, local, files, read_only_layers=[layout.upper])
-                self.backend.start(vrecord, vlayout)
+            vrecord = self._start(verifier_id, spec, files, read_only_layers=[layout.upper])
             try:
                 status = self._status(vrecord)
                 while status.state != SandboxState.EXITED and time.monotonic() - started < timeout_s:
