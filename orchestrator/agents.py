@@ -219,10 +219,6 @@ class AgentClient:
             duration_ms=r.duration_ms,
         )
 
-    def harness_log(self, sandbox_id: str, tail_bytes: int = 65536) -> bytes:
-        request = pb.GetHarnessLogRequest(sandbox_id=sandbox_id, tail_bytes=tail_bytes)
-        return self._call("harness log", self._stub.GetHarnessLog, request, 30).content
-
 
 class AgentPool:
     """Clients for the registered nodes, rebuilt when a node re-registers at a new address."""

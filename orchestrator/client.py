@@ -30,7 +30,7 @@ from orchestrator.errors import (
     StasisError,
     TemporaryError,
 )
-from orchestrator.model import EpisodeSpec, EpisodeState
+from orchestrator.model import EpisodeSpec, EpisodeState, Event
 from orchestrator.specfile import spec_from_mapping
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
@@ -69,17 +69,8 @@ class EpisodeInfo:
         return dict(self.__dict__)
 
 
-@dataclass(frozen=True)
-class EventInfo:
-    seq: int
-    episode_id: str
-    kind: str
-    from_state: str
-    to_state: str
-    reason: str
-    message: str
-    node: str
-    at: float
+EventInfo = Event
+"""A state change or scheduling decision, as the orchestrator records it."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +230,7 @@ def _episode(m: pb.Episode) -> EpisodeInfo:
 
 
 def _event(m: pb.EpisodeEvent) -> EventInfo:
-    return EventInfo(
+    return Event(
         seq=m.seq,
         episode_id=m.episode_id,
         kind=m.kind,

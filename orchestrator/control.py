@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any
 
 from orchestrator import scheduler
@@ -468,7 +467,7 @@ class Control:
             parent_id=manifest.parent_id or "",
             node=manifest.node,
             reason=str(manifest.reason),
-            created_at=_epoch(manifest.created_at),
+            created_at=manifest.created_at.timestamp(),
             logical_bytes=manifest.sizes.logical_bytes,
             stored_bytes=manifest.sizes.stored_bytes,
             new_bytes=manifest.sizes.new_bytes,
@@ -644,7 +643,3 @@ class Control:
 def _require_running(e: Episode) -> None:
     if e.state != S.RUNNING:
         raise FailedPrecondition(f"episode {e.id} is {e.state}; only RUNNING episodes can be checkpointed")
-
-
-def _epoch(moment: datetime) -> float:
-    return moment.timestamp()

@@ -142,9 +142,6 @@ class StateStore(Protocol):
     ) -> Episode: ...
     def update(self, episode_id: str, *, decision: str = "", **changes: Any) -> Episode: ...
     def add_snapshot(self, snapshot: SnapshotRecord, **changes: Any) -> Episode: ...
-    def record_event(
-        self, kind: str, reason: str, *, episode_id: str = "", node: str = "", message: str = ""
-    ) -> None: ...
     def events(
         self, since_seq: int = 0, episode_ids: Collection[str] = (), limit: int = 1000
     ) -> list[Event]: ...
@@ -418,15 +415,6 @@ class SqliteStateStore:
             " VALUES (?,?,?,?,?,?,?,?)",
             (episode_id, kind, str(from_state), str(to_state), reason, message, node, time.time()),
         )
-
-    def record_event(
-        self, kind: str, reason: str, *, episode_id: str = "", node: str = "", message: str = ""
-    ) -> None:
-        with self._tx() as db:
-            state = ""
-            if episode_id:
-                state = self._get(db, episode_id).state
-            self._event(db, episode_id, kind, state, state, reason, node, message)
 
     def events(self, since_seq: int = 0, episode_ids: Collection[str] = (), limit: int = 1000) -> list[Event]:
         query, args = "SELECT * FROM events WHERE seq > ?", list[object]([since_seq])
