@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests import hostcheck
+from tests.s3server import MotoServer
 
 DOCKER_ROOT = Path("/var/lib/stasis-test-docker")
 DOCKER_EXEC_ROOT = Path("/run/stasis-test-docker")
@@ -77,3 +78,17 @@ def dockerd() -> Iterator[str]:
             proc.wait()
         hostcheck.unmount_below(DOCKER_EXEC_ROOT)
         hostcheck.unmount_below(DOCKER_ROOT)
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    """One moto server for the session, terminated at the end."""
+    env = pytest.MonkeyPatch()
+    env.setenv("AWS_ACCESS_KEY_ID", "testing")
+    env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    server = MotoServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+        env.undo()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,27 +10,16 @@ import pytest
 from sandbox_agent import SandboxSpec, SandboxState
 from sandbox_agent.node import SnapshotTarget
 from snapshots import SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
+from tests.s3server import MotoServer
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
-from tests.snapshots.conftest import MotoServer
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-    mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    server = MotoServer()
-    yield server
-    server.stop()
-    mp.undo()
 
 
 @pytest.fixture(params=["local", "s3"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "local":
         return f"file://{tmp_path}/store"
-    moto: MotoServer = request.getfixturevalue("moto")
+    moto: MotoServer = request.getfixturevalue("moto_server")
     bucket = f"roundtrip-{len(request.node.name)}-{abs(hash(request.node.name)) % 10_000}"
     moto.create_bucket(bucket)
     return f"s3://{bucket}/snapshots?endpoint={moto.endpoint}"

@@ -5,18 +5,14 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from snapshots import LockSettings, RetrySettings, SnapshotMeta, SnapshotStore, StoreSettings
+from tests.s3server import MotoServer
 
 REPO = Path(__file__).resolve().parents[2]
 # trusted.* xattrs and device nodes need a real filesystem; tmpfs may refuse them.
@@ -103,65 +99,6 @@ def local_store(scratch: Path) -> Iterator[SnapshotStore]:
     """A store in a local directory."""
     with SnapshotStore(fast_settings(f"file://{scratch}/store")) as store:
         yield store
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class MotoServer:
-    """A real moto S3 server process on 127.0.0.1 (the one S3 endpoint this machine can run)."""
-
-    def __init__(self) -> None:
-        self.port = _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def create_bucket(self, name: str) -> None:
-        import boto3
-
-        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
-        client.create_bucket(Bucket=name)
-        client.close()
-
-
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoServer]:
-    """One moto server for the session, terminated at the end."""
-    env = pytest.MonkeyPatch()
-    env.setenv("AWS_ACCESS_KEY_ID", "testing")
-    env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    server = MotoServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-        env.undo()
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from snapshots import SnapshotStore, StoreRejected, StoreUnavailable
-from tests.snapshots.conftest import MotoServer, fast_settings, make_meta, make_tree
+from tests.s3server import MotoServer
+from tests.snapshots.conftest import fast_settings, make_meta, make_tree
 
 
 @pytest.mark.timeout(60)
