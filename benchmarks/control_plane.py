@@ -15,9 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator import StasisClient
-from orchestrator.local import LocalSettings, LocalStack
-from orchestrator.server import Orchestrator
-from orchestrator.settings import OrchestratorSettings
+from orchestrator.api import Orchestrator, OrchestratorSettings
+from orchestrator.cli.local import LocalSettings, LocalStack
 from sandbox_agent import AgentSettings, Node
 
 SPEC = {"image": "base", "command": ["sleep", "3600"], "resources": {"memory_mb": 256}}

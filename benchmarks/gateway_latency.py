@@ -16,9 +16,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from orchestrator.gateway import Gateway, Upstream
-from orchestrator.ledger import Ledger
-from orchestrator.model import Episode, EpisodeSpec, EpisodeState
+from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
+from orchestrator.gateway import Gateway, Ledger, Upstream
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 
 

@@ -87,12 +87,12 @@ def stasis(size_mb: int, a: Node, b: Node, work: Path) -> dict[str, float]:
     b.delete(sid)
     return {
         "checkpoint_ms": checkpoint_ms,
-        "frozen_ms": c.timings.frozen_ms,
-        "dump_ms": c.timings.dump_ms,
-        "layer_ms": c.timings.layer_ms,
-        "restore_ms": restored.record.restore_timings["total_ms"],
-        "verify_ms": restored.record.restore_timings["verify_ms"],
-        "criu_restore_ms": restored.record.restore_timings["restore_ms"],
+        "frozen_ms": c.timings_ms["frozen_ms"],
+        "dump_ms": c.timings_ms["dump_ms"],
+        "layer_ms": c.timings_ms["layer_ms"],
+        "restore_ms": restored.record.restore_timings_ms["total_ms"],
+        "verify_ms": restored.record.restore_timings_ms["verify_ms"],
+        "criu_restore_ms": restored.record.restore_timings_ms["restore_ms"],
         "criu_mb": c.sizes.criu_bytes / 2**20,
     }
 

@@ -1,16 +1,35 @@
-"""Stasis control plane. The public surface for trainer code is the typed client."""
+"""Stasis control plane. The public surface for trainer code is the typed client, the episode
+spec and the errors it raises.
 
-from orchestrator.client import EpisodeInfo, EventInfo, NodeInfo, SnapshotInfo, StasisClient
-from orchestrator.errors import (
+Rooms, from the top (import-linter checks that each imports only those below it):
+
+    cli/              the `stasis` command and `stasis up`, the local stack
+    api/ | client/    the gRPC services and process wiring | the typed client and spec files
+    control/          the control loop: scheduling, operations on nodes, settling, retention
+    gateway/          the inference gateway and the trajectory ledger
+    state/            durable state: the state store and its SQLite implementation
+    wire              protobuf <-> domain records, by field name
+    domain/           episodes, specs, nodes, snapshots, ids, errors
+
+`reference_model/` stands alone: a model server `stasis up` runs beside the control plane.
+"""
+
+from orchestrator.client import EpisodeInfo, EventInfo, NodeInfo, SnapshotInfo, StasisClient, load_spec_file
+from orchestrator.domain import (
     Conflict,
+    EpisodeSpec,
+    EpisodeState,
     FailedPrecondition,
     InvalidArgument,
+    Limits,
     NotFound,
     PermanentError,
+    Preemption,
+    Resources,
+    RewardSpec,
     StasisError,
     TemporaryError,
 )
-from orchestrator.model import EpisodeSpec, EpisodeState, Limits, Preemption, Resources, RewardSpec
 
 __all__ = [
     "Conflict",
@@ -31,4 +50,5 @@ __all__ = [
     "StasisClient",
     "StasisError",
     "TemporaryError",
+    "load_spec_file",
 ]

@@ -1,6 +1,6 @@
 """Stasis node agent: sandboxes on one node, checkpointed with CRIU and restored anywhere."""
 
-from sandbox_agent.checkpoint import Checkpoint, Sizes, Timings
+from sandbox_agent.checkpoint import Checkpoint, Sizes
 from sandbox_agent.errors import (
     AgentError,
     AlreadyExists,
@@ -14,6 +14,7 @@ from sandbox_agent.errors import (
     ToolUnavailable,
 )
 from sandbox_agent.node import Node
+from sandbox_agent.phases import Phase, PhaseHooks
 from sandbox_agent.service import serve
 from sandbox_agent.settings import AgentSettings
 from sandbox_agent.spec import Resources, SandboxSpec, SandboxState, SandboxStatus
@@ -31,12 +32,13 @@ __all__ = [
     "InvalidSpec",
     "Node",
     "NotFound",
+    "Phase",
+    "PhaseHooks",
     "Resources",
     "SandboxSpec",
     "SandboxState",
     "SandboxStatus",
     "Sizes",
-    "Timings",
     "ToolUnavailable",
     "serve",
 ]

@@ -26,15 +26,6 @@ _BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
-class Timings:
-    frozen_ms: float
-    """Wall time the sandbox's processes were frozen: what the harness experiences as a stall."""
-    dump_ms: float
-    layer_ms: float
-    total_ms: float
-
-
-@dataclass(frozen=True)
 class Sizes:
     criu_bytes: int
     layer_bytes: int
@@ -50,7 +41,8 @@ class Checkpoint:
     criu_version: str
     created_at: float
     leave_running: bool
-    timings: Timings
+    timings_ms: dict[str, float]
+    """Milliseconds per phase (`phases.Phase`): freeze, dump, layer, frozen, total."""
     sizes: Sizes
     oci_spec: dict[str, Any]
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -125,7 +117,7 @@ def load(directory: Path, *, verify: bool = True) -> Checkpoint:
             criu_version=body["criu_version"],
             created_at=_timestamp(body["created_at"]),
             leave_running=body["leave_running"],
-            timings=Timings(**body["timings"]),
+            timings_ms={str(k): float(v) for k, v in body.get("timings_ms", {}).items()},
             sizes=Sizes(**body["sizes"]),
             oci_spec=body["oci_spec"],
             files=body.get("files", {}),
@@ -166,6 +158,5 @@ def _to_json(c: Checkpoint) -> dict[str, Any]:
     # RFC 3339 and a `config` block: what the standard checkpoint archive's config.dump is made from.
     d["created_at"] = datetime.fromtimestamp(c.created_at, UTC).isoformat()
     d["config"] = {"name": c.sandbox_id, "image": c.spec.image, "oci_runtime": c.backend}
-    d["timings"] = asdict(c.timings)
     d["sizes"] = asdict(c.sizes)
     return d

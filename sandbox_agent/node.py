@@ -28,6 +28,7 @@ from sandbox_agent.errors import (
     NotFound,
 )
 from sandbox_agent.images import Image, ImageCache
+from sandbox_agent.phases import Phase, PhaseHooks, Timeline
 from sandbox_agent.runc import RuncBackend
 from sandbox_agent.settings import AgentSettings
 from sandbox_agent.spec import (
@@ -92,8 +93,12 @@ class SnapshotTarget:
 class Node:
     """The sandboxes of one node; safe to call from many gRPC threads."""
 
-    def __init__(self, settings: AgentSettings, backend: Backend | None = None) -> None:
+    def __init__(
+        self, settings: AgentSettings, backend: Backend | None = None, hooks: PhaseHooks | None = None
+    ) -> None:
         self.settings = settings
+        self.hooks = hooks or PhaseHooks()
+        """Called around every checkpoint and restore phase."""
         self.name = validate_id("node", settings.node)
         settings.root.mkdir(parents=True, exist_ok=True)
         self.images = ImageCache(settings.image_cache or settings.root / "images")
@@ -254,11 +259,12 @@ class Node:
         """
         if dest.exists():
             raise AlreadyExists(f"checkpoint destination {dest} already exists")
+        timeline = Timeline(sandbox_id, self.hooks)
         with self._captured(
-            sandbox_id, dest.parent, leave_running=leave_running, hash_files=True
+            sandbox_id, dest.parent, timeline, leave_running=leave_running, hash_files=True
         ) as captured:
             os.rename(captured.directory, dest)
-        return replace(captured, directory=dest)
+        return replace(captured, directory=dest, timings_ms=timeline.timings_ms())
 
     def checkpoint_to_store(
         self, sandbox_id: str, target: SnapshotTarget, *, leave_running: bool
@@ -266,10 +272,14 @@ class Node:
         """Checkpoint into the snapshot store. When stopping, the sandbox stays frozen until the
         snapshot is committed, so a failed upload leaves it running rather than lost."""
         store = self._require_store()
-        staging = self._staging
+        timeline = Timeline(sandbox_id, self.hooks)
         # The store hashes every chunk, so the checkpoint's own file hashes would be redundant work.
-        with self._captured(sandbox_id, staging, leave_running=leave_running, hash_files=False) as captured:
-            started = time.monotonic()
+        with (
+            self._captured(
+                sandbox_id, self._staging, timeline, leave_running=leave_running, hash_files=False
+            ) as captured,
+            timeline.phase(Phase.PUT),
+        ):
             manifest = store.put(
                 captured.directory,
                 SnapshotMeta(
@@ -284,19 +294,16 @@ class Node:
                     runtime_backend=captured.backend,
                     criu_version=captured.criu_version,
                     trajectory_cursor=target.trajectory_cursor,
-                    timings_ms={
-                        "frozen_ms": captured.timings.frozen_ms,
-                        "dump_ms": captured.timings.dump_ms,
-                        "layer_ms": captured.timings.layer_ms,
-                        "put_ms": round((time.monotonic() - started) * 1000, 1),
-                    },
+                    timings_ms=captured.timings_ms,
                 ),
             )
-        return captured, manifest
+        # The manifest keeps what was known at commit; the reply adds the put itself.
+        timeline.add(dict(manifest.timings_ms))
+        return replace(captured, timings_ms=timeline.timings_ms()), manifest
 
     @contextmanager
     def _captured(
-        self, sandbox_id: str, parent: Path, *, leave_running: bool, hash_files: bool
+        self, sandbox_id: str, parent: Path, timeline: Timeline, *, leave_running: bool, hash_files: bool
     ) -> Iterator[ckpt.Checkpoint]:
         """Capture memory and layer in one freeze and yield the sealed checkpoint in a staging dir.
 
@@ -314,21 +321,21 @@ class Node:
             parent.mkdir(parents=True, exist_ok=True)
             staging = parent / f".{sandbox_id}.partial-{uuid.uuid4().hex[:8]}"
             staging.mkdir()
-            frozen = False
+            frozen_at = 0.0
             try:
-                started = time.monotonic()
-                self.backend.freeze(record, layout)
-                frozen = True
+                with timeline.phase(Phase.FREEZE):
+                    self.backend.freeze(record, layout)
                 frozen_at = time.monotonic()
-                self.backend.dump(record, layout, staging / ckpt.CRIU_DIR)
-                dumped_at = time.monotonic()
-                layer_bytes = overlay.export_layer(
-                    self.backend.upper_dir(record, layout), staging / ckpt.LAYER
-                )
-                layered_at = time.monotonic()
+                with timeline.phase(Phase.DUMP):
+                    self.backend.dump(record, layout, staging / ckpt.CRIU_DIR)
+                with timeline.phase(Phase.LAYER):
+                    layer_bytes = overlay.export_layer(
+                        self.backend.upper_dir(record, layout), staging / ckpt.LAYER
+                    )
                 if leave_running:
                     self.backend.thaw(record, layout)
-                    frozen = False
+                    timeline.record(Phase.FROZEN, frozen_at)
+                    frozen_at = 0.0
                 captured = ckpt.seal(
                     ckpt.Checkpoint(
                         sandbox_id=sandbox_id,
@@ -339,12 +346,7 @@ class Node:
                         criu_version=self.criu_version,
                         created_at=time.time(),
                         leave_running=leave_running,
-                        timings=ckpt.Timings(
-                            frozen_ms=_ms((time.monotonic() if leave_running else layered_at) - frozen_at),
-                            dump_ms=_ms(dumped_at - frozen_at),
-                            layer_ms=_ms(layered_at - dumped_at),
-                            total_ms=_ms(time.monotonic() - started),
-                        ),
+                        timings_ms=timeline.timings_ms(),
                         sizes=ckpt.Sizes(
                             criu_bytes=sum(p.stat().st_size for p in (staging / ckpt.CRIU_DIR).iterdir()),
                             layer_bytes=layer_bytes,
@@ -356,12 +358,14 @@ class Node:
                 )
                 yield captured
             except BaseException:
-                if frozen:
+                if frozen_at:
                     self.backend.thaw(record, layout)
                 raise
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
             if not leave_running:
+                # Stopping: frozen from the freeze until the commit, when the sandbox is killed.
+                timeline.record(Phase.FROZEN, frozen_at)
                 self.backend.kill(record, layout, signals.SIGKILL)
                 self._teardown(record, layout)
 
@@ -377,33 +381,41 @@ class Node:
         if self._layout(sandbox_id).dir.exists():
             raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
         staging = self._staging / f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
+        timeline = Timeline(sandbox_id, self.hooks)
         try:
-            started = time.monotonic()
-            store.fetch(snapshot_id, staging)
-            fetch_ms = _ms(time.monotonic() - started)
-            status = self.restore(sandbox_id, staging, image=image, verify=False, fetch_ms=fetch_ms)
+            with timeline.phase(Phase.FETCH):
+                store.fetch(snapshot_id, staging)
+            # Every chunk was verified as it was fetched; the directory needs no second pass.
+            return self._restore(sandbox_id, staging, timeline, image=image, verify=False, source=snapshot_id)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return status
 
     def restore(
+        self, sandbox_id: str, checkpoint_dir: Path, *, image: str = "", verify: bool = True
+    ) -> SandboxStatus:
+        """Start a new sandbox from a checkpoint directory, on this node, under a new id if need be."""
+        timeline = Timeline(sandbox_id, self.hooks)
+        return self._restore(
+            sandbox_id, checkpoint_dir, timeline, image=image, verify=verify, source=str(checkpoint_dir)
+        )
+
+    def _restore(
         self,
         sandbox_id: str,
         checkpoint_dir: Path,
+        timeline: Timeline,
         *,
-        image: str = "",
-        verify: bool = True,
-        fetch_ms: float = 0,
+        image: str,
+        verify: bool,
+        source: str,
     ) -> SandboxStatus:
-        """Start a new sandbox from a checkpoint, on this node, under a new id if need be."""
         validate_id("sandbox_id", sandbox_id)
-        started = time.monotonic()
-        checkpoint = ckpt.load(checkpoint_dir, verify=verify)
-        verified = time.monotonic()
+        with timeline.phase(Phase.VERIFY):
+            checkpoint = ckpt.load(checkpoint_dir, verify=verify)
         local = self._restore_image(checkpoint, image)
         if checkpoint.backend != self.backend.name:
             raise FailedPrecondition(
-                f"checkpoint {checkpoint_dir} was taken by the {checkpoint.backend} backend; "
+                f"checkpoint {source} was taken by the {checkpoint.backend} backend; "
                 f"node {self.name} runs {self.backend.name}"
             )
         record = SandboxRecord(
@@ -413,17 +425,12 @@ class Node:
             spec=checkpoint.spec,
             image_digest=local.digest,
             created_at=time.time(),
-            restored_from=str(checkpoint_dir),
+            restored_from=source,
         )
         with self._new_sandbox(sandbox_id, record) as layout:
-            self.backend.restore(record, layout, local, checkpoint)
-            done = time.monotonic()
-            record.restore_timings = {
-                "fetch_ms": fetch_ms,
-                "verify_ms": _ms(verified - started),
-                "restore_ms": _ms(done - verified),
-                "total_ms": round(fetch_ms + _ms(done - started), 1),
-            }
+            with timeline.phase(Phase.RESTORE):
+                self.backend.restore(record, layout, local, checkpoint)
+            record.restore_timings_ms = timeline.timings_ms()
             record.save(layout.record)
         return self._status(record)
 

@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
+from protos.status import snapshot_status
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import (
     AgentError,
@@ -31,26 +32,9 @@ from sandbox_agent.errors import (
 from sandbox_agent.images import Image
 from sandbox_agent.node import Node, SnapshotTarget
 from sandbox_agent.spec import Resources, SandboxSpec, SandboxState, SandboxStatus
-from snapshots import (
-    InvalidSnapshotMeta,
-    SnapshotCorrupt,
-    SnapshotError,
-    SnapshotExists,
-    SnapshotNotFound,
-    StoreLocked,
-    StoreUnavailable,
-)
+from snapshots import SnapshotError
 
 log = logging.getLogger(__name__)
-
-_SNAPSHOT_STATUS: list[tuple[type[SnapshotError], grpc.StatusCode]] = [
-    (InvalidSnapshotMeta, grpc.StatusCode.INVALID_ARGUMENT),
-    (SnapshotNotFound, grpc.StatusCode.NOT_FOUND),
-    (SnapshotExists, grpc.StatusCode.ALREADY_EXISTS),
-    (SnapshotCorrupt, grpc.StatusCode.DATA_LOSS),
-    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
-    (StoreLocked, grpc.StatusCode.UNAVAILABLE),
-]
 
 _STATUS: list[tuple[type[AgentError], grpc.StatusCode]] = [
     (InvalidSpec, grpc.StatusCode.INVALID_ARGUMENT),
@@ -73,8 +57,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def status_code(exc: AgentError | SnapshotError) -> grpc.StatusCode:
-    table: list[tuple[type[Exception], grpc.StatusCode]] = [*_STATUS, *_SNAPSHOT_STATUS]
-    return next((code for kind, code in table if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+    if isinstance(exc, SnapshotError):
+        return snapshot_status(exc)
+    return next((code for kind, code in _STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
 
 
 def _rpc(method: F) -> F:
@@ -92,8 +77,8 @@ def _rpc(method: F) -> F:
 
 
 def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:
-    defaults = Resources()
-    r = msg.resources
+    """Unset resources take `Resources`' defaults."""
+    r, defaults = msg.resources, Resources()
     return SandboxSpec(
         image=msg.image,
         command=tuple(msg.command),
@@ -102,9 +87,9 @@ def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:
         hostname=msg.hostname or "sandbox",
         address=msg.address,
         resources=Resources(
-            cpus=r.cpus or defaults.cpus,
-            memory_mb=r.memory_mb or defaults.memory_mb,
-            pids=r.pids or defaults.pids,
+            cpus=r.cpus if r.HasField("cpus") else defaults.cpus,
+            memory_mb=r.memory_mb if r.HasField("memory_mb") else defaults.memory_mb,
+            pids=r.pids if r.HasField("pids") else defaults.pids,
         ),
     )
 
@@ -136,13 +121,12 @@ def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
         exit_code=status.exit_code or 0,
         created_at=rec.created_at,
         restored_from=rec.restored_from,
-        restore_timings=pb.RestoreTimings(**rec.restore_timings),
+        restore_timings_ms=rec.restore_timings_ms,
         busy=status.busy,
     )
 
 
 def checkpoint_to_pb(c: Checkpoint) -> pb.CheckpointResult:
-    t = c.timings
     return pb.CheckpointResult(
         directory=str(c.directory),
         sandbox_id=c.sandbox_id,
@@ -150,9 +134,7 @@ def checkpoint_to_pb(c: Checkpoint) -> pb.CheckpointResult:
         backend=c.backend,
         image_digest=c.image_digest,
         criu_version=c.criu_version,
-        timings=pb.CheckpointTimings(
-            frozen_ms=t.frozen_ms, dump_ms=t.dump_ms, layer_ms=t.layer_ms, total_ms=t.total_ms
-        ),
+        timings_ms=c.timings_ms,
         criu_bytes=c.sizes.criu_bytes,
         layer_bytes=c.sizes.layer_bytes,
         created_at=c.created_at,
@@ -226,7 +208,6 @@ class AgentService(pb_grpc.SandboxAgentServicer):
         result.logical_bytes = manifest.sizes.logical_bytes
         result.stored_bytes = manifest.sizes.stored_bytes
         result.new_bytes = manifest.sizes.new_bytes
-        result.put_ms = float(manifest.timings_ms.get("put_ms", 0.0))
         return result
 
     @_rpc

@@ -40,8 +40,9 @@ def validate_id(field_name: str, value: str) -> str:
 class Resources:
     cpus: float = 1.0
     """CPU cores as a CFS quota; 1 core keeps a 2-core node able to run two sandboxes."""
-    memory_mb: int = 2048
-    """Hard memory limit in MiB; room for a Python or Node.js harness with a model client."""
+    memory_mb: int = 1024
+    """Hard memory limit in MiB; room for a Python or Node.js harness with a model client. The
+    same default as an episode spec's, so a sandbox made by hand matches one the orchestrator asks for."""
     pids: int = 1024
     """Process limit; stops a fork bomb in a harness's shell tool from taking the node."""
 
@@ -121,8 +122,9 @@ class SandboxRecord:
     image_digest: str
     created_at: float
     restored_from: str = ""
-    restore_timings: dict[str, float] = field(default_factory=dict)
-    """For a restored sandbox: verify_ms (checkpoint hashes), restore_ms (layer + CRIU), total_ms."""
+    """The snapshot id, or checkpoint directory, this sandbox was restored from."""
+    restore_timings_ms: dict[str, float] = field(default_factory=dict)
+    """For a restored sandbox: milliseconds per restore phase (`phases.Phase`)."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import StasisClient
-from orchestrator.local import AgentProcess, LocalSettings, LocalStack, agent_command
+from orchestrator.cli.local import AgentProcess, LocalSettings, LocalStack, agent_command
 from sandbox_agent import AgentSettings, Node
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator import FailedPrecondition, InvalidArgument, NotFound, StasisClient
-from orchestrator.local import LocalStack
-from protos.stasis.v1 import agent_pb2 as apb
+from orchestrator.cli.local import LocalStack
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 from tests.orchestrator.programs import counter_spec
@@ -52,7 +51,7 @@ MALFORMED = [
     (_spec(env={"1X": "y"}), "spec.env.1X"),
     (_spec(files={"relative.txt": b"x"}), "spec.files.relative.txt"),
     (
-        pb.EpisodeSpec(image="base", command=["true"], resources=apb.Resources(memory_mb=4)),
+        pb.EpisodeSpec(image="base", command=["true"], resources=pb.EpisodeResources(memory_mb=4)),
         "spec.resources.memory_mb",
     ),
     (

@@ -88,9 +88,9 @@ def test_submit_preempt_resume_elsewhere_finish(stasis_up: str, tmp_path: Path) 
 
     snapshots = json.loads(cli(addr, "snapshots", episode, "-o", "json").stdout)["items"]
     assert len(snapshots) == 2
-    for key in ("id", "parent", "node", "reason", "created_at", "stored_bytes", "new_bytes"):
+    for key in ("id", "parent_id", "node", "reason", "created_at", "stored_bytes", "new_bytes"):
         assert all(key in s for s in snapshots), key
-    assert snapshots[0]["parent"] == "" and snapshots[1]["parent"] == snapshots[0]["id"]
+    assert snapshots[0]["parent_id"] == "" and snapshots[1]["parent_id"] == snapshots[0]["id"]
     assert [s["node"] for s in snapshots] == [first, other]
     assert all(s["reason"] == "manual" for s in snapshots)
     assert snapshots[1]["new_bytes"] < snapshots[0]["stored_bytes"]
@@ -123,5 +123,5 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert (
         result.stderr.strip()
-        == "stasis: spec.command: must be a list of strings (argv), e.g. [python3, agent.py]"
+        == "stasis: spec.command: must be a list of strings (argv), e.g. [python3, agent.py], not 'python3 agent.py'"
     )

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from orchestrator import StasisClient
-from orchestrator.model import EpisodeState
-from orchestrator.store import SqliteStateStore
+from orchestrator.domain import EpisodeState
+from orchestrator.state import SqliteStateStore
 from snapshots import SnapshotStore
 from tests.orchestrator.conftest import Cluster, wait_until
 from tests.orchestrator.programs import counter

@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.gateway import Gateway, Upstream
-from orchestrator.ledger import Ledger
-from orchestrator.model import Episode, EpisodeSpec, EpisodeState
+from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
+from orchestrator.gateway import Gateway, Ledger, Upstream
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 
 TOOLS = [

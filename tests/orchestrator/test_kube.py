@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from orchestrator.control import Control
-from orchestrator.kube import NodeWatcher, reclaim_reason
-from orchestrator.model import NodeRecord, NodeState
-from orchestrator.settings import OrchestratorSettings
-from orchestrator.store import SqliteStateStore
+from orchestrator.control import Control, ControlSettings
+from orchestrator.control.kube import NodeWatcher, reclaim_reason
+from orchestrator.domain import NodeRecord, NodeState
+from orchestrator.state import SqliteStateStore
 from snapshots import SnapshotStore
 
 
@@ -41,10 +40,9 @@ class FakeNodeApi:
 
 @pytest.fixture
 def control(tmp_path: Path) -> Any:
-    settings = OrchestratorSettings(state_dir=tmp_path)
     store = SqliteStateStore(tmp_path / "state.db")
     with SnapshotStore.open(f"file://{tmp_path}/snapshots") as snapshots:
-        c = Control(settings, store, snapshots)
+        c = Control(ControlSettings(), store, snapshots)
         for name in ("node-a", "node-b"):
             store.upsert_node(NodeRecord(name, "127.0.0.1:1", NodeState.READY, "runc", 2, 1024, {}, {}, 0))
         yield c
@@ -57,7 +55,7 @@ def test_reclaimed_nodes_are_drained_and_uncordoned_when_kubernetes_lets_go(cont
     api.set("node-a")
     api.set("node-b")
     api.set("not-a-stasis-node", unschedulable=True)
-    watcher = NodeWatcher(control, control.store, api=api)
+    watcher = NodeWatcher(control.commands, control.store, api=api)
     assert watcher.sync() == []
 
     api.set("node-a", taints=("ToBeDeletedByClusterAutoscaler",))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from orchestrator import StasisClient
-from orchestrator.local import LocalStack
+from orchestrator.cli.local import LocalStack
 from tests.orchestrator.conftest import remove_node_sandboxes, wait_until
 from tests.orchestrator.programs import counter_spec
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import scheduler
-from orchestrator.model import (
+from orchestrator.control import scheduler
+from orchestrator.domain import (
     Episode,
     EpisodeSpec,
     EpisodeState,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator import StasisClient
-from orchestrator.local import LocalStack
+from orchestrator.cli.local import LocalStack
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from tests.orchestrator.conftest import REPO, cli, wait_until
 
@@ -271,10 +271,10 @@ def _import_image(stack: LocalStack, node: str, directory: Path) -> None:
         )
     wait_until(
         lambda: any(
-            "openai" in names
+            "openai" in image.names
             for n in StasisClient(stack.address).nodes()
             if n.name == node
-            for names in n.images.values()
+            for image in n.images
         ),
         30,
         "image known",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import AgentSettings, Node
+from sandbox_agent import AgentSettings, Node, PhaseHooks
 
 NodeFactory = Callable[..., Node]
 
@@ -30,7 +30,9 @@ def make_node(tmp_path: Path, image_cache: Path, request: pytest.FixtureRequest)
     """Nodes with their own roots on this host; every sandbox they hold is deleted at the end."""
     nodes: list[Node] = []
 
-    def factory(name: str, backend: str = "runc", **overrides: object) -> Node:
+    def factory(
+        name: str, backend: str = "runc", hooks: PhaseHooks | None = None, **overrides: object
+    ) -> Node:
         docker_url = (
             request.getfixturevalue("dockerd") if backend == "docker" else "unix:///var/run/docker.sock"
         )
@@ -42,7 +44,7 @@ def make_node(tmp_path: Path, image_cache: Path, request: pytest.FixtureRequest)
             docker_url=docker_url,
             **overrides,  # type: ignore[arg-type]
         )
-        node = Node(settings)
+        node = Node(settings, hooks=hooks)
         nodes.append(node)
         return node
 

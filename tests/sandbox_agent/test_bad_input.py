@@ -16,6 +16,8 @@ from sandbox_agent import (
     InvalidSpec,
     Node,
     NotFound,
+    Phase,
+    PhaseHooks,
     SandboxSpec,
     SandboxState,
 )
@@ -159,3 +161,36 @@ def test_unknown_sandbox(busy_node: tuple[Node, Node, Path], tmp_path: Path) -> 
             call()
     with pytest.raises(NotFound, match="does not exist"):
         b.restore("x", tmp_path / "nowhere")
+
+
+@pytest.mark.timeout(120)
+def test_phase_hooks_see_each_phase_and_a_failed_phase_leaves_the_sandbox_running(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    seen: list[Phase] = []
+    fail_before = {Phase.LAYER}
+
+    def before(phase: Phase, sandbox_id: str) -> None:
+        if phase in fail_before:
+            fail_before.clear()
+            raise InvalidSpec("hook", f"refused {phase} of {sandbox_id}")
+
+    def after(phase: Phase, sandbox_id: str, ms: float) -> None:
+        assert sandbox_id == "hooked" and ms >= 0
+        seen.append(phase)
+
+    node = make_node("node-h", hooks=PhaseHooks(before=before, after=after))
+    node.create("hooked", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "4")))
+    wait_for_log(node, "hooked", lambda t: "sha " in t)
+    with pytest.raises(InvalidSpec, match="refused layer of hooked"):
+        node.checkpoint("hooked", tmp_path / "refused", leave_running=False)
+    assert seen == [Phase.FREEZE, Phase.DUMP]
+    assert node.get("hooked").state == SandboxState.RUNNING and not (tmp_path / "refused").exists()
+
+    seen.clear()
+    taken = node.checkpoint("hooked", tmp_path / "ck", leave_running=True)
+    assert seen == [Phase.FREEZE, Phase.DUMP, Phase.LAYER, Phase.FROZEN]
+    assert {p.key for p in seen} | {Phase.TOTAL.key} == set(taken.timings_ms)
+    assert taken.timings_ms["frozen_ms"] >= taken.timings_ms["dump_ms"]
+    before_count = node.harness_log("hooked").count(b"sha ")
+    wait_for_log(node, "hooked", lambda t: t.count("sha ") > before_count)

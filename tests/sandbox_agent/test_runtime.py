@@ -32,7 +32,7 @@ def test_memory_survives_move_to_another_node(make_node: NodeFactory, backend: s
 
     checkpoint = a.checkpoint("mem", tmp_path / "ck", leave_running=False)
     assert checkpoint.sizes.criu_bytes > 64 << 20
-    assert checkpoint.timings.frozen_ms >= checkpoint.timings.dump_ms > 0
+    assert checkpoint.timings_ms["frozen_ms"] >= checkpoint.timings_ms["dump_ms"] > 0
     assert a.list() == []
     remove_node_dirs(a)
 

@@ -52,7 +52,7 @@ def test_lifecycle_over_grpc(
     assert any("base" in i.names for i in info.images)
 
     result = a.Checkpoint(pb.CheckpointRequest(sandbox_id="s1", directory=str(tmp_path / "ck")))
-    assert result.timings.dump_ms > 0 and result.criu_bytes > 0 and result.layer_bytes > 0
+    assert result.timings_ms["dump_ms"] > 0 and result.criu_bytes > 0 and result.layer_bytes > 0
     assert _code(lambda: a.GetSandbox(pb.GetSandboxRequest(sandbox_id="s1"))) == grpc.StatusCode.NOT_FOUND
 
     restored = b.Restore(pb.RestoreRequest(sandbox_id="s1", directory=str(tmp_path / "ck")))

@@ -43,7 +43,8 @@ def test_checkpoint_through_the_store(make_node: NodeFactory, store_url: str) ->
     _, m2 = a.checkpoint_to_store(
         "ep1-r1", SnapshotTarget("ep1-s2", "ep1", 2, "time-slice", parent_id="ep1-s1"), leave_running=False
     )
-    assert first.timings.frozen_ms > 0 and m1.sizes.stored_bytes > 0
+    assert first.timings_ms["frozen_ms"] > 0 and first.timings_ms["put_ms"] > 0 and m1.sizes.stored_bytes > 0
+    assert "store_upload" in first.timings_ms and m1.timings_ms["dump_ms"] == first.timings_ms["dump_ms"]
     assert m2.parent_id == "ep1-s1" and m1.trajectory_cursor == {"turn": 3}
     # Most of the second snapshot's memory is the first's: the store keeps it once.
     assert m2.sizes.new_bytes < m1.sizes.stored_bytes / 2
@@ -51,7 +52,8 @@ def test_checkpoint_through_the_store(make_node: NodeFactory, store_url: str) ->
     remove_node_dirs(a)
 
     restored = b.restore_from_store("ep1-r2", "ep1-s2")
-    assert restored.record.restore_timings["fetch_ms"] > 0
+    assert restored.record.restore_timings_ms["fetch_ms"] > 0
+    assert restored.record.restored_from == "ep1-s2", "the snapshot, not a staging path"
     after = wait_for_log(b, "ep1-r2", lambda t: t.count("sha ") > log.count("sha ") + 1)
     assert re.findall(r"sha (\w+)", after)[-1] == sha
     assert after.count("start") == 1

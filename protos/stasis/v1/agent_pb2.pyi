@@ -91,7 +91,14 @@ class SandboxSpec(_message.Message):
     def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "restore_timings", "busy")
+    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "busy", "restore_timings_ms")
+    class RestoreTimingsMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -103,8 +110,8 @@ class Sandbox(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
-    RESTORE_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
     id: str
     node: str
     backend: str
@@ -116,21 +123,9 @@ class Sandbox(_message.Message):
     exit_code: int
     created_at: float
     restored_from: str
-    restore_timings: RestoreTimings
     busy: bool
-    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., restore_timings: _Optional[_Union[RestoreTimings, _Mapping]] = ..., busy: _Optional[bool] = ...) -> None: ...
-
-class RestoreTimings(_message.Message):
-    __slots__ = ("verify_ms", "restore_ms", "total_ms", "fetch_ms")
-    VERIFY_MS_FIELD_NUMBER: _ClassVar[int]
-    RESTORE_MS_FIELD_NUMBER: _ClassVar[int]
-    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
-    FETCH_MS_FIELD_NUMBER: _ClassVar[int]
-    verify_ms: float
-    restore_ms: float
-    total_ms: float
-    fetch_ms: float
-    def __init__(self, verify_ms: _Optional[float] = ..., restore_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., fetch_ms: _Optional[float] = ...) -> None: ...
+    restore_timings_ms: _containers.ScalarMap[str, float]
+    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., busy: _Optional[bool] = ..., restore_timings_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
     __slots__ = ("sandbox_id", "spec", "files")
@@ -177,27 +172,21 @@ class SnapshotTarget(_message.Message):
     trajectory_cursor: str
     def __init__(self, snapshot_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., sequence: _Optional[int] = ..., parent_id: _Optional[str] = ..., reason: _Optional[str] = ..., trajectory_cursor: _Optional[str] = ...) -> None: ...
 
-class CheckpointTimings(_message.Message):
-    __slots__ = ("frozen_ms", "dump_ms", "layer_ms", "total_ms")
-    FROZEN_MS_FIELD_NUMBER: _ClassVar[int]
-    DUMP_MS_FIELD_NUMBER: _ClassVar[int]
-    LAYER_MS_FIELD_NUMBER: _ClassVar[int]
-    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
-    frozen_ms: float
-    dump_ms: float
-    layer_ms: float
-    total_ms: float
-    def __init__(self, frozen_ms: _Optional[float] = ..., dump_ms: _Optional[float] = ..., layer_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
-
 class CheckpointResult(_message.Message):
-    __slots__ = ("directory", "sandbox_id", "node", "backend", "image_digest", "criu_version", "timings", "criu_bytes", "layer_bytes", "created_at", "snapshot_id", "logical_bytes", "stored_bytes", "new_bytes", "put_ms")
+    __slots__ = ("directory", "sandbox_id", "node", "backend", "image_digest", "criu_version", "criu_bytes", "layer_bytes", "created_at", "snapshot_id", "logical_bytes", "stored_bytes", "new_bytes", "timings_ms")
+    class TimingsMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     IMAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     CRIU_VERSION_FIELD_NUMBER: _ClassVar[int]
-    TIMINGS_FIELD_NUMBER: _ClassVar[int]
     CRIU_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAYER_BYTES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -205,14 +194,13 @@ class CheckpointResult(_message.Message):
     LOGICAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     NEW_BYTES_FIELD_NUMBER: _ClassVar[int]
-    PUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
     directory: str
     sandbox_id: str
     node: str
     backend: str
     image_digest: str
     criu_version: str
-    timings: CheckpointTimings
     criu_bytes: int
     layer_bytes: int
     created_at: float
@@ -220,8 +208,8 @@ class CheckpointResult(_message.Message):
     logical_bytes: int
     stored_bytes: int
     new_bytes: int
-    put_ms: float
-    def __init__(self, directory: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., image_digest: _Optional[str] = ..., criu_version: _Optional[str] = ..., timings: _Optional[_Union[CheckpointTimings, _Mapping]] = ..., criu_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., created_at: _Optional[float] = ..., snapshot_id: _Optional[str] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., put_ms: _Optional[float] = ...) -> None: ...
+    timings_ms: _containers.ScalarMap[str, float]
+    def __init__(self, directory: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., image_digest: _Optional[str] = ..., criu_version: _Optional[str] = ..., criu_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., created_at: _Optional[float] = ..., snapshot_id: _Optional[str] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
     __slots__ = ("sandbox_id", "directory", "image", "skip_verify", "snapshot_id")

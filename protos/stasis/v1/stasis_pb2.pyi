@@ -42,6 +42,14 @@ NODE_STATE_CORDONED: NodeState
 NODE_STATE_DRAINING: NodeState
 NODE_STATE_LOST: NodeState
 
+class EpisodeResources(_message.Message):
+    __slots__ = ("cpus", "memory_mb")
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    cpus: float
+    memory_mb: int
+    def __init__(self, cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+
 class Limits(_message.Message):
     __slots__ = ("max_wall_s",)
     MAX_WALL_S_FIELD_NUMBER: _ClassVar[int]
@@ -113,12 +121,12 @@ class EpisodeSpec(_message.Message):
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
     files: _containers.ScalarMap[str, bytes]
-    resources: _agent_pb2.Resources
+    resources: EpisodeResources
     limits: Limits
     preemption: Preemption
     labels: _containers.ScalarMap[str, str]
     reward: RewardSpec
-    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., resources: _Optional[_Union[_agent_pb2.Resources, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., preemption: _Optional[_Union[Preemption, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., reward: _Optional[_Union[RewardSpec, _Mapping]] = ...) -> None: ...
+    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., resources: _Optional[_Union[EpisodeResources, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., preemption: _Optional[_Union[Preemption, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., reward: _Optional[_Union[RewardSpec, _Mapping]] = ...) -> None: ...
 
 class Episode(_message.Message):
     __slots__ = ("id", "spec", "state", "reason", "node", "sandbox_id", "address", "snapshots", "last_snapshot_id", "has_reward", "reward", "has_exit_code", "exit_code", "submitted_at", "updated_at", "finished_at", "run_seconds", "runs", "held", "pinned_node")

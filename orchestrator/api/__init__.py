@@ -1,0 +1,11 @@
+"""The orchestrator's gRPC face and its process wiring: the public Stasis service, the node
+registry, the error-to-status table, and `Orchestrator`, which starts it all.
+
+Owns the API boundary: specs are validated here, once. Imports the control loop, the gateway,
+the state store and the domain; never the client or the CLI.
+"""
+
+from orchestrator.api.server import Orchestrator
+from orchestrator.api.settings import OrchestratorSettings
+
+__all__ = ["Orchestrator", "OrchestratorSettings"]

@@ -1,0 +1,48 @@
+"""The node registry: agents register, then report their sandboxes and images every heartbeat."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import grpc
+
+from orchestrator import wire
+from orchestrator.api.status import required, rpc
+from orchestrator.control import Control, SandboxView
+from orchestrator.domain import NodeRecord, NodeState
+from protos.stasis.v1 import agent_pb2 as apb
+from protos.stasis.v1 import stasis_pb2 as pb
+from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+
+
+def _images(images: Iterable[apb.Image]) -> dict[str, list[str]]:
+    return {i.digest: sorted(i.names) for i in images}
+
+
+class RegistryService(pb_grpc.NodeRegistryServicer):
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    @rpc
+    def RegisterNode(
+        self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterNodeResponse:
+        required("info.name", request.info.name)
+        required("address", request.address)
+        node = wire.decode(
+            request.info, NodeRecord,
+            address=request.address, state=NodeState.READY, images=_images(request.info.images),
+            registered_at=time.time(),
+        )  # fmt: skip
+        self.control.members.registered(node, [SandboxView.from_pb(s) for s in request.sandboxes])
+        return pb.RegisterNodeResponse(heartbeat_interval_s=self.control.settings.heartbeat_interval_s)
+
+    @rpc
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        known = self.control.members.heartbeat(
+            required("node", request.node),
+            [SandboxView.from_pb(s) for s in request.sandboxes],
+            _images(request.images),
+        )
+        return pb.HeartbeatResponse(known=known)

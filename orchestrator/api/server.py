@@ -1,0 +1,124 @@
+"""One orchestrator process: state store, ledger, snapshot store, control loop, gRPC server
+(public API, node registry, health, reflection) and, when configured, the gateway."""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from orchestrator.api.registry import RegistryService
+from orchestrator.api.service import StasisService
+from orchestrator.api.settings import OrchestratorSettings
+from orchestrator.control import AgentPool, Control, Verifier
+from orchestrator.domain import Episode, FailedPrecondition
+from orchestrator.gateway import Gateway, Ledger, Upstream
+from orchestrator.state import SqliteStateStore
+from protos.stasis.v1 import stasis_pb2 as pb
+from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+from snapshots import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+
+class Orchestrator:
+    """A running control plane; `port` is the bound gRPC port."""
+
+    def __init__(self, settings: OrchestratorSettings) -> None:
+        self.settings = settings
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = SqliteStateStore(settings.state_dir / "state.db")
+        self.ledger = Ledger(settings.state_dir / "state.db")
+        self.snapshots = SnapshotStore.open(settings.store_url)
+        self.agents = AgentPool()
+        self.control = Control(
+            settings.control,
+            self.store,
+            self.snapshots,
+            self.agents,
+            cursor=lambda e: self.ledger.cursor(e.id),
+            finish=Verifier(self.agents, self.ledger),
+            gateway_env=self._gateway_env,
+        )
+        self.gateway: Gateway | None = None
+        self.watcher: Any = None
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="api"),
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ],
+        )
+        service = StasisService(self.control, self.store, self.snapshots, self.ledger)
+        pb_grpc.add_StasisServicer_to_server(service, self.server)
+        pb_grpc.add_NodeRegistryServicer_to_server(RegistryService(self.control), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        services = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Stasis", "NodeRegistry")]
+        for name in [*services, ""]:
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection(
+            (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = self.server.add_insecure_port(settings.listen)
+        if self.port == 0:
+            raise FailedPrecondition(f"cannot listen on {settings.listen}")
+
+    @property
+    def address(self) -> str:
+        host = self.settings.listen.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    def _gateway_env(self, e: Episode) -> dict[str, str]:
+        if not self.settings.gateway.upstream:
+            return {}
+        return {"OPENAI_BASE_URL": self.settings.gateway.base_url, "OPENAI_API_KEY": e.token}
+
+    def resumed_after(self, e: Episode) -> int:
+        """The last turn the current run's snapshot had seen; 0 for a run started afresh."""
+        if not e.restored_from:
+            return 0
+        record = next((r for r in self.store.snapshots(e.id) if r.id == e.restored_from), None)
+        cursor = record.trajectory_cursor if record is not None else None
+        return int(cursor.get("turn", 0)) if isinstance(cursor, dict) else 0
+
+    def start(self, *, gateway: bool = True) -> Orchestrator:
+        self.server.start()
+        self.control.start()
+        log.info("orchestrator listening on %s, state in %s", self.address, self.settings.state_dir)
+        if gateway and self.settings.gateway.listen:
+            self.start_gateway()
+        if self.settings.control.kube_watch:
+            from orchestrator.control.kube import NodeWatcher
+
+            self.watcher = NodeWatcher(self.control.commands, self.store).start()
+        return self
+
+    def start_gateway(self) -> Gateway:
+        """Serve the model endpoint; its address must exist (the nodes add 169.254.1.1)."""
+        g = self.settings.gateway
+        if not g.upstream:
+            raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
+        upstream = Upstream(g.upstream, g.upstream_api_key)
+        self.gateway = Gateway(
+            g.listen, self.ledger, self.store.by_token, self.resumed_after, upstream
+        ).start()
+        log.info("gateway listening on %s, forwarding to %s", g.listen, g.upstream)
+        return self.gateway
+
+    def stop(self) -> None:
+        for name in ("stasis.v1.Stasis", "stasis.v1.NodeRegistry", ""):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.gateway is not None:
+            self.gateway.stop()
+        self.server.stop(grace=2).wait()
+        self.control.stop()
+        self.ledger.close()
+        self.snapshots.close()
+        self.store.close()

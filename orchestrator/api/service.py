@@ -1,0 +1,288 @@
+"""The public Stasis API: protobuf in, domain calls, protobuf out. Specs are validated here, once,
+as they enter the system; errors map to status codes in `status`."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+
+from orchestrator import wire
+from orchestrator.api.status import required, rpc
+from orchestrator.control import Control
+from orchestrator.control.scheduler import occupies_node
+from orchestrator.domain import (
+    TERMINAL,
+    Episode,
+    EpisodeSpec,
+    EpisodeState,
+    InvalidArgument,
+    NodeRecord,
+    NodeState,
+    NotFound,
+    SnapshotRecord,
+)
+from orchestrator.gateway import Branch, Ledger
+from orchestrator.state import StateStore
+from protos.stasis.v1 import agent_pb2 as apb
+from protos.stasis.v1 import stasis_pb2 as pb
+from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+from snapshots import SnapshotStore
+
+R = TypeVar("R")
+_STATE = pb.EpisodeState.DESCRIPTOR
+
+
+def episode_to_pb(e: Episode, now: float) -> pb.Episode:
+    return wire.encode(e, pb.Episode, run_seconds=e.total_run_s(now))
+
+
+def snapshot_to_pb(s: SnapshotRecord, available: bool) -> pb.Snapshot:
+    return wire.encode(s, pb.Snapshot, available=available)
+
+
+def node_to_pb(n: NodeRecord, episodes: list[Episode], last_heartbeat: float) -> pb.Node:
+    return wire.encode(
+        n, pb.Node,
+        slots_used=len(episodes),
+        memory_used_mb=sum(e.spec.resources.memory_mb for e in episodes),
+        images=[apb.Image(digest=d, names=names) for d, names in sorted(n.images.items())],
+        last_heartbeat=last_heartbeat,
+        episodes=[e.id for e in episodes],
+    )  # fmt: skip
+
+
+def branch_to_pb(b: Branch) -> pb.TrajectoryBranch:
+    turns = [
+        wire.encode(t, pb.Turn, index=i, replayed=t.replays > 0, prompt_tokens=len(t.prompt_token_ids))
+        for i, t in enumerate(b.turns)
+    ]
+    return wire.encode(
+        b, pb.TrajectoryBranch, turns=turns, policy_versions=[t.policy_version for t in b.turns]
+    )
+
+
+class StasisService(pb_grpc.StasisServicer):
+    def __init__(self, control: Control, store: StateStore, snapshots: SnapshotStore, ledger: Ledger) -> None:
+        self.control = control
+        self.store = store
+        self.snapshots = snapshots
+        self.ledger = ledger
+
+    def _episode(self, episode_id: str) -> pb.Episode:
+        return episode_to_pb(self.store.get(required("episode_id", episode_id)), time.time())
+
+    @rpc
+    def SubmitEpisode(self, request: pb.SubmitEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec", "is required")
+        spec = self._with_defaults(wire.decode(request.spec, EpisodeSpec).validate())
+        self._check_image(spec.image)
+        episode = self.store.submit(spec, request.request_id, self.control.pool_of_addresses)
+        self.control.wake()
+        return episode_to_pb(episode, time.time())
+
+    def _with_defaults(self, spec: EpisodeSpec) -> EpisodeSpec:
+        s = self.control.settings
+        p = spec.preemption
+        return replace(
+            spec,
+            preemption=replace(
+                p,
+                time_slice_s=p.time_slice_s or s.default_time_slice_s,
+                priority=p.priority or s.default_priority,
+            ),
+        )
+
+    def _check_image(self, image: str) -> None:
+        nodes = [n for n in self.store.nodes() if n.state != NodeState.LOST]
+        if nodes and not any(n.has_image(image) for n in nodes):
+            known = sorted({name for n in nodes for names in n.images.values() for name in names})
+            raise InvalidArgument(
+                "spec.image", f"{image!r} is not cached on any node; known images: {', '.join(known)}"
+            )
+
+    @rpc
+    def GetEpisode(self, request: pb.GetEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        return self._episode(request.episode_id)
+
+    @rpc
+    def ListEpisodes(
+        self, request: pb.ListEpisodesRequest, context: grpc.ServicerContext
+    ) -> pb.ListEpisodesResponse:
+        states = [EpisodeState[n] for s in request.states if (n := wire.enum_name(_STATE, s))]
+        episodes = self.store.query(states=states, node=request.node, labels=dict(request.labels))
+        now = time.time()
+        return pb.ListEpisodesResponse(episodes=[episode_to_pb(e, now) for e in episodes])
+
+    @rpc
+    def WatchEpisodes(
+        self, request: pb.WatchEpisodesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.EpisodeEvent]:
+        for episode_id in request.episode_ids:
+            self.store.get(episode_id)
+        since = request.since_seq
+        while context.is_active() and not self.store.closed:
+            events = self.store.events(since, request.episode_ids)
+            for ev in events:
+                yield wire.encode(ev, pb.EpisodeEvent)
+                since = ev.seq
+            if not events:
+                # The store notifies on every commit; the timeout only bounds how long a cancelled
+                # stream lingers.
+                self.store.wait_for_events(since, timeout=1.0)
+
+    @rpc
+    def ListEvents(
+        self, request: pb.ListEventsRequest, context: grpc.ServicerContext
+    ) -> pb.ListEventsResponse:
+        ids = [request.episode_id] if request.episode_id else []
+        for episode_id in ids:
+            self.store.get(episode_id)
+        events = self.store.events(request.since_seq, ids, request.limit or 1000)
+        return pb.ListEventsResponse(events=[wire.encode(e, pb.EpisodeEvent) for e in events])
+
+    def _idempotent(
+        self, request_id: str, method: str, payload: dict[str, str], action: Callable[[], R]
+    ) -> R | None:
+        """Run action unless a request with this id already did (then None); a failed action
+        leaves the id unused, so its retry fails the same way."""
+        if request_id and self.store.known_request(request_id, method, payload) is not None:
+            return None
+        result = action()
+        if request_id:
+            self.store.remember_request(request_id, method, payload, next(iter(payload.values())))
+        return result
+
+    def _episode_change(
+        self, request_id: str, method: str, payload: dict[str, str], action: Callable[[], Episode]
+    ) -> pb.Episode:
+        episode_id = required("episode_id", payload["id"])
+        self.store.get(episode_id)
+        episode = self._idempotent(request_id, method, payload, action) or self.store.get(episode_id)
+        return episode_to_pb(episode, time.time())
+
+    @rpc
+    def CancelEpisode(self, request: pb.CancelEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        episode_id = request.episode_id
+        return self._episode_change(
+            request.request_id,
+            "CancelEpisode",
+            {"id": episode_id},
+            lambda: self.control.commands.cancel(episode_id),
+        )
+
+    @rpc
+    def PreemptEpisode(self, request: pb.PreemptEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        episode_id, why = request.episode_id, request.reason or "preempted by user"
+        return self._episode_change(
+            request.request_id,
+            "PreemptEpisode",
+            {"id": episode_id, "reason": request.reason},
+            lambda: self.control.commands.preempt(episode_id, why),
+        )
+
+    @rpc
+    def ResumeEpisode(self, request: pb.ResumeEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
+        episode_id = request.episode_id
+        return self._episode_change(
+            request.request_id,
+            "ResumeEpisode",
+            {"id": episode_id, "node": request.node},
+            lambda: self.control.commands.resume(episode_id, request.node),
+        )
+
+    @rpc
+    def ListSnapshots(
+        self, request: pb.ListSnapshotsRequest, context: grpc.ServicerContext
+    ) -> pb.ListSnapshotsResponse:
+        self.store.get(required("episode_id", request.episode_id))
+        records = self.store.snapshots(request.episode_id)
+        return pb.ListSnapshotsResponse(
+            snapshots=[snapshot_to_pb(r, self.snapshots.exists(r.id)) for r in records]
+        )
+
+    def _node(self, node: NodeRecord) -> pb.Node:
+        on_node = [
+            e for e in self.store.query(node=node.name) if e.state not in TERMINAL and occupies_node(e)
+        ]
+        return node_to_pb(node, on_node, self.control.members.last_heartbeat(node.name))
+
+    @rpc
+    def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext) -> pb.ListNodesResponse:
+        return pb.ListNodesResponse(nodes=[self._node(n) for n in self.store.nodes()])
+
+    @rpc
+    def ExportSnapshot(
+        self, request: pb.ExportSnapshotRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ArchiveChunk]:
+        snapshot_id = required("snapshot_id", request.snapshot_id)
+        if not self.snapshots.exists(snapshot_id):
+            raise NotFound(f"snapshot {snapshot_id!r} does not exist (or retention has collected it)")
+        with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+            archive = self.snapshots.export_archive(snapshot_id, Path(tmp) / f"{snapshot_id}.tar")
+            with open(archive, "rb") as f:
+                while block := f.read(1 << 20):
+                    yield pb.ArchiveChunk(data=block)
+
+    def _node_change(
+        self, request_id: str, method: str, name: str, action: Callable[[str], NodeRecord]
+    ) -> pb.Node:
+        required("node", name)
+        self.store.node(name)
+        node = self._idempotent(request_id, method, {"node": name}, lambda: action(name)) or self.store.node(
+            name
+        )
+        return self._node(node)
+
+    @rpc
+    def DrainNode(self, request: pb.DrainNodeRequest, context: grpc.ServicerContext) -> pb.Node:
+        return self._node_change(request.request_id, "DrainNode", request.node, self.control.commands.drain)
+
+    @rpc
+    def UncordonNode(self, request: pb.UncordonNodeRequest, context: grpc.ServicerContext) -> pb.Node:
+        return self._node_change(
+            request.request_id, "UncordonNode", request.node, self.control.commands.uncordon
+        )
+
+    def _trajectory(self, episode: Episode, include_branches: bool, seq: int = 0) -> pb.Trajectory:
+        branches = self.ledger.branches(episode.id)
+        main = next((b for b in branches if b.id == 0), None)
+        verification = self.ledger.verification(episode.id)
+        return wire.encode(
+            episode, pb.Trajectory,
+            episode_id=episode.id,
+            verifier_log=verification.log.decode(errors="replace") if verification else "",
+            main=branch_to_pb(main) if main else pb.TrajectoryBranch(),
+            branches=[branch_to_pb(b) for b in branches if b.id != 0] if include_branches else [],
+            labels=episode.spec.labels,
+            seq=seq,
+        )  # fmt: skip
+
+    @rpc
+    def GetTrajectory(self, request: pb.GetTrajectoryRequest, context: grpc.ServicerContext) -> pb.Trajectory:
+        episode = self.store.get(required("episode_id", request.episode_id))
+        return self._trajectory(episode, request.include_branches)
+
+    @rpc
+    def StreamTrajectories(
+        self, request: pb.StreamTrajectoriesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.Trajectory]:
+        labels = dict(request.labels)
+        since = request.since_seq
+        while context.is_active() and not self.store.closed:
+            events = self.store.events(since)
+            for ev in events:
+                since = ev.seq
+                if ev.kind != "transition" or ev.to_state not in TERMINAL:
+                    continue
+                episode = self.store.get(ev.episode_id)
+                if all(episode.spec.labels.get(k) == v for k, v in labels.items()):
+                    yield self._trajectory(episode, request.include_branches, ev.seq)
+            if not events:
+                self.store.wait_for_events(since, timeout=1.0)

@@ -1,0 +1,26 @@
+"""Settings of one orchestrator process, built once at start-up from flags, environment and
+config file: where it listens and keeps its state, plus the control loop's and the gateway's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.control import ControlSettings
+from orchestrator.gateway import GatewaySettings
+
+
+@dataclass(frozen=True)
+class OrchestratorSettings:
+    state_dir: Path
+    """Holds the embedded SQLite state (state.db) and, by default, the local snapshot store."""
+    listen: str = "127.0.0.1:7070"
+    """gRPC address of the public API and the node registry."""
+    snapshot_store: str = ""
+    """Snapshot store URL shared with every agent; empty means file://<state_dir>/snapshots."""
+    control: ControlSettings = field(default_factory=ControlSettings)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+
+    @property
+    def store_url(self) -> str:
+        return self.snapshot_store or f"file://{self.state_dir / 'snapshots'}"

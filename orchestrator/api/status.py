@@ -1,0 +1,68 @@
+"""Errors become gRPC status codes here and nowhere else in the orchestrator's services."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from orchestrator.domain import (
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    StasisError,
+    TemporaryError,
+)
+from protos.status import snapshot_status
+from snapshots import SnapshotError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+STATUS: tuple[tuple[type[StasisError], grpc.StatusCode], ...] = (
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (Conflict, grpc.StatusCode.ALREADY_EXISTS),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (TemporaryError, grpc.StatusCode.UNAVAILABLE),
+)
+"""Each family of control-plane errors; any other StasisError is INTERNAL."""
+
+
+def abort(context: grpc.ServicerContext, exc: StasisError | SnapshotError) -> None:
+    if isinstance(exc, SnapshotError):
+        context.abort(snapshot_status(exc), f"snapshot store: {exc}")
+    code = next((c for kind, c in STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+    context.abort(code, str(exc))
+
+
+def rpc(method: F) -> F:
+    """Map Stasis and snapshot errors to status codes, for unary and server-streaming methods."""
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def stream(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from method(self, request, context)
+            except (StasisError, SnapshotError) as exc:
+                abort(context, exc)
+
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    def unary(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except (StasisError, SnapshotError) as exc:
+            abort(context, exc)
+
+    return unary  # type: ignore[return-value]
+
+
+def required(field: str, value: str) -> str:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    return value

@@ -1,0 +1,301 @@
+"""What each `stasis` command does: call the typed client and print a table, JSON or YAML."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file
+from orchestrator.domain import EpisodeState, StasisError
+
+
+def _age(since: float, now: float) -> str:
+    if not since:
+        return "-"
+    s = max(0, int(now - since))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
+        size /= 1024
+    return f"{n}B"
+
+
+def _table(rows: Sequence[Sequence[str]], out: Any) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip(), file=out)
+
+
+def _dump(data: Any, fmt: str, out: Any) -> None:
+    if fmt == "yaml":
+        yaml.safe_dump(data, out, sort_keys=False)
+    else:
+        json.dump(data, out, indent=2)
+        print(file=out)
+
+
+def _reward(e: EpisodeInfo) -> str:
+    return "-" if e.reward is None else f"{e.reward:g}"
+
+
+class Commands:
+    def __init__(self, args: argparse.Namespace, out: Any = sys.stdout, err: Any = sys.stderr) -> None:
+        self.args = args
+        self.out = out
+        self.err = err
+
+    def client(self) -> StasisClient:
+        return StasisClient(self.args.addr, retry_for_s=self.args.retry_for)
+
+    def progress(self, text: str) -> None:
+        print(text, file=self.err, flush=True)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    # `up` and `server` import the whole control plane; the other commands need only the client.
+
+    def up(self) -> int:
+        from orchestrator.cli.local import LocalSettings, run_foreground
+
+        a = self.args
+        settings = LocalSettings(
+            state_dir=Path(a.state_dir),
+            nodes=a.nodes,
+            listen=a.listen,
+            slots=a.slots,
+            backend=a.backend,
+            upstream=a.upstream,
+        )
+        return run_foreground(settings, self.out)
+
+    def server(self) -> int:
+        from orchestrator.api import Orchestrator, OrchestratorSettings
+        from orchestrator.control import ControlSettings
+        from orchestrator.gateway import GatewaySettings
+
+        a = self.args
+        orchestrator = Orchestrator(
+            OrchestratorSettings(
+                state_dir=Path(a.state_dir),
+                listen=a.listen,
+                snapshot_store=a.snapshot_store,
+                control=ControlSettings(
+                    node_lost_after_s=a.node_lost_after,
+                    gc_keep_last=a.gc_keep_last,
+                    default_time_slice_s=a.default_time_slice,
+                    default_priority=a.default_priority,
+                    kube_watch=a.kube_watch,
+                ),
+                gateway=GatewaySettings(listen=a.gateway_listen, port=a.gateway_port, upstream=a.upstream),
+            )
+        ).start()
+        print(f"stasis server listening on {orchestrator.address}", file=self.out, flush=True)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+        orchestrator.stop()
+        return 0
+
+    def submit(self) -> int:
+        spec = load_spec_file(Path(self.args.file))
+        with self.client() as c:
+            episode = c.submit(spec, request_id=self.args.request_id or None)
+        print(episode.id, file=self.out)
+        return 0
+
+    def get(self) -> int:
+        a = self.args
+        with self.client() as c:
+            if a.id:
+                episodes = [c.get(a.id)]
+            else:
+                labels = dict(kv.split("=", 1) for kv in a.selector or [])
+                episodes = c.episodes(states=a.state or [], node=a.node or "", labels=labels)
+        if a.output in ("json", "yaml"):
+            items = [e.to_json() for e in episodes]
+            _dump(items[0] if a.id else {"items": items}, a.output, self.out)
+            return 0
+        now = time.time()
+        header = ["ID", "STATE", "NODE", "SNAPSHOTS", "REWARD", "AGE"]
+        if a.output == "wide":
+            header += ["PRIORITY", "RUNS", "RUN-TIME", "ADDRESS", "REASON"]
+        rows = [header]
+        for e in episodes:
+            row = [e.id, e.state + (" (held)" if e.held else ""), e.node or "-", str(e.snapshots), _reward(e)]
+            row.append(_age(e.submitted_at, now))
+            if a.output == "wide":
+                row += [str(e.priority), str(e.runs), f"{e.run_seconds:.0f}s", e.address, e.reason]
+            rows.append(row)
+        _table(rows, self.out)
+        return 0
+
+    def wait(self) -> int:
+        a = self.args
+        wanted = [s.strip().upper() for s in a.for_state.split(",")]
+        for s in wanted:
+            if s not in EpisodeState.__members__:
+                raise StasisError(
+                    f"--for: {s!r} is not a state; use one of {', '.join(EpisodeState.__members__)}"
+                )
+        with self.client() as c:
+            episode = c.wait(
+                a.id, wanted, a.timeout, on_change=lambda e: self.progress(f"{e.id}: {e.state} ({e.reason})")
+            )
+        print(episode.state, file=self.out)
+        return 0
+
+    def _then_wait(self, c: StasisClient, episode: EpisodeInfo, states: list[str]) -> EpisodeInfo:
+        if not self.args.wait:
+            return episode
+        return c.wait(
+            episode.id,
+            states,
+            self.args.timeout,
+            on_change=lambda e: self.progress(f"{e.id}: {e.state} ({e.reason})"),
+        )
+
+    def preempt(self) -> int:
+        with self.client() as c:
+            episode = self._then_wait(c, c.preempt(self.args.id, self.args.reason or ""), ["PREEMPTED"])
+        print(f"{episode.id} {episode.state}", file=self.out)
+        return 0
+
+    def resume(self) -> int:
+        with self.client() as c:
+            episode = self._then_wait(c, c.resume(self.args.id, self.args.node or ""), ["RUNNING"])
+        print(
+            f"{episode.id} {episode.state}" + (f" on {episode.node}" if episode.node else ""), file=self.out
+        )
+        return 0
+
+    def cancel(self) -> int:
+        with self.client() as c:
+            episode = c.cancel(self.args.id)
+        print(f"{episode.id} {episode.state}", file=self.out)
+        return 0
+
+    def snapshots(self) -> int:
+        with self.client() as c:
+            items = c.snapshots(self.args.id)
+        if self.args.output in ("json", "yaml"):
+            _dump({"items": [s.to_json() for s in items]}, self.args.output, self.out)
+            return 0
+        now = time.time()
+        rows = [["ID", "PARENT", "NODE", "REASON", "AGE", "STORED", "NEW", "DEDUP"]]
+        for s in items:
+            dedup = f"{s.logical_bytes / s.stored_bytes:.1f}x" if s.stored_bytes else "-"
+            stored = _size(s.stored_bytes) + ("" if s.available else " (collected)")
+            rows.append(
+                [
+                    s.id,
+                    s.parent_id or "-",
+                    s.node,
+                    s.reason,
+                    _age(s.created_at, now),
+                    stored,
+                    _size(s.new_bytes),
+                    dedup,
+                ]
+            )
+        _table(rows, self.out)
+        return 0
+
+    def export(self) -> int:
+        dest = Path(self.args.output)
+        with self.client() as c:
+            size = c.export_snapshot(self.args.snapshot_id, dest)
+        print(
+            f"{dest} ({_size(size)}): config.dump, spec.dump, checkpoint/, rootfs-diff.tar, deleted.files",
+            file=self.out,
+        )
+        return 0
+
+    def events(self) -> int:
+        with self.client() as c:
+            items = c.events(self.args.id)
+        if self.args.output in ("json", "yaml"):
+            _dump({"items": [dict(e.__dict__) for e in items]}, self.args.output, self.out)
+            return 0
+        rows = [["TIME", "KIND", "FROM", "TO", "NODE", "REASON"]]
+        for e in items:
+            when = time.strftime("%H:%M:%S", time.localtime(e.at))
+            rows.append([when, e.kind, e.from_state or "-", e.to_state or "-", e.node or "-", e.reason])
+        _table(rows, self.out)
+        return 0
+
+    def trajectory(self) -> int:
+        with self.client() as c:
+            t = c.trajectory(self.args.id, include_branches=True)
+        if self.args.output in ("json", "yaml"):
+            _dump(t.to_json(), self.args.output, self.out)
+            return 0
+        reward = "-" if t.reward is None else f"{t.reward:g}"
+        print(f"{t.episode_id}  {t.state}  reward {reward}  main branch: {len(t.main.turns)} turns, "
+              f"{sum(t.main.loss_mask)} sampled of {len(t.main.token_ids)} tokens", file=self.out)  # fmt: skip
+        rows = [["TURN", "BRANCH", "RUN", "TOKENS", "SUM-LOGPROB", "REPLAYED", "ABANDONED", "POLICY"]]
+        for b in [t.main, *t.branches]:
+            for turn in b.turns:
+                rows.append([
+                    str(turn.index), str(turn.branch), str(turn.run), str(len(turn.token_ids)),
+                    f"{sum(turn.logprobs):.2f}", "yes" if turn.replayed else "-", "yes" if turn.abandoned else "-",
+                    turn.policy_version,
+                ])  # fmt: skip
+        _table(rows, self.out)
+        return 0
+
+    def nodes(self) -> int:
+        with self.client() as c:
+            items = c.nodes()
+        if self.args.output in ("json", "yaml"):
+            _dump({"items": [n.to_json() for n in items]}, self.args.output, self.out)
+            return 0
+        now = time.time()
+        rows = [["NAME", "STATE", "SLOTS", "MEMORY", "EPISODES", "BACKEND", "HEARTBEAT"]]
+        for n in items:
+            rows.append([
+                n.name, n.state, f"{n.slots_used}/{n.slots}", f"{n.memory_used_mb}/{n.memory_mb}Mi",
+                ",".join(n.episodes) or "-", n.backend, _age(n.last_heartbeat, now) + " ago" if n.last_heartbeat else "-",
+            ])  # fmt: skip
+        _table(rows, self.out)
+        return 0
+
+    def drain(self) -> int:
+        with self.client() as c:
+            node = c.drain(self.args.node)
+            if self.args.wait:
+                deadline = time.monotonic() + self.args.timeout
+                while node.episodes:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"node {node.name} still holds {', '.join(node.episodes)}")
+                    self.progress(f"{node.name}: waiting for {', '.join(node.episodes)} to move")
+                    time.sleep(1)
+                    node = next(n for n in c.nodes() if n.name == node.name)
+        print(f"{node.name} {node.state}", file=self.out)
+        return 0
+
+    def uncordon(self) -> int:
+        with self.client() as c:
+            node = c.uncordon(self.args.node)
+        print(f"{node.name} {node.state}", file=self.out)
+        return 0

@@ -1,0 +1,218 @@
+"""`stasis up`: a whole Stasis on this machine. The orchestrator runs in this process with its
+embedded state store and a local snapshot store; each node is a separate agent process with its
+own root and name, sharing nothing with the others but the snapshot store."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from orchestrator.api import Orchestrator, OrchestratorSettings
+from orchestrator.client import StasisClient
+from orchestrator.control import ControlSettings
+from orchestrator.domain import FailedPrecondition, StasisError
+from orchestrator.gateway import GATEWAY_IP, GatewaySettings
+from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    state_dir: Path
+    """Everything of the local stack: state.db, snapshots/, nodes/<name>/, logs/."""
+    nodes: int = 2
+    """Agent processes, named node-1, node-2, ..."""
+    listen: str = "127.0.0.1:7070"
+    slots: int = 2
+    """Sandboxes per node."""
+    memory_mb: int = 8192
+    """Memory each node offers to sandboxes, in MiB."""
+    backend: str = "runc"
+    upstream: str = ""
+    """Model server for the gateway, up to /v1; empty starts the reference model in this process."""
+    gateway_port: int = 0
+    """Port of the gateway on 169.254.1.1; 0 picks a free one."""
+    node_lost_after_s: float = 10.0
+
+
+class AgentProcess:
+    """One node agent as a child process; its log goes to logs/<node>.log."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            # No preexec_fn: running Python in a forked child of a process with gRPC threads can
+            # abort it; the agent watches for its parent's death itself (--exit-with-parent).
+            self.process = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def agent_command(settings: LocalSettings, name: str, orchestrator: str, gateway_port: int = 0) -> list[str]:
+    """The command line of one local node agent."""
+    state_dir = settings.state_dir.resolve()
+    return [
+        sys.executable, "-m", "sandbox_agent",
+        "--node", name,
+        "--root", str(state_dir / "nodes" / name),
+        # Nodes on one machine share the read-only image trees instead of importing them each.
+        "--image-cache", str(state_dir / "images"),
+        "--listen", "127.0.0.1:0",
+        "--orchestrator", orchestrator,
+        "--snapshot-store", f"file://{state_dir / 'snapshots'}",
+        "--slots", str(settings.slots),
+        "--memory-mb", str(settings.memory_mb),
+        "--backend", settings.backend,
+        "--exit-with-parent",  # an agent must not outlive a `stasis up` that was killed outright
+        *(["--allow-port", str(gateway_port)] if gateway_port else []),
+    ]  # fmt: skip
+
+
+class LocalStack:
+    def __init__(self, settings: LocalSettings) -> None:
+        self.settings = settings
+        self.state_dir = settings.state_dir.resolve()
+        self.orchestrator: Orchestrator | None = None
+        self.model: ReferenceModelServer | None = None
+        self.agents: dict[str, AgentProcess] = {}
+
+    @property
+    def address(self) -> str:
+        assert self.orchestrator is not None
+        return self.orchestrator.address
+
+    @property
+    def store_url(self) -> str:
+        return f"file://{self.state_dir / 'snapshots'}"
+
+    def start(self, progress: Callable[[str], None] = lambda _: None, timeout_s: float = 120) -> None:
+        s = self.settings
+        upstream = s.upstream
+        if not upstream:
+            self.model = ReferenceModelServer(ReferenceModelSettings()).start()
+            upstream = self.model.url
+            progress(f"reference model serving {upstream}")
+        gateway_port = s.gateway_port or _free_port()
+        self.orchestrator = Orchestrator(
+            OrchestratorSettings(
+                state_dir=self.state_dir,
+                listen=s.listen,
+                snapshot_store=self.store_url,
+                control=ControlSettings(node_lost_after_s=s.node_lost_after_s),
+                gateway=GatewaySettings(
+                    listen=f"{GATEWAY_IP}:{gateway_port}", port=gateway_port, upstream=upstream
+                ),
+            )
+        ).start(gateway=False)
+        progress(f"orchestrator listening on {self.address}, state in {self.state_dir}")
+        for i in range(1, s.nodes + 1):
+            name = f"node-{i}"
+            argv = agent_command(s, name, self.address, gateway_port)
+            agent = AgentProcess(name, argv, self.state_dir / "logs" / f"{name}.log")
+            agent.start()
+            self.agents[name] = agent
+        progress(f"starting {s.nodes} node agents (logs in {self.state_dir / 'logs'})")
+        self.wait_for_nodes(timeout_s)
+        # The nodes have put 169.254.1.1 on this host; now the gateway can listen there.
+        self.orchestrator.start_gateway()
+        progress(f"gateway at http://{GATEWAY_IP}:{gateway_port}/v1 for sandboxes, forwarding to {upstream}")
+
+    def wait_for_nodes(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with StasisClient(self.address) as client:
+            while True:
+                ready = {n.name for n in client.nodes() if n.state == "READY"}
+                if set(self.agents) <= ready:
+                    return
+                for agent in self.agents.values():
+                    if agent.process is not None and agent.process.poll() is not None:
+                        raise FailedPrecondition(
+                            f"agent {agent.name} exited with code {agent.process.returncode}; "
+                            f"see {agent.log_path}:\n{_tail(agent.log_path)}"
+                        )
+                if time.monotonic() > deadline:
+                    raise FailedPrecondition(
+                        f"nodes {sorted(set(self.agents) - ready)} did not register in time"
+                    )
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        if self.orchestrator is not None:
+            self.orchestrator.stop()
+        if self.model is not None:
+            self.model.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_foreground(settings: LocalSettings, out: IO[str]) -> int:
+    """Start the stack, print its address, and run until SIGINT/SIGTERM."""
+    stack = LocalStack(settings)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        stack.start(progress=lambda line: print(line, file=out, flush=True))
+    except StasisError as exc:
+        print(f"stasis up: {exc}", file=out, flush=True)
+        stack.stop()
+        return 1
+    nodes = ", ".join(stack.agents)
+    print(f"Stasis is up at {stack.address} with nodes {nodes}", file=out)
+    print(f"  export STASIS_ADDR={stack.address}", file=out)
+    print(
+        "  stasis submit -f examples/episode.yaml   # then: stasis get, stasis snapshots ID",
+        file=out,
+        flush=True,
+    )
+    stop.wait()
+    print(
+        "stopping (running sandboxes keep running and are picked up by the next `stasis up`)",
+        file=out,
+        flush=True,
+    )
+    stack.stop()
+    return 0

@@ -1,0 +1,118 @@
+"""The `stasis` command line: every command, flag and default. Server flags default to $STASIS_*."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from orchestrator.client import DEFAULT_ADDR
+
+PROG = "stasis"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Stasis: snapshotting sandboxes for preemptible agent rollouts"
+    )
+    p.add_argument(
+        "--addr", default=None, help=f"orchestrator address (default: $STASIS_ADDR or {DEFAULT_ADDR})"
+    )
+    p.add_argument(
+        "--retry-for", type=float, default=10.0, help="seconds to retry while the orchestrator is unreachable"
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run a local Stasis in the foreground (orchestrator + node agents)")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--state-dir", default="/var/lib/stasis/local")
+    up.add_argument("--listen", default=DEFAULT_ADDR)
+    up.add_argument("--slots", type=int, default=2, help="sandboxes per node")
+    up.add_argument("--backend", choices=("runc", "docker"), default="runc")
+    up.add_argument(
+        "--upstream", default="", help="OpenAI-compatible model server (default: the reference model)"
+    )
+
+    env = os.environ.get
+    srv = sub.add_parser(
+        "server", help="run the orchestrator alone (cluster mode); flags default to $STASIS_*"
+    )
+    srv.add_argument("--listen", default=env("STASIS_LISTEN", "0.0.0.0:7070"))
+    srv.add_argument("--state-dir", default=env("STASIS_STATE_DIR", "/var/lib/stasis"))
+    srv.add_argument("--snapshot-store", default=env("STASIS_SNAPSHOT_STORE", ""))
+    srv.add_argument("--node-lost-after", type=float, default=float(env("STASIS_NODE_LOST_AFTER", "10")))
+    srv.add_argument("--gateway-listen", default=env("STASIS_GATEWAY_LISTEN", ""))
+    srv.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
+    srv.add_argument("--upstream", default=env("STASIS_UPSTREAM", ""))
+    srv.add_argument("--gc-keep-last", type=int, default=int(env("STASIS_GC_KEEP_LAST", "3")))
+    srv.add_argument(
+        "--default-time-slice", type=float, default=float(env("STASIS_DEFAULT_TIME_SLICE_SECONDS", "0"))
+    )
+    srv.add_argument("--default-priority", type=int, default=int(env("STASIS_DEFAULT_PRIORITY", "0")))
+    srv.add_argument(
+        "--kube-watch",
+        action=argparse.BooleanOptionalAction,
+        default=bool(env("KUBERNETES_SERVICE_HOST")),
+        help="drain nodes Kubernetes is reclaiming (default: on inside a cluster)",
+    )
+
+    s = sub.add_parser("submit", help="submit an episode; prints its id")
+    s.add_argument("-f", "--file", required=True, help="episode spec, YAML or JSON")
+    s.add_argument("--request-id", default="", help="makes retries of this submit idempotent")
+
+    g = sub.add_parser("get", help="list episodes, or show one")
+    g.add_argument("id", nargs="?")
+    g.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table")
+    g.add_argument("--state", action="append", help="filter by state (repeatable)")
+    g.add_argument("--node", help="filter by node")
+    g.add_argument("-l", "--selector", action="append", help="filter by label KEY=VALUE (repeatable)")
+
+    w = sub.add_parser("wait", help="wait until an episode reaches a state")
+    w.add_argument("id")
+    w.add_argument("--for", dest="for_state", required=True, help="state, or several separated by commas")
+    w.add_argument("--timeout", type=float, default=600)
+
+    for name, text in (
+        ("preempt", "checkpoint a running episode and hold it"),
+        ("resume", "resume a preempted episode"),
+    ):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("id")
+        if name == "preempt":
+            c.add_argument("--reason", default="")
+        else:
+            c.add_argument("--node", default="", help="restore on this node")
+        c.add_argument("--wait", action="store_true", help="wait until it is PREEMPTED / RUNNING")
+        c.add_argument("--timeout", type=float, default=600)
+
+    c = sub.add_parser("cancel", help="cancel an episode")
+    c.add_argument("id")
+
+    for name, text in (
+        ("snapshots", "snapshot history with lineage"),
+        ("events", "state changes and decisions"),
+    ):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("id")
+        c.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+    x = sub.add_parser(
+        "export", help="write a snapshot as a container checkpoint archive (checkpointctl reads it)"
+    )
+    x.add_argument("snapshot_id")
+    x.add_argument("-o", "--output", required=True, help="archive file to write")
+
+    t = sub.add_parser("trajectory", help="recorded turns: token ids, behaviour log-probs, branches, reward")
+    t.add_argument("id")
+    t.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+    n = sub.add_parser("nodes", help="list nodes")
+    n.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+    d = sub.add_parser("drain", help="move every episode off a node and keep new ones away")
+    d.add_argument("node")
+    d.add_argument("--wait", action="store_true")
+    d.add_argument("--timeout", type=float, default=600)
+    u = sub.add_parser("uncordon", help="let a drained node take episodes again")
+    u.add_argument("node")
+    return p

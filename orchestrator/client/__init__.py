@@ -1,0 +1,33 @@
+"""The typed client for trainer code and the CLI, and the spec-file loader.
+
+Owns everything a caller of the public API needs; no protobuf or gRPC type leaks out of it.
+Imports the domain and the wire codec only, never the service, the control loop or the state.
+"""
+
+from orchestrator.client.client import DEFAULT_ADDR, StasisClient
+from orchestrator.client.records import (
+    BranchInfo,
+    EpisodeInfo,
+    EventInfo,
+    ImageInfo,
+    NodeInfo,
+    SnapshotInfo,
+    TrajectoryInfo,
+    TurnInfo,
+)
+from orchestrator.client.specfile import load_spec_file, spec_from_mapping
+
+__all__ = [
+    "DEFAULT_ADDR",
+    "BranchInfo",
+    "EpisodeInfo",
+    "EventInfo",
+    "ImageInfo",
+    "NodeInfo",
+    "SnapshotInfo",
+    "StasisClient",
+    "TrajectoryInfo",
+    "TurnInfo",
+    "load_spec_file",
+    "spec_from_mapping",
+]

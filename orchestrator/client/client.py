@@ -1,0 +1,271 @@
+"""A small typed client for trainer code and the CLI; no protobuf or gRPC types leak out.
+
+from orchestrator import StasisClient
+with StasisClient("127.0.0.1:7070") as stasis:
+    episode = stasis.submit({"image": "base", "command": ["python3", "agent.py"]})
+    for event in stasis.watch([episode.id]): ...
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from orchestrator import wire
+from orchestrator.client.records import (
+    EpisodeInfo,
+    EventInfo,
+    NodeInfo,
+    SnapshotInfo,
+    TrajectoryInfo,
+)
+from orchestrator.client.specfile import spec_from_mapping
+from orchestrator.domain import (
+    Conflict,
+    EpisodeSpec,
+    EpisodeState,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    StasisError,
+    TemporaryError,
+)
+from protos.stasis.v1 import stasis_pb2 as pb
+from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+
+DEFAULT_ADDR = "127.0.0.1:7070"
+T = TypeVar("T")
+
+
+class StasisClient:
+    """Talks to one orchestrator. Calls that change state carry a request id and are retried
+    while the orchestrator is unreachable, so a retry never does the work twice."""
+
+    def __init__(
+        self, address: str | None = None, *, timeout_s: float = 30.0, retry_for_s: float = 30.0
+    ) -> None:
+        self.address = address or os.environ.get("STASIS_ADDR") or DEFAULT_ADDR
+        self.timeout_s = timeout_s
+        self.retry_for_s = retry_for_s
+        self._channel = grpc.insecure_channel(
+            self.address, options=[("grpc.max_send_message_length", 64 << 20)]
+        )
+        self._stub = pb_grpc.StasisStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> StasisClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """The one place gRPC errors become Stasis errors."""
+        try:
+            yield
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                field_name, _, problem = details.partition(": ")
+                raise InvalidArgument(field_name, problem) from None
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(details) from None
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise FailedPrecondition(details) from None
+            if code == grpc.StatusCode.ALREADY_EXISTS:
+                raise Conflict(details) from None
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise TemporaryError(
+                    f"cannot reach Stasis at {self.address}: {details or code.name}"
+                ) from None
+            raise StasisError(f"{code.name}: {details}") from None
+
+    def _call(self, method: Callable[..., T], request: Any, *, retried: bool = True) -> T:
+        def once() -> T:
+            with self._translated():
+                return method(request, timeout=self.timeout_s)
+
+        if not retried:
+            return once()
+        return retry(
+            retry=retry_if_exception_type(TemporaryError),
+            stop=stop_after_delay(self.retry_for_s),
+            wait=wait_exponential(multiplier=0.2, max=3),
+            reraise=True,
+        )(once)()
+
+    # -- episodes ---------------------------------------------------------------------------
+
+    def submit(self, spec: EpisodeSpec | Mapping[str, Any], *, request_id: str | None = None) -> EpisodeInfo:
+        """Submit an episode; a bad spec raises InvalidArgument naming the field."""
+        if not isinstance(spec, EpisodeSpec):
+            spec = spec_from_mapping(spec)
+        request = pb.SubmitEpisodeRequest(
+            spec=wire.encode(spec, pb.EpisodeSpec), request_id=request_id or str(uuid.uuid4())
+        )
+        return _episode(self._call(self._stub.SubmitEpisode, request))
+
+    def get(self, episode_id: str) -> EpisodeInfo:
+        return _episode(self._call(self._stub.GetEpisode, pb.GetEpisodeRequest(episode_id=episode_id)))
+
+    def episodes(
+        self, states: Collection[str] = (), node: str = "", labels: Mapping[str, str] | None = None
+    ) -> list[EpisodeInfo]:
+        request = pb.ListEpisodesRequest(
+            states=[
+                pb.EpisodeState.ValueType(
+                    wire.enum_number(pb.EpisodeState.DESCRIPTOR, EpisodeState(s.upper()))
+                )
+                for s in states
+            ],
+            node=node,
+            labels=dict(labels or {}),
+        )
+        return [_episode(e) for e in self._call(self._stub.ListEpisodes, request).episodes]
+
+    def watch(self, episode_ids: Collection[str] = (), since_seq: int = 0) -> Iterator[EventInfo]:
+        """Every state change and decision from since_seq on, then live, until the caller stops."""
+        request = pb.WatchEpisodesRequest(episode_ids=list(episode_ids), since_seq=since_seq)
+        with self._translated():
+            for m in self._stub.WatchEpisodes(request):
+                yield _event(m)
+
+    def events(self, episode_id: str = "", since_seq: int = 0, limit: int = 1000) -> list[EventInfo]:
+        request = pb.ListEventsRequest(episode_id=episode_id, since_seq=since_seq, limit=limit)
+        return [_event(e) for e in self._call(self._stub.ListEvents, request).events]
+
+    def cancel(self, episode_id: str) -> EpisodeInfo:
+        request = pb.CancelEpisodeRequest(episode_id=episode_id, request_id=str(uuid.uuid4()))
+        return _episode(self._call(self._stub.CancelEpisode, request))
+
+    def preempt(self, episode_id: str, reason: str = "") -> EpisodeInfo:
+        request = pb.PreemptEpisodeRequest(episode_id=episode_id, reason=reason, request_id=str(uuid.uuid4()))
+        return _episode(self._call(self._stub.PreemptEpisode, request))
+
+    def resume(self, episode_id: str, node: str = "") -> EpisodeInfo:
+        request = pb.ResumeEpisodeRequest(episode_id=episode_id, node=node, request_id=str(uuid.uuid4()))
+        return _episode(self._call(self._stub.ResumeEpisode, request))
+
+    def wait(
+        self,
+        episode_id: str,
+        states: Collection[str],
+        timeout_s: float = 600,
+        on_change: Callable[[EpisodeInfo], None] | None = None,
+    ) -> EpisodeInfo:
+        """Wait until the episode is in one of states, following its events as they happen.
+
+        Raises TimeoutError with its last state, and FailedPrecondition at once if the episode
+        ends in another state.
+        """
+        wanted = {s.upper() for s in states}
+        deadline = time.monotonic() + timeout_s
+        last = ""
+
+        def check() -> EpisodeInfo | None:
+            nonlocal last
+            episode = self.get(episode_id)
+            if episode.state != last:
+                last = episode.state
+                if on_change:
+                    on_change(episode)
+            if episode.state in wanted:
+                return episode
+            if episode.finished:
+                raise FailedPrecondition(
+                    f"episode {episode_id} ended as {episode.state} ({episode.reason}), not {'/'.join(sorted(wanted))}"
+                )
+            return None
+
+        events = self.events(episode_id)
+        since = events[-1].seq if events else 0
+        while True:
+            if (done := check()) is not None:
+                return done
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"episode {episode_id} is still {last} after {timeout_s:.0f}s")
+            request = pb.WatchEpisodesRequest(episode_ids=[episode_id], since_seq=since)
+            try:
+                for m in self._stub.WatchEpisodes(request, timeout=remaining):
+                    since = m.seq
+                    if m.kind == "transition" and (done := check()) is not None:
+                        return done
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    with self._translated():
+                        raise
+                time.sleep(0.2)  # the orchestrator restarts, or the deadline passed: check again
+
+    # -- trajectories -----------------------------------------------------------------------
+
+    def trajectory(self, episode_id: str, include_branches: bool = False) -> TrajectoryInfo:
+        request = pb.GetTrajectoryRequest(episode_id=episode_id, include_branches=include_branches)
+        return _trajectory(self._call(self._stub.GetTrajectory, request))
+
+    def stream_trajectories(
+        self, labels: Mapping[str, str] | None = None, since_seq: int = 0, include_branches: bool = False
+    ) -> Iterator[TrajectoryInfo]:
+        """Finished episodes' trajectories as they finish; pass the last `seq` to resume."""
+        request = pb.StreamTrajectoriesRequest(
+            labels=dict(labels or {}), since_seq=since_seq, include_branches=include_branches
+        )
+        with self._translated():
+            for m in self._stub.StreamTrajectories(request):
+                yield _trajectory(m)
+
+    # -- snapshots and nodes ----------------------------------------------------------------
+
+    def snapshots(self, episode_id: str) -> list[SnapshotInfo]:
+        reply = self._call(self._stub.ListSnapshots, pb.ListSnapshotsRequest(episode_id=episode_id))
+        return [wire.decode(s, SnapshotInfo) for s in reply.snapshots]
+
+    def export_snapshot(self, snapshot_id: str, dest: Path) -> int:
+        """Write a snapshot as a standard container checkpoint archive; returns its size in bytes."""
+        size = 0
+        tmp = dest.with_name(f".{dest.name}.partial")
+        with self._translated(), open(tmp, "wb") as f:
+            for chunk in self._stub.ExportSnapshot(pb.ExportSnapshotRequest(snapshot_id=snapshot_id)):
+                f.write(chunk.data)
+                size += len(chunk.data)
+        tmp.replace(dest)
+        return size
+
+    def nodes(self) -> list[NodeInfo]:
+        return [_node(n) for n in self._call(self._stub.ListNodes, pb.ListNodesRequest()).nodes]
+
+    def drain(self, node: str) -> NodeInfo:
+        return _node(
+            self._call(self._stub.DrainNode, pb.DrainNodeRequest(node=node, request_id=str(uuid.uuid4())))
+        )
+
+    def uncordon(self, node: str) -> NodeInfo:
+        request = pb.UncordonNodeRequest(node=node, request_id=str(uuid.uuid4()))
+        return _node(self._call(self._stub.UncordonNode, request))
+
+
+def _episode(m: pb.Episode) -> EpisodeInfo:
+    return wire.decode(m, EpisodeInfo)
+
+
+def _event(m: pb.EpisodeEvent) -> EventInfo:
+    return wire.decode(m, EventInfo)
+
+
+def _node(m: pb.Node) -> NodeInfo:
+    return wire.decode(m, NodeInfo)
+
+
+def _trajectory(m: pb.Trajectory) -> TrajectoryInfo:
+    return wire.decode(m, TrajectoryInfo)

@@ -1,0 +1,151 @@
+"""What the typed client returns: plain records decoded from the public API's messages by field
+name (`orchestrator.wire`), so a new API field needs only a new record field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.domain import EpisodeSpec, EpisodeState, Event, codec
+
+EventInfo = Event
+"""A state change or scheduling decision, as the orchestrator records it."""
+
+
+class _Plain:
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain data, for JSON and YAML output."""
+        data: dict[str, Any] = codec.encode(self)
+        return data
+
+
+@dataclass(frozen=True)
+class EpisodeInfo(_Plain):
+    id: str
+    spec: EpisodeSpec
+    state: EpisodeState
+    reason: str
+    node: str
+    sandbox_id: str
+    address: str
+    snapshots: int
+    last_snapshot_id: str
+    reward: float | None
+    exit_code: int | None
+    submitted_at: float
+    updated_at: float
+    finished_at: float
+    run_seconds: float
+    runs: int
+    held: bool
+    pinned_node: str
+
+    @property
+    def finished(self) -> bool:
+        return self.state.terminal
+
+    @property
+    def image(self) -> str:
+        return self.spec.image
+
+    @property
+    def priority(self) -> int:
+        return self.spec.preemption.priority
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.spec.labels
+
+
+@dataclass(frozen=True)
+class SnapshotInfo(_Plain):
+    id: str
+    episode_id: str
+    parent_id: str
+    sequence: int
+    node: str
+    reason: str
+    created_at: float
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    available: bool
+    trajectory_cursor: Any
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageInfo(_Plain):
+    digest: str
+    names: list[str]
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class NodeInfo(_Plain):
+    name: str
+    state: str
+    address: str
+    backend: str
+    slots: int
+    slots_used: int
+    memory_mb: int
+    memory_used_mb: int
+    images: list[ImageInfo]
+    episodes: list[str]
+    last_heartbeat: float
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True)
+class TurnInfo(_Plain):
+    id: int
+    index: int
+    branch: int
+    replayed: bool
+    replays: int
+    abandoned: bool
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_version: str
+    parent_id: int
+    run: int
+    created_at: float
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class BranchInfo(_Plain):
+    id: int
+    abandoned: bool
+    token_ids: list[int]
+    logprobs: list[float]
+    loss_mask: list[int]
+    policy_versions: list[str]
+    turns: list[TurnInfo]
+
+
+@dataclass(frozen=True)
+class TrajectoryInfo:
+    episode_id: str
+    state: EpisodeState
+    reward: float | None
+    verifier_log: str
+    main: BranchInfo
+    branches: list[BranchInfo]
+    labels: dict[str, str]
+    seq: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI's JSON: every turn of every branch shown, main first, plus the reward."""
+        turns = [t for b in [self.main, *self.branches] for t in b.turns]
+        main = codec.encode(self.main)
+        del main["turns"]
+        return {
+            "episode_id": self.episode_id,
+            "state": str(self.state),
+            "reward": self.reward,
+            "turns": codec.encode(turns),
+            "main": main,
+            "verifier_log": self.verifier_log,
+        }

@@ -1,0 +1,291 @@
+"""The node agents as the control loop sees them: a `NodeAgent` protocol, its gRPC client, and
+the typed errors a call can end in.
+
+This is the one place agent RPC errors become the control plane's errors. Control code branches
+on their types (`SnapshotDamaged`, `SpecRefused`, ...), never on status names, and honours
+`TemporaryError.delay`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from orchestrator import wire
+from orchestrator.domain import EpisodeSpec, NotFound, PermanentError, TemporaryError
+from protos.stasis.v1 import agent_pb2 as pb
+from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+
+class AgentUnavailable(TemporaryError):
+    """The agent is down, overloaded, or busy with the same sandbox: ask again after `delay`."""
+
+
+class AgentRefused(PermanentError):
+    """The agent ran the request and said no; retrying the same request there will not help."""
+
+    def __init__(self, node: str, details: str) -> None:
+        super().__init__(details if details.startswith("node ") else f"node {node}: {details}")
+        self.node = node
+
+
+class SpecRefused(AgentRefused):
+    """The sandbox spec or image is bad: every node would refuse it the same way."""
+
+
+class SnapshotDamaged(AgentRefused):
+    """The snapshot failed verification on the node (a chunk or the manifest is corrupt)."""
+
+
+class SandboxConflict(AgentRefused):
+    """The node already holds a sandbox or snapshot of that id."""
+
+
+_TEMPORARY = {
+    grpc.StatusCode.UNAVAILABLE: 1.0,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 1.0,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 2.0,
+    grpc.StatusCode.ABORTED: 0.5,
+    grpc.StatusCode.CANCELLED: 1.0,
+}
+"""Status codes worth retrying, with the delay before the next try in seconds."""
+
+_REFUSED: dict[grpc.StatusCode, type[AgentRefused]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: SpecRefused,
+    grpc.StatusCode.DATA_LOSS: SnapshotDamaged,
+    grpc.StatusCode.ALREADY_EXISTS: SandboxConflict,
+}
+
+
+class SandboxState(enum.StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class SandboxView:
+    """A sandbox as its node reports it."""
+
+    id: str
+    node: str
+    state: SandboxState
+    exit_code: int | None
+    busy: bool
+    restored_from: str = ""
+    restore_timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_pb(cls, s: pb.Sandbox) -> SandboxView:
+        return wire.decode(s, cls)
+
+
+@dataclass(frozen=True)
+class SnapshotRequest:
+    """Identity the control plane gives a snapshot before asking a node to take it."""
+
+    snapshot_id: str
+    episode_id: str
+    sequence: int
+    parent_id: str
+    reason: str
+    trajectory_cursor: Any
+
+
+@dataclass(frozen=True)
+class CheckpointOutcome:
+    """A snapshot the node committed to the store."""
+
+    snapshot_id: str
+    created_at: float
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    timings_ms: dict[str, float]
+
+
+@dataclass(frozen=True)
+class VerifierOutcome:
+    exit_code: int | None
+    timed_out: bool
+    log: bytes
+    duration_ms: float
+
+
+class NodeAgent(Protocol):
+    """What the control loop asks of one node's agent."""
+
+    def create(
+        self, sandbox_id: str, spec: EpisodeSpec, *, address: str, hostname: str, env: dict[str, str]
+    ) -> SandboxView: ...
+    def checkpoint(
+        self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
+    ) -> CheckpointOutcome: ...
+    def restore(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxView: ...
+    def get(self, sandbox_id: str) -> SandboxView | None:
+        """The sandbox, or None if the node has no sandbox of that id."""
+
+    def delete(self, sandbox_id: str) -> None:
+        """Delete a sandbox; one that is already gone is fine."""
+
+    def run_verifier(
+        self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
+    ) -> VerifierOutcome: ...
+
+
+class NodeAgents(Protocol):
+    """The agents of the registered nodes, by node name."""
+
+    def set(self, node: str, address: str) -> None: ...
+    def get(self, node: str) -> NodeAgent: ...
+    def close(self) -> None: ...
+
+
+class AgentClient:
+    """One node agent over one gRPC channel."""
+
+    def __init__(self, node: str, address: str, timeout_s: float = 600) -> None:
+        self.node = node
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.max_receive_message_length", 64 << 20),
+            ],
+        )
+        self._stub = pb_grpc.SandboxAgentStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except grpc.RpcError as exc:
+            code: grpc.StatusCode = exc.code()
+            details = exc.details() or code.name
+            if code in _TEMPORARY:
+                raise AgentUnavailable(
+                    f"node {self.node} ({self.address}) {what}: {code.name}: {details}",
+                    delay=_TEMPORARY[code],
+                ) from exc
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(details) from exc
+            raise _REFUSED.get(code, AgentRefused)(self.node, details) from exc
+
+    def _call(self, what: str, method: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        with self._errors(what):
+            return method(request, timeout=timeout or self.timeout_s)
+
+    def create(
+        self, sandbox_id: str, spec: EpisodeSpec, *, address: str, hostname: str, env: dict[str, str]
+    ) -> SandboxView:
+        request = pb.CreateSandboxRequest(
+            sandbox_id=sandbox_id,
+            spec=pb.SandboxSpec(
+                image=spec.image,
+                command=list(spec.command),
+                env={**spec.env, **env},
+                cwd="/",
+                hostname=hostname,
+                address=address,
+                resources=pb.Resources(cpus=spec.resources.cpus, memory_mb=spec.resources.memory_mb),
+            ),
+            files=spec.files,
+        )
+        return SandboxView.from_pb(self._call("create", self._stub.CreateSandbox, request))
+
+    def checkpoint(
+        self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
+    ) -> CheckpointOutcome:
+        cursor = snapshot.trajectory_cursor
+        request = pb.CheckpointRequest(
+            sandbox_id=sandbox_id,
+            leave_running=leave_running,
+            snapshot=pb.SnapshotTarget(
+                snapshot_id=snapshot.snapshot_id,
+                episode_id=snapshot.episode_id,
+                sequence=snapshot.sequence,
+                parent_id=snapshot.parent_id,
+                reason=snapshot.reason,
+                trajectory_cursor=json.dumps(cursor) if cursor is not None else "",
+            ),
+        )
+        return wire.decode(self._call("checkpoint", self._stub.Checkpoint, request), CheckpointOutcome)
+
+    def restore(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxView:
+        request = pb.RestoreRequest(sandbox_id=sandbox_id, snapshot_id=snapshot_id, image=image)
+        return SandboxView.from_pb(self._call("restore", self._stub.Restore, request))
+
+    def get(self, sandbox_id: str) -> SandboxView | None:
+        try:
+            return SandboxView.from_pb(
+                self._call("get", self._stub.GetSandbox, pb.GetSandboxRequest(sandbox_id=sandbox_id), 30)
+            )
+        except NotFound:
+            return None
+
+    def delete(self, sandbox_id: str) -> None:
+        try:
+            self._call(
+                "delete", self._stub.DeleteSandbox, pb.DeleteSandboxRequest(sandbox_id=sandbox_id), 120
+            )
+        except NotFound:
+            return
+
+    def run_verifier(
+        self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
+    ) -> VerifierOutcome:
+        request = pb.RunVerifierRequest(
+            sandbox_id=sandbox_id, command=list(command), files=files, image=image, timeout_s=timeout_s
+        )
+        r = self._call("verifier", self._stub.RunVerifier, request, timeout_s + 120)
+        return VerifierOutcome(
+            exit_code=r.exit_code if r.has_exit_code else None,
+            timed_out=r.timed_out,
+            log=r.log,
+            duration_ms=r.duration_ms,
+        )
+
+
+class AgentPool:
+    """gRPC clients for the registered nodes, rebuilt when a node re-registers at a new address."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, AgentClient] = {}
+        self._lock = threading.Lock()
+
+    def set(self, node: str, address: str) -> None:
+        with self._lock:
+            old = self._clients.get(node)
+            if old is not None and old.address == address:
+                return
+            self._clients[node] = AgentClient(node, address)
+        if old is not None:
+            old.close()
+
+    def get(self, node: str) -> AgentClient:
+        with self._lock:
+            client = self._clients.get(node)
+        if client is None:
+            raise AgentUnavailable(f"node {node} has not registered with this orchestrator yet", delay=2)
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()

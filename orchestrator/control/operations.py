@@ -1,0 +1,243 @@
+"""Operations on nodes: start, restore, checkpoint and finish an episode.
+
+Each first commits its intent (a placement with the sandbox id it will create, RESTORING, or
+CHECKPOINTING with the snapshot id it will write), then calls the node's agent from a worker,
+then commits the outcome. An intent found with no worker behind it after a restart is settled
+by `settle`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.control.membership import Membership
+from orchestrator.control.node_agent import (
+    NodeAgents,
+    SnapshotDamaged,
+    SnapshotRequest,
+    SpecRefused,
+)
+from orchestrator.control.outcomes import Outcomes, snapshot_record
+from orchestrator.control.settings import ControlSettings
+from orchestrator.control.work import Work
+from orchestrator.domain import (
+    Episode,
+    EpisodeState,
+    FailedPrecondition,
+    NotFound,
+    PermanentError,
+    Reason,
+    StasisError,
+    TemporaryError,
+    ids,
+)
+from orchestrator.state import StateStore
+from snapshots import SnapshotStore
+
+log = logging.getLogger(__name__)
+S = EpisodeState
+
+CursorHook = Callable[[Episode], Any]
+"""The trajectory ledger's position, stored with each snapshot."""
+FinishHook = Callable[[Episode, int | None], tuple[EpisodeState, str, float | None]]
+"""What runs when a harness exits (the verifier): the final state, its reason and the reward."""
+EnvHook = Callable[[Episode], dict[str, str]]
+"""Environment a sandbox gets beside its spec's (the gateway's address and the episode's key)."""
+
+
+def default_finish(episode: Episode, exit_code: int | None) -> tuple[EpisodeState, str, float | None]:
+    if exit_code == 0:
+        return S.SUCCEEDED, "harness exited with code 0", None
+    return S.FAILED, f"harness exited with code {exit_code}", None
+
+
+class Operations:
+    def __init__(
+        self,
+        settings: ControlSettings,
+        store: StateStore,
+        snapshots: SnapshotStore,
+        agents: NodeAgents,
+        work: Work,
+        members: Membership,
+        outcomes: Outcomes,
+        *,
+        cursor: CursorHook,
+        finish: FinishHook,
+        env: EnvHook,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.snapshots = snapshots
+        self.agents = agents
+        self.work = work
+        self.members = members
+        self.outcomes = outcomes
+        self._cursor = cursor
+        self._finish = finish
+        self._env = env
+
+    # start ---------------------------------------------------------------------------------
+
+    def begin_start(self, e: Episode, node: str, why: str) -> None:
+        run = e.runs + 1
+        try:
+            with self.work.claim(e.id):
+                self.store.update(
+                    e.id, node=node, sandbox_id=ids.sandbox_id(e.id, run), runs=run, restored_from="",
+                    decision=why,
+                )  # fmt: skip
+                self.work.submit(e.id, self.start)
+        except (FailedPrecondition, RuntimeError):
+            return
+
+    def start(self, e: Episode) -> None:
+        env = {"STASIS_EPISODE_ID": e.id, **self._env(e)}
+        try:
+            self.agents.get(e.node).create(e.sandbox_id, e.spec, address=e.address, hostname=e.id, env=env)
+        except TemporaryError as exc:
+            self.outcomes.start_failed(e, str(exc), final=False, exc=exc)
+            return
+        except (PermanentError, NotFound) as exc:
+            # A bad image or spec fails the same way everywhere; anything else may be this node.
+            final = isinstance(exc, NotFound | SpecRefused) or e.attempts + 1 >= self.settings.max_attempts
+            self.outcomes.start_failed(e, str(exc), final=final)
+            return
+        self.outcomes.running(e, S.PENDING, f"started on {e.node}")
+
+    # restore -------------------------------------------------------------------------------
+
+    def begin_restore(self, e: Episode, node: str, why: str) -> None:
+        if not e.last_snapshot_id:
+            self.store.transition(
+                e.id, S.PENDING, "no snapshot to resume from; starting over", queued_at=time.time()
+            )
+            return
+        run = e.runs + 1
+        try:
+            with self.work.claim(e.id):
+                self.store.transition(
+                    e.id, S.RESTORING, why, expect=(S.PREEMPTED,), node=node,
+                    sandbox_id=ids.sandbox_id(e.id, run), runs=run, restored_from=e.last_snapshot_id,
+                )  # fmt: skip
+                self.work.submit(e.id, self.restore)
+        except (FailedPrecondition, RuntimeError):
+            return
+
+    def restore(self, e: Episode) -> None:
+        where = f"restore on {e.node} failed"
+        try:
+            view = self.agents.get(e.node).restore(e.sandbox_id, e.last_snapshot_id, e.spec.image)
+        except TemporaryError as exc:
+            self.outcomes.restore_failed(e, f"{where}, will retry: {exc}", final=False, exc=exc)
+            return
+        except PermanentError as exc:
+            if isinstance(exc, SnapshotDamaged) and self._fall_back(e, str(exc)):
+                return
+            final = e.attempts + 1 >= self.settings.max_attempts
+            self.outcomes.restore_failed(e, f"{where}: {exc}", final=final)
+            return
+        except NotFound as exc:
+            self.outcomes.restore_failed(e, f"{where}: {exc}", final=True)
+            return
+        timings = ", ".join(f"{k} {v:.0f}" for k, v in view.restore_timings_ms.items() if v)
+        self.outcomes.running(
+            e, S.RESTORING, f"restored on {e.node} from {e.last_snapshot_id} ({timings} ms)"
+        )
+
+    def _fall_back(self, e: Episode, problem: str) -> bool:
+        """A corrupt snapshot never replaces a good one: resume from its parent instead."""
+        records = self.store.snapshots(e.id)
+        parent = next((r.parent_id for r in records if r.id == e.last_snapshot_id), "")
+        if not parent:
+            return False
+        self.outcomes.transition_or_cleanup(
+            e, S.PREEMPTED, f"snapshot {e.last_snapshot_id} is corrupt ({problem}); falling back to {parent}",
+            expect=(S.RESTORING,), node="", sandbox_id="", last_snapshot_id=parent,
+        )  # fmt: skip
+        return True
+
+    # checkpoint ----------------------------------------------------------------------------
+
+    def begin_checkpoint(
+        self, episode_id: str, reason: Reason, why: str, *, leave_running: bool = False
+    ) -> Episode:
+        """Commit the intent to checkpoint and start it; returns the episode as it is now."""
+        _require_running(self.store.get(episode_id))  # a clear answer before a "busy" one
+        with self.work.claim(episode_id):
+            e = self.store.get(episode_id)
+            _require_running(e)
+            sequence = e.snapshots + 1
+            while self.snapshots.exists(
+                ids.snapshot_id(e.id, sequence)
+            ):  # left by a crash before it was recorded
+                sequence += 1
+            snapshot_id = ids.snapshot_id(e.id, sequence)
+            if leave_running:
+                e = self.store.update(
+                    e.id, pending_snapshot_id=snapshot_id, pending_reason=str(reason), decision=why
+                )
+            else:
+                e = self.store.transition(
+                    e.id, S.CHECKPOINTING, f"{reason}: {why}", expect=(S.RUNNING,),
+                    pending_snapshot_id=snapshot_id, pending_reason=str(reason),
+                )  # fmt: skip
+            self.work.submit(e.id, self.checkpoint, leave_running)
+            return e
+
+    def checkpoint(self, e: Episode, leave_running: bool) -> None:
+        """Ask the node for the pending snapshot and commit what happened."""
+        pending = ids.SnapshotId.parse(e.pending_snapshot_id)
+        assert pending is not None, f"episode {e.id} has no pending snapshot"
+        request = SnapshotRequest(
+            snapshot_id=e.pending_snapshot_id,
+            episode_id=e.id,
+            sequence=pending.sequence,
+            parent_id=e.last_snapshot_id,
+            reason=e.pending_reason,
+            trajectory_cursor=self._cursor(e),
+        )
+        try:
+            outcome = self.agents.get(e.node).checkpoint(e.sandbox_id, request, leave_running=leave_running)
+        except StasisError as exc:
+            if self.outcomes.record_if_committed(e, leave_running):
+                return
+            if leave_running:
+                self.outcomes.autosave_failed(e, str(exc))
+            elif isinstance(exc, TemporaryError):
+                log.warning("checkpoint of %s: agent unreachable (%s); will settle", e.id, exc)
+                # CHECKPOINTING with no worker behind it: settling finds out what happened.
+            else:
+                self.outcomes.transition_or_cleanup(
+                    e, S.RUNNING, f"checkpoint failed, still running: {exc}", expect=(S.CHECKPOINTING,),
+                    pending_snapshot_id="", pending_reason="", run_started_at=time.time(),
+                )  # fmt: skip
+            return
+        self.outcomes.snapshot_committed(e, snapshot_record(e, request, outcome), leave_running)
+
+    # finishing -----------------------------------------------------------------------------
+
+    def complete(self, e: Episode, exit_code: int | None) -> None:
+        try:
+            state, reason, reward = self._finish(e, exit_code)
+        except TemporaryError as exc:
+            log.warning("finishing %s must wait: %s", e.id, exc)
+            return
+        except PermanentError as exc:
+            state, reason, reward = S.FAILED, str(exc), None
+        self.outcomes.transition_or_cleanup(
+            e, state, reason, expect=(S.RUNNING,), exit_code=exit_code, reward=reward
+        )
+        self.members.delete_quietly(e.node, e.sandbox_id)
+
+    def fail_run(self, e: Episode, reason: str) -> None:
+        self.outcomes.transition_or_cleanup(e, S.FAILED, reason, expect=(S.RUNNING,))
+        self.members.delete_quietly(e.node, e.sandbox_id)
+
+
+def _require_running(e: Episode) -> None:
+    if e.state != S.RUNNING:
+        raise FailedPrecondition(f"episode {e.id} is {e.state}; only RUNNING episodes can be checkpointed")

@@ -1,0 +1,166 @@
+"""How the result of an operation on a node is committed: the transitions that operations and
+settling share, each with its reason, and the clean-up when the episode moved on meanwhile."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from orchestrator.control.membership import Membership
+from orchestrator.control.node_agent import CheckpointOutcome, SnapshotRequest
+from orchestrator.control.settings import ControlSettings
+from orchestrator.domain import (
+    Episode,
+    EpisodeState,
+    FailedPrecondition,
+    Reason,
+    SnapshotRecord,
+    TemporaryError,
+)
+from orchestrator.state import StateStore
+from snapshots import SnapshotError, SnapshotStore
+
+log = logging.getLogger(__name__)
+S = EpisodeState
+
+
+class Outcomes:
+    def __init__(
+        self, settings: ControlSettings, store: StateStore, snapshots: SnapshotStore, members: Membership
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.snapshots = snapshots
+        self.members = members
+
+    def retry_at(self, e: Episode, exc: Exception | None = None) -> float:
+        """When to try a failed start or restore again: exponential backoff, and never sooner
+        than an unreachable agent asked."""
+        wait = self.settings.retry_backoff_s * 2 ** min(e.attempts, 6)
+        if isinstance(exc, TemporaryError):
+            wait = max(wait, exc.delay)
+        return time.time() + wait
+
+    def transition_or_cleanup(
+        self, e: Episode, to: EpisodeState, reason: str, expect: tuple[EpisodeState, ...] = (), **changes: Any
+    ) -> None:
+        """Commit the outcome; if the episode moved on meanwhile (cancelled), remove its sandbox."""
+        try:
+            self.store.transition(e.id, to, reason, expect=expect, **changes)
+        except FailedPrecondition as exc:
+            log.info("episode %s moved on during an operation (%s); removing its sandbox", e.id, exc)
+            if e.node and e.sandbox_id:
+                self.members.delete_quietly(e.node, e.sandbox_id)
+
+    def running(self, e: Episode, expect: EpisodeState, reason: str) -> None:
+        self.transition_or_cleanup(
+            e, S.RUNNING, reason, expect=(expect,), run_started_at=time.time(), attempts=0, not_before=0.0
+        )
+
+    def start_failed(self, e: Episode, problem: str, *, final: bool, exc: Exception | None = None) -> None:
+        if final:
+            self.transition_or_cleanup(e, S.FAILED, f"could not start: {problem}", node="", sandbox_id="")
+        else:
+            self.store.update(
+                e.id, node="", sandbox_id="", attempts=e.attempts + 1, not_before=self.retry_at(e, exc),
+                decision=f"start on {e.node} failed, will retry: {problem}",
+            )  # fmt: skip
+
+    def restore_failed(self, e: Episode, reason: str, *, final: bool, exc: Exception | None = None) -> None:
+        if final:
+            self.transition_or_cleanup(e, S.FAILED, reason, node="", sandbox_id="")
+        else:
+            self.transition_or_cleanup(
+                e, S.PREEMPTED, reason, expect=(S.RESTORING,), node="", sandbox_id="",
+                attempts=e.attempts + 1, not_before=self.retry_at(e, exc),
+            )  # fmt: skip
+
+    def recover(self, e: Episode, why: str) -> None:
+        """Send an episode back to its last snapshot, or to the start if it has none."""
+        try:
+            if e.last_snapshot_id:
+                self.store.transition(
+                    e.id, S.PREEMPTED, f"{why}; resuming from snapshot {e.last_snapshot_id}", node="",
+                    sandbox_id="", pending_snapshot_id="", pending_reason="", queued_at=time.time(), held=False,
+                )  # fmt: skip
+            else:
+                self.store.transition(
+                    e.id, S.PENDING, f"{why}; no snapshot yet, starting over", node="", sandbox_id="",
+                    pending_snapshot_id="", pending_reason="", queued_at=time.time(),
+                )  # fmt: skip
+        except FailedPrecondition as exc:
+            log.info("not recovering %s: %s", e.id, exc)
+
+    def autosave_failed(self, e: Episode, problem: str) -> None:
+        # The next autosave waits half a period, so an unreachable node is not asked every tick.
+        retry_at = time.time() + max(self.settings.retry_backoff_s, e.spec.preemption.autosave_s / 2)
+        self.store.update(
+            e.id,
+            pending_snapshot_id="",
+            pending_reason="",
+            not_before=retry_at,
+            decision=f"autosave failed: {problem}",
+        )
+
+    def snapshot_committed(self, e: Episode, record: SnapshotRecord, leave_running: bool) -> None:
+        """Record a committed snapshot and finish the checkpoint's transition."""
+        if leave_running:
+            self.store.add_snapshot(
+                record, pending_snapshot_id="", pending_reason="", last_autosave_at=time.time()
+            )
+            return
+        held = e.pending_reason == Reason.MANUAL
+        try:
+            self.store.transition(
+                e.id, S.PREEMPTED, f"{e.pending_reason}: snapshot {record.id} stored" + ("; held until resumed" if held else ""),
+                expect=(S.CHECKPOINTING,), snapshot=record, node="", sandbox_id="", pending_snapshot_id="",
+                pending_reason="", held=held, queued_at=time.time(), pinned_node="",
+            )  # fmt: skip
+        except FailedPrecondition:
+            self.store.add_snapshot(record, pending_snapshot_id="", pending_reason="")
+        # The agent stops the sandbox after committing; make sure nothing is left if it could not.
+        if e.node and e.sandbox_id:
+            self.members.delete_quietly(e.node, e.sandbox_id)
+
+    def record_if_committed(self, e: Episode, leave_running: bool) -> bool:
+        """If the pending snapshot is in the store (the agent's reply was lost), record it from
+        its manifest and finish the transition."""
+        try:
+            manifest = self.snapshots.manifest(e.pending_snapshot_id)
+        except SnapshotError:
+            return False
+        record = SnapshotRecord(
+            id=manifest.snapshot_id,
+            episode_id=e.id,
+            sequence=manifest.seq,
+            parent_id=manifest.parent_id or "",
+            node=manifest.node,
+            reason=str(manifest.reason),
+            created_at=manifest.created_at.timestamp(),
+            logical_bytes=manifest.sizes.logical_bytes,
+            stored_bytes=manifest.sizes.stored_bytes,
+            new_bytes=manifest.sizes.new_bytes,
+            trajectory_cursor=manifest.trajectory_cursor,
+            timings_ms=dict(manifest.timings_ms),
+        )
+        self.snapshot_committed(e, record, leave_running)
+        return True
+
+
+def snapshot_record(e: Episode, request: SnapshotRequest, outcome: CheckpointOutcome) -> SnapshotRecord:
+    """The record of a snapshot a node reported committed."""
+    return SnapshotRecord(
+        id=outcome.snapshot_id,
+        episode_id=e.id,
+        sequence=request.sequence,
+        parent_id=request.parent_id,
+        node=e.node,
+        reason=request.reason,
+        created_at=outcome.created_at,
+        logical_bytes=outcome.logical_bytes,
+        stored_bytes=outcome.stored_bytes,
+        new_bytes=outcome.new_bytes,
+        trajectory_cursor=request.trajectory_cursor,
+        timings_ms=outcome.timings_ms,
+    )

@@ -1,0 +1,33 @@
+"""Snapshot retention: keep the last N snapshots of live episodes, and drop an ended episode's
+snapshots after a grace period for inspection and export."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from orchestrator.control.settings import ControlSettings
+from orchestrator.domain import TERMINAL
+from orchestrator.state import StateStore
+from snapshots import GcReport, RetentionPolicy, SnapshotError, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+
+def collect_snapshots(
+    settings: ControlSettings, store: StateStore, snapshots: SnapshotStore
+) -> GcReport | None:
+    """One retention pass; None if the snapshot store could not run it (it runs again later)."""
+    now = time.time()
+    ended = [
+        e.id
+        for e in store.query(states=TERMINAL)
+        if e.finished_at and now - e.finished_at > settings.gc_grace_s
+    ]
+    try:
+        report = snapshots.gc(RetentionPolicy(keep_last=settings.gc_keep_last), ended_episodes=ended)
+    except SnapshotError as exc:
+        log.warning("snapshot gc failed: %s", exc)
+        return None
+    log.info("snapshot gc: %s", report)
+    return report

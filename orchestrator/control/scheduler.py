@@ -1,0 +1,187 @@
+"""Placement and preemption policies as one pure function: a view of the cluster in, decisions out.
+
+Decisions, in order of precedence:
+1. drain: every running episode on a draining node is checkpointed;
+2. placement: waiting episodes (highest priority first, then the one waiting longest) go to the
+   fitting node that already caches their image, with the most free slots, then memory;
+3. priority: a waiting episode that fits nowhere preempts the lowest-priority, longest-running
+   episode whose node would then fit it;
+4. time slice: while episodes still wait, runs past their slice are checkpointed and requeued,
+   longest first, one per waiting episode that the freed slot would fit;
+5. autosave: runs past their autosave period get a leave-running snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from orchestrator.domain import Episode, EpisodeState, NodeRecord, NodeState, Reason
+
+
+@dataclass(frozen=True)
+class Start:
+    episode: Episode
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Restore:
+    episode: Episode
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    episode: Episode
+    reason: Reason
+    why: str
+    leave_running: bool = False
+
+
+Decision = Start | Restore | Checkpoint
+
+
+@dataclass
+class _Room:
+    node: NodeRecord
+    slots: int
+    memory_mb: int
+    episodes: list[Episode] = field(default_factory=list)
+
+    def fits(self, e: Episode) -> bool:
+        return self.slots >= 1 and self.memory_mb >= e.spec.resources.memory_mb
+
+    def take(self, e: Episode) -> None:
+        self.slots -= 1
+        self.memory_mb -= e.spec.resources.memory_mb
+
+
+def occupies_node(e: Episode) -> bool:
+    """Whether the episode holds (or is about to hold) a slot on e.node."""
+    return bool(e.node) and e.state in (
+        EpisodeState.PENDING,
+        EpisodeState.RUNNING,
+        EpisodeState.CHECKPOINTING,
+        EpisodeState.RESTORING,
+    )
+
+
+def usable_for(e: Episode, node: NodeRecord) -> bool:
+    return (not e.pinned_node or e.pinned_node == node.name) and node.has_image(e.spec.image)
+
+
+def plan(
+    episodes: Iterable[Episode], nodes: Iterable[NodeRecord], now: float, busy: Collection[str] = ()
+) -> list[Decision]:
+    """Decide what to start, restore and checkpoint now. `busy` episodes have an operation in flight."""
+    episodes = list(episodes)
+    rooms = {
+        n.name: _Room(n, n.slots, n.memory_mb)
+        for n in nodes
+        if n.state in (NodeState.READY, NodeState.DRAINING)
+    }
+    for e in episodes:
+        if occupies_node(e) and e.node in rooms:
+            rooms[e.node].take(e)
+            rooms[e.node].episodes.append(e)
+    running = [e for e in episodes if e.state == EpisodeState.RUNNING and e.id not in busy]
+    decisions: list[Decision] = []
+    chosen: set[str] = set()
+
+    for e in running:
+        room = rooms.get(e.node)
+        if room is not None and room.node.state == NodeState.DRAINING:
+            decisions.append(Checkpoint(e, Reason.DRAIN, f"node {e.node} is draining"))
+            chosen.add(e.id)
+
+    ready = [r for r in rooms.values() if r.node.state == NodeState.READY]
+    waiting = sorted(
+        (
+            e
+            for e in episodes
+            if e.id not in busy
+            and not e.held
+            and e.not_before <= now
+            and (e.state == EpisodeState.PREEMPTED or (e.state == EpisodeState.PENDING and not e.node))
+        ),
+        key=lambda e: (-e.priority, e.queued_at, e.id),
+    )
+    unplaced: list[Episode] = []
+    for e in waiting:
+        fitting = [r for r in ready if r.fits(e) and usable_for(e, r.node)]
+        if not fitting:
+            unplaced.append(e)
+            continue
+        best = min(fitting, key=lambda r: (-r.slots, -r.memory_mb, r.node.name))
+        best.take(e)
+        waited = now - e.queued_at
+        if e.state == EpisodeState.PREEMPTED:
+            decisions.append(
+                Restore(e, best.node.name, f"resumed on {best.node.name} after waiting {waited:.0f}s")
+            )
+        else:
+            decisions.append(
+                Start(e, best.node.name, f"placed on {best.node.name} ({best.slots} slots left)")
+            )
+
+    def freed_room_fits(waiter: Episode, victim: Episode) -> bool:
+        room = rooms.get(victim.node)
+        if room is None or room.node.state != NodeState.READY or not usable_for(waiter, room.node):
+            return False
+        # The victim's slot frees; its memory must make room for the waiter too.
+        return room.memory_mb + victim.spec.resources.memory_mb >= waiter.spec.resources.memory_mb
+
+    still_waiting: list[Episode] = []
+    for e in unplaced:
+        victims = [
+            v for v in running if v.id not in chosen and v.priority < e.priority and freed_room_fits(e, v)
+        ]
+        if not victims:
+            still_waiting.append(e)
+            continue
+        victim = min(victims, key=lambda v: (v.priority, -v.current_run_s(now), v.id))
+        chosen.add(victim.id)
+        decisions.append(
+            Checkpoint(
+                victim,
+                Reason.PRIORITY,
+                f"episode {e.id} (priority {e.priority}) needs the slot of priority {victim.priority}",
+            )
+        )
+
+    sliced = sorted(
+        (
+            v
+            for v in running
+            if v.id not in chosen
+            and v.spec.preemption.time_slice_s > 0
+            and v.current_run_s(now) >= v.spec.preemption.time_slice_s
+        ),
+        key=lambda v: -v.current_run_s(now),
+    )
+    for e in still_waiting:
+        sliced_victim = next((v for v in sliced if v.id not in chosen and freed_room_fits(e, v)), None)
+        if sliced_victim is None:
+            continue
+        chosen.add(sliced_victim.id)
+        run_s, slice_s = sliced_victim.current_run_s(now), sliced_victim.spec.preemption.time_slice_s
+        decisions.append(
+            Checkpoint(
+                sliced_victim,
+                Reason.TIME_SLICE,
+                f"ran {run_s:.0f}s past its {slice_s:.0f}s slice while {e.id} waits",
+            )
+        )
+
+    for e in running:
+        period = e.spec.preemption.autosave_s
+        if e.id in chosen or period <= 0 or e.not_before > now:
+            continue
+        if now - max(e.last_autosave_at, e.run_started_at) >= period:
+            decisions.append(
+                Checkpoint(e, Reason.AUTOSAVE, f"autosave every {period:.0f}s", leave_running=True)
+            )
+    return decisions

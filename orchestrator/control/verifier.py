@@ -1,0 +1,62 @@
+"""Rewards come from outside the sandbox: after the harness exits, a verifier sandbox on the same
+node sees the episode's final layer read-only plus files the episode never saw, and prints the
+reward as the last line of its output."""
+
+from __future__ import annotations
+
+from orchestrator.control.node_agent import NodeAgents
+from orchestrator.control.operations import default_finish
+from orchestrator.domain import Episode, EpisodeState, PermanentError, StasisError, TemporaryError
+from orchestrator.gateway import Ledger, Verification
+
+
+def parse_reward(log: bytes) -> float:
+    """The verifier's last non-empty output line, as a float."""
+    lines = [line.strip() for line in log.decode(errors="replace").splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("the verifier printed nothing; its last line must be the reward")
+    try:
+        return float(lines[-1])
+    except ValueError:
+        raise ValueError(f"the verifier's last line {lines[-1][:120]!r} is not a number") from None
+
+
+class Verifier:
+    """The control loop's finish step for episodes with a reward section."""
+
+    def __init__(self, agents: NodeAgents, ledger: Ledger) -> None:
+        self.agents = agents
+        self.ledger = ledger
+
+    def __call__(self, e: Episode, exit_code: int | None) -> tuple[EpisodeState, str, float | None]:
+        if e.spec.reward is None:
+            return default_finish(e, exit_code)
+        harness = f"harness exited with code {exit_code}"
+        spec = e.spec.reward
+        try:
+            outcome = self.agents.get(e.node).run_verifier(
+                e.sandbox_id, spec.command, spec.files, spec.image, spec.timeout_s
+            )
+        except TemporaryError:
+            raise  # the sandbox is still there; the control loop tries again
+        except StasisError as exc:
+            raise PermanentError(f"{harness}; the verifier could not run: {exc}") from exc
+        tail = outcome.log[-4096:]
+        reward: float | None = None
+        if outcome.timed_out:
+            problem = f"the verifier ran past reward.timeout_s={spec.timeout_s:g}"
+        elif outcome.exit_code != 0:
+            problem = f"the verifier crashed with exit code {outcome.exit_code}"
+        else:
+            try:
+                reward = parse_reward(outcome.log)
+                problem = ""
+            except ValueError as exc:
+                problem = str(exc)
+        self.ledger.record_verification(
+            e.id, Verification(reward, outcome.exit_code, outcome.timed_out, tail, outcome.duration_ms)
+        )
+        if reward is None:
+            last = tail.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            return EpisodeState.FAILED, f"{harness}; {problem}: {last[0][:200]}", None
+        return EpisodeState.SUCCEEDED, f"{harness}; reward {reward:g}", reward

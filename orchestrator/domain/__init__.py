@@ -1,0 +1,44 @@
+"""The control plane's domain: episodes and their specs, states and events, nodes, snapshot
+records, ids, errors, and the plain-data codec for them.
+
+Owns the words every other room speaks. Imports nothing else of Stasis: no protobuf, no gRPC,
+no storage.
+"""
+
+from orchestrator.domain.episode import ALLOWED, TERMINAL, Episode, EpisodeState, Event, Reason
+from orchestrator.domain.errors import (
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermanentError,
+    StasisError,
+    TemporaryError,
+)
+from orchestrator.domain.node import NodeRecord, NodeState
+from orchestrator.domain.snapshot import SnapshotRecord
+from orchestrator.domain.spec import EpisodeSpec, Limits, Preemption, Resources, RewardSpec
+
+__all__ = [
+    "ALLOWED",
+    "TERMINAL",
+    "Conflict",
+    "Episode",
+    "EpisodeSpec",
+    "EpisodeState",
+    "Event",
+    "FailedPrecondition",
+    "InvalidArgument",
+    "Limits",
+    "NodeRecord",
+    "NodeState",
+    "NotFound",
+    "PermanentError",
+    "Preemption",
+    "Reason",
+    "Resources",
+    "RewardSpec",
+    "SnapshotRecord",
+    "StasisError",
+    "TemporaryError",
+]

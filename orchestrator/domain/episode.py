@@ -1,0 +1,121 @@
+"""Episodes: their state machine, the record the control plane keeps, and the events it logs."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from orchestrator.domain.spec import EpisodeSpec
+
+
+class EpisodeState(enum.StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    CHECKPOINTING = "CHECKPOINTING"
+    PREEMPTED = "PREEMPTED"
+    RESTORING = "RESTORING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({EpisodeState.SUCCEEDED, EpisodeState.FAILED, EpisodeState.CANCELLED})
+
+# Every move the state machine allows. Anything live may fail or be cancelled.
+ALLOWED: dict[EpisodeState, frozenset[EpisodeState]] = {
+    EpisodeState.PENDING: frozenset({EpisodeState.RUNNING}),
+    EpisodeState.RUNNING: frozenset(
+        {EpisodeState.CHECKPOINTING, EpisodeState.SUCCEEDED, EpisodeState.PENDING, EpisodeState.PREEMPTED}
+    ),
+    EpisodeState.CHECKPOINTING: frozenset(
+        {EpisodeState.PREEMPTED, EpisodeState.RUNNING, EpisodeState.PENDING}
+    ),
+    EpisodeState.PREEMPTED: frozenset({EpisodeState.RESTORING, EpisodeState.PENDING}),
+    EpisodeState.RESTORING: frozenset({EpisodeState.RUNNING, EpisodeState.PREEMPTED, EpisodeState.PENDING}),
+    EpisodeState.SUCCEEDED: frozenset(),
+    EpisodeState.FAILED: frozenset(),
+    EpisodeState.CANCELLED: frozenset(),
+}
+for _state in EpisodeState:
+    if not _state.terminal:
+        ALLOWED[_state] = ALLOWED[_state] | {EpisodeState.FAILED, EpisodeState.CANCELLED}
+
+
+class Reason(enum.StrEnum):
+    """Why a snapshot was taken; the snapshot store records the same words."""
+
+    MANUAL = "manual"
+    TIME_SLICE = "time-slice"
+    PRIORITY = "priority"
+    DRAIN = "drain"
+    AUTOSAVE = "autosave"
+
+
+@dataclass
+class Episode:
+    id: str
+    spec: EpisodeSpec
+    state: EpisodeState
+    reason: str
+    submitted_at: float
+    updated_at: float
+    address: str
+    token: str
+    """Bearer token the episode's harness presents to the inference gateway."""
+    node: str = ""
+    sandbox_id: str = ""
+    runs: int = 0
+    """How many sandboxes this episode has had: each start or restore is a new run."""
+    run_started_at: float = 0.0
+    run_seconds: float = 0.0
+    """Running time of finished runs; the current run adds now - run_started_at."""
+    queued_at: float = 0.0
+    """When the episode last began to wait; the oldest waiter resumes first."""
+    held: bool = False
+    """Preempted by hand: waits for ResumeEpisode instead of being rescheduled."""
+    pinned_node: str = ""
+    snapshots: int = 0
+    last_snapshot_id: str = ""
+    restored_from: str = ""
+    """The snapshot the current run was restored from; empty for a fresh start."""
+    pending_snapshot_id: str = ""
+    """A snapshot asked of an agent and not yet known to be committed."""
+    pending_reason: str = ""
+    last_autosave_at: float = 0.0
+    exit_code: int | None = None
+    reward: float | None = None
+    finished_at: float = 0.0
+    not_before: float = 0.0
+    """After a failed attempt, the scheduler leaves the episode alone until then."""
+    attempts: int = 0
+    """Consecutive failed start/restore attempts."""
+
+    @property
+    def priority(self) -> int:
+        return self.spec.preemption.priority
+
+    def current_run_s(self, now: float) -> float:
+        return (
+            now - self.run_started_at if self.state == EpisodeState.RUNNING and self.run_started_at else 0.0
+        )
+
+    def total_run_s(self, now: float) -> float:
+        return self.run_seconds + self.current_run_s(now)
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    episode_id: str
+    kind: str
+    """transition | decision | node"""
+    from_state: str
+    to_state: str
+    reason: str
+    message: str
+    node: str
+    at: float

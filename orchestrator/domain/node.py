@@ -1,0 +1,31 @@
+"""Nodes as the control plane knows them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class NodeState(enum.StrEnum):
+    READY = "READY"
+    CORDONED = "CORDONED"
+    DRAINING = "DRAINING"
+    LOST = "LOST"
+
+
+@dataclass
+class NodeRecord:
+    name: str
+    address: str
+    state: NodeState
+    backend: str
+    slots: int
+    memory_mb: int
+    images: dict[str, list[str]]
+    """digest -> names"""
+    labels: dict[str, str]
+    registered_at: float
+    last_heartbeat: float = 0.0
+
+    def has_image(self, ref: str) -> bool:
+        return ref in self.images or any(ref in names for names in self.images.values())

@@ -1,0 +1,22 @@
+"""The control plane's record of a committed snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    id: str
+    episode_id: str
+    sequence: int
+    parent_id: str
+    node: str
+    reason: str
+    created_at: float
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    trajectory_cursor: Any
+    timings_ms: dict[str, float]

@@ -1,0 +1,124 @@
+"""What an episode asks for: image, command, files, resources, limits, preemption and reward.
+
+Every default is defined here once, in the dataclass; parsers leave out what a user left out.
+`EpisodeSpec.validate` runs once, where a spec enters the system (the public API).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from orchestrator.domain.errors import InvalidArgument
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
+MAX_FILES_BYTES = 16 << 20
+"""All spec files together travel in one gRPC message and one database row."""
+ARGV = {"shape": "a list of strings (argv), e.g. [python3, agent.py]"}
+FILES = {"shape": "a mapping of absolute paths to contents"}
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: float = 1.0
+    """CPU cores (a CFS quota)."""
+    memory_mb: int = 1024
+    """Hard memory limit in MiB; also what placement reserves on the node."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_wall_s: float = 0.0
+    """Running time across all runs after which the episode fails; 0 means no limit."""
+
+
+@dataclass(frozen=True)
+class Preemption:
+    time_slice_s: float = 0.0
+    """Once others wait for a slot, a run longer than this is checkpointed and requeued; 0 = never."""
+    priority: int = 0
+    """Higher runs first and may preempt lower."""
+    autosave_s: float = 0.0
+    """Period of leave-running snapshots, bounding what a lost node costs; 0 = off."""
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    command: tuple[str, ...] = field(metadata=ARGV)
+    """Runs in a verifier sandbox after the harness exits; its last output line is the reward."""
+    files: dict[str, bytes] = field(default_factory=dict, metadata=FILES)
+    """Files only the verifier sees (hidden tests, reference answers)."""
+    image: str = ""
+    """The verifier's image; empty means the episode's own."""
+    timeout_s: float = 600.0
+    """A verifier that runs longer is killed and the episode fails."""
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    image: str = field(metadata={"shape": "an image name such as 'base', or sha256:<hex>"})
+    command: tuple[str, ...] = field(metadata=ARGV)
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict, metadata=FILES)
+    """Placed in the sandbox's writable layer before the command starts."""
+    resources: Resources = field(default_factory=Resources)
+    limits: Limits = field(default_factory=Limits)
+    preemption: Preemption = field(default_factory=Preemption)
+    labels: dict[str, str] = field(default_factory=dict)
+    reward: RewardSpec | None = None
+
+    def validate(self) -> EpisodeSpec:
+        """Check every field; the error names the first bad one as `spec.<path>`."""
+        if not isinstance(self.image, str) or not self.image.strip():
+            raise InvalidArgument("spec.image", "is required (an image name such as 'base', or sha256:<hex>)")
+        _argv("spec.command", self.command)
+        for key, value in self.env.items():
+            if not _ENV_KEY.match(key):
+                raise InvalidArgument(f"spec.env.{key}", "is not a valid environment variable name")
+            if not isinstance(value, str) or "\0" in value:
+                raise InvalidArgument(f"spec.env.{key}", "must be a string without NUL bytes")
+        _files("spec.files", self.files)
+        r = self.resources
+        if not 0 < r.cpus <= 256:
+            raise InvalidArgument("spec.resources.cpus", f"{r.cpus} must be > 0 and <= 256")
+        if not 16 <= r.memory_mb <= 1 << 20:
+            raise InvalidArgument("spec.resources.memory_mb", f"{r.memory_mb} must be between 16 and 1048576")
+        if self.limits.max_wall_s < 0:
+            raise InvalidArgument("spec.limits.max_wall_s", "must be >= 0 (0 means no limit)")
+        p = self.preemption
+        if p.time_slice_s < 0:
+            raise InvalidArgument("spec.preemption.time_slice_s", "must be >= 0 (0 means never time-sliced)")
+        if p.autosave_s < 0:
+            raise InvalidArgument("spec.preemption.autosave_s", "must be >= 0 (0 means off)")
+        if not -1000 <= p.priority <= 1000:
+            raise InvalidArgument("spec.preemption.priority", f"{p.priority} must be between -1000 and 1000")
+        for key, value in self.labels.items():
+            if not _LABEL_KEY.match(key):
+                raise InvalidArgument(f"spec.labels.{key}", "is not a valid label key")
+            if not isinstance(value, str) or len(value) > 253:
+                raise InvalidArgument(f"spec.labels.{key}", "must be a string of at most 253 characters")
+        if self.reward is not None:
+            _argv("spec.reward.command", self.reward.command)
+            _files("spec.reward.files", self.reward.files)
+            if self.reward.timeout_s <= 0:
+                raise InvalidArgument("spec.reward.timeout_s", "must be > 0")
+        return self
+
+
+def _argv(name: str, argv: tuple[str, ...]) -> None:
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise InvalidArgument(name, "must be a non-empty list of strings (argv)")
+    if not argv[0]:
+        raise InvalidArgument(f"{name}[0]", "the program must not be empty")
+
+
+def _files(name: str, files: dict[str, bytes]) -> None:
+    total = 0
+    for path, content in files.items():
+        parts = path.split("/")
+        if not path.startswith("/") or ".." in parts or path == "/":
+            raise InvalidArgument(f"{name}.{path}", "must be an absolute file path without '..'")
+        total += len(content)
+    if total > MAX_FILES_BYTES:
+        raise InvalidArgument(name, f"hold {total} bytes together; the limit is {MAX_FILES_BYTES}")

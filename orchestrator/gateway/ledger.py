@@ -1,0 +1,306 @@
+"""The trajectory ledger: every model turn of every episode, recorded before its response is
+delivered, as a tree that survives preemption exactly once.
+
+Matching rule (also in docs/trajectory.md). A chat request is reduced to a canonical form:
+  * each message keeps role, name and content; content parts are joined as text, line endings
+    become \\n and surrounding whitespace is stripped; None and "" are the same;
+  * tool calls keep function name and arguments; arguments that parse as JSON compare as JSON
+    (key order and spacing do not matter), others as stripped text; call ids are ignored;
+  * sampling parameters (model, temperature, top_p, max tokens, stop, seed, tools, tool_choice,
+    response_format) are part of the request; transport fields are not.
+A request whose canonical form equals a recorded turn's is answered from the ledger with the
+recorded bytes (a replay). Otherwise it is sampled fresh, and its parent is the recorded turn
+whose conversation (its messages plus its answer) is the longest prefix of the request's
+messages. If that parent already has a child recorded by an earlier run of the sandbox after
+the snapshot the current run was restored from, the restored harness has diverged: that child
+and its descendants are marked abandoned and the new turn continues the parent's branch.
+Children recorded by the same run are parallel calls and stay live on branches of their own.
+A completion request is matched the same way with its prompt text as the conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.gateway.canonical import CanonicalRequest
+from orchestrator.state.database import Database
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS turns (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    episode_id TEXT NOT NULL,
+    parent_id INTEGER,
+    branch INTEGER NOT NULL,
+    run INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    after_hash TEXT NOT NULL,
+    after_len INTEGER NOT NULL,
+    request TEXT NOT NULL,
+    request_raw BLOB NOT NULL,
+    answer TEXT NOT NULL,
+    response BLOB NOT NULL,
+    token_ids TEXT NOT NULL,
+    logprobs TEXT NOT NULL,
+    prompt_token_ids TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    abandoned INTEGER NOT NULL DEFAULT 0,
+    replays INTEGER NOT NULL DEFAULT 0,
+    upstream_ms REAL NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
+CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
+CREATE INDEX IF NOT EXISTS turns_after ON turns(episode_id, after_hash);
+CREATE TABLE IF NOT EXISTS verifications (
+    episode_id TEXT PRIMARY KEY,
+    reward REAL,
+    exit_code INTEGER,
+    timed_out INTEGER NOT NULL,
+    log BLOB NOT NULL,
+    duration_ms REAL NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Turn:
+    id: int
+    episode_id: str
+    parent_id: int | None
+    branch: int
+    run: int
+    kind: str
+    request_raw: bytes
+    """The harness's request body as it arrived."""
+    response: bytes
+    token_ids: list[int]
+    logprobs: list[float]
+    prompt_token_ids: list[int]
+    policy_version: str
+    abandoned: bool
+    replays: int
+    created_at: float
+
+
+@dataclass
+class Branch:
+    id: int
+    turns: list[Turn]
+    abandoned: bool
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    """1 for tokens the policy sampled (trainable), 0 for context."""
+
+
+@dataclass
+class Verification:
+    reward: float | None
+    exit_code: int | None
+    timed_out: bool
+    log: bytes
+    duration_ms: float
+
+
+class Ledger:
+    """Durable turns in the orchestrator's database file (its own connection, WAL, fsync)."""
+
+    def __init__(self, path: Path) -> None:
+        # Record before deliver: a turn's commit is on disk before its response leaves.
+        self._database = Database(path, SCHEMA)
+        self._db = self._database.db
+        self._lock = self._database.lock
+        self._tx = self._database.tx
+
+    def close(self) -> None:
+        self._database.close()
+
+    @staticmethod
+    def _turn(r: sqlite3.Row) -> Turn:
+        return Turn(
+            id=r["id"],
+            episode_id=r["episode_id"],
+            parent_id=r["parent_id"],
+            branch=r["branch"],
+            run=r["run"],
+            kind=r["kind"],
+            request_raw=bytes(r["request_raw"]),
+            response=bytes(r["response"]),
+            token_ids=json.loads(r["token_ids"]),
+            logprobs=json.loads(r["logprobs"]),
+            prompt_token_ids=json.loads(r["prompt_token_ids"]),
+            policy_version=r["policy_version"],
+            abandoned=bool(r["abandoned"]),
+            replays=r["replays"],
+            created_at=r["created_at"],
+        )
+
+    def cursor(self, episode_id: str) -> dict[str, int]:
+        """The ledger position a snapshot records: every turn up to `turn` happened before it."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(MAX(id), 0), COUNT(*) FROM turns WHERE episode_id = ?", (episode_id,)
+            ).fetchone()
+        return {"turn": int(row[0]), "turns": int(row[1])}
+
+    def replay(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
+        """The live recorded turn with this exact request, counted as replayed once more."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0 ORDER BY id LIMIT 1",
+                (episode_id, request.fingerprint),
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE turns SET replays = replays + 1 WHERE id = ?", (row["id"],))
+            return self._turn(row)
+
+    def record(
+        self,
+        episode_id: str,
+        run: int,
+        resumed_after_turn: int,
+        request: CanonicalRequest,
+        request_raw: bytes,
+        answer: Any,
+        response: bytes,
+        token_ids: list[int],
+        logprobs: list[float],
+        prompt_token_ids: list[int],
+        policy_version: str,
+        upstream_ms: float,
+    ) -> Turn:
+        """Commit a freshly sampled turn, placing it in the tree (see the module docstring)."""
+        with self._tx() as db:
+            parent = None
+            lengths = [
+                r[0]
+                for r in db.execute(
+                    "SELECT DISTINCT after_len FROM turns WHERE episode_id = ? AND kind = ?",
+                    (episode_id, request.kind),
+                )
+            ]
+            for h in request.prefix_hashes(lengths):
+                parent = db.execute(
+                    "SELECT * FROM turns WHERE episode_id = ? AND after_hash = ? ORDER BY abandoned, id DESC LIMIT 1",
+                    (episode_id, h),
+                ).fetchone()
+                if parent is not None:
+                    break
+            parent_id = parent["id"] if parent is not None else None
+            siblings = db.execute(
+                "SELECT * FROM turns WHERE episode_id = ? AND parent_id IS ? AND abandoned = 0",
+                (episode_id, parent_id),
+            ).fetchall()
+            stale = [s for s in siblings if s["run"] < run and s["id"] > resumed_after_turn]
+            live = [s for s in siblings if s not in stale]
+            next_branch = (
+                (
+                    db.execute(
+                        "SELECT COALESCE(MAX(branch), -1) FROM turns WHERE episode_id = ?", (episode_id,)
+                    ).fetchone()[0]
+                )
+                + 1
+            )
+            base = parent["branch"] if parent is not None else 0
+            for s in stale:
+                # The diverged continuation keeps its turns under a new branch number; the new turn
+                # takes over the branch it was on.
+                self._abandon(
+                    db,
+                    s["id"],
+                    old_branch=s["branch"],
+                    new_branch=next_branch if s["branch"] == base else s["branch"],
+                )
+                next_branch += 1
+            branch = (
+                base
+                if not live and not (parent is None and self._has_live_root(db, episode_id))
+                else next_branch
+            )
+            after_hash, after_len = request.after(answer)
+            cursor = db.execute(
+                "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
+                " request, request_raw, answer, response, token_ids, logprobs, prompt_token_ids, policy_version,"
+                " upstream_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
+                    json.dumps({"context": list(request.context), "params": request.params}), request_raw,
+                    json.dumps(answer), response, json.dumps(token_ids), json.dumps(logprobs), json.dumps(prompt_token_ids),
+                    policy_version, upstream_ms, time.time(),
+                ),
+            )  # fmt: skip
+            return self._turn(db.execute("SELECT * FROM turns WHERE id = ?", (cursor.lastrowid,)).fetchone())
+
+    @staticmethod
+    def _has_live_root(db: sqlite3.Connection, episode_id: str) -> bool:
+        return (
+            db.execute(
+                "SELECT 1 FROM turns WHERE episode_id = ? AND parent_id IS NULL AND abandoned = 0",
+                (episode_id,),
+            ).fetchone()
+            is not None
+        )
+
+    def _abandon(self, db: sqlite3.Connection, turn_id: int, old_branch: int, new_branch: int) -> None:
+        todo = [turn_id]
+        while todo:
+            current = todo.pop()
+            db.execute(
+                "UPDATE turns SET abandoned = 1, branch = CASE WHEN branch = ? THEN ? ELSE branch END WHERE id = ?",
+                (old_branch, new_branch, current),
+            )
+            todo += [r[0] for r in db.execute("SELECT id FROM turns WHERE parent_id = ?", (current,))]
+
+    def turns(self, episode_id: str) -> list[Turn]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM turns WHERE episode_id = ? ORDER BY id", (episode_id,)
+            ).fetchall()
+        return [self._turn(r) for r in rows]
+
+    def branches(self, episode_id: str) -> list[Branch]:
+        """Every branch with its aligned token arrays; branch 0 is the main one."""
+        by_branch: dict[int, list[Turn]] = {}
+        for t in self.turns(episode_id):
+            by_branch.setdefault(t.branch, []).append(t)
+        return [_aligned(b, turns) for b, turns in sorted(by_branch.items())]
+
+    # -- rewards ----------------------------------------------------------------------------
+
+    def record_verification(self, episode_id: str, v: Verification) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO verifications VALUES (?,?,?,?,?,?,?)",
+                (episode_id, v.reward, v.exit_code, int(v.timed_out), v.log, v.duration_ms, time.time()),
+            )
+
+    def verification(self, episode_id: str) -> Verification | None:
+        with self._lock:
+            r = self._db.execute("SELECT * FROM verifications WHERE episode_id = ?", (episode_id,)).fetchone()
+        if r is None:
+            return None
+        return Verification(
+            r["reward"], r["exit_code"], bool(r["timed_out"]), bytes(r["log"]), r["duration_ms"]
+        )
+
+
+def _aligned(branch: int, turns: list[Turn]) -> Branch:
+    """Lay a branch's turns out as one token sequence: context tokens (mask 0, log-prob 0) between
+    the sampled ones (mask 1, their behaviour log-probs), as the trainer consumes them."""
+    out = Branch(id=branch, turns=turns, abandoned=all(t.abandoned for t in turns))
+    for t in turns:
+        prompt = t.prompt_token_ids
+        # The next prompt normally extends everything so far; then only its new tail is context.
+        context = prompt[len(out.token_ids) :] if prompt[: len(out.token_ids)] == out.token_ids else prompt
+        out.token_ids += context + t.token_ids
+        out.logprobs += [0.0] * len(context) + t.logprobs
+        out.loss_mask += [0] * len(context) + [1] * len(t.token_ids)
+    return out

@@ -1,0 +1,198 @@
+"""The reference model over HTTP: a standard-library threading server, runnable in-process on a thread."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from orchestrator.reference_model._model import ReferenceModel
+from orchestrator.reference_model._protocol import ApiError
+from orchestrator.reference_model._settings import ReferenceModelSettings
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Long agent conversations are large, but a body beyond this is a client bug, not a prompt."""
+POLICY_VERSION_HEADER = "x-policy-version"
+
+
+class _ModelHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], model: ReferenceModel, access_log: bool) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.model = model
+        self.access_log = access_log
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections[request] = threading.current_thread()
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            with self._connections_lock:
+                self._connections.pop(request, None)
+
+    def close_connections(self) -> list[threading.Thread]:
+        """Shut down open keep-alive connections; returns their handler threads, which now end promptly."""
+        with self._connections_lock:
+            connections = list(self._connections.items())
+        for connection, _ in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        return [thread for _, thread in connections]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-response (a frozen sandbox, a dropping proxy) is routine here.
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "stasis-reference-model/1"
+    # Idle keep-alive connections are closed after this many seconds.
+    timeout = 120
+    # Headers and body go out as separate writes; with Nagle on, delayed ACKs add ~40 ms per response.
+    disable_nagle_algorithm = True
+    server: _ModelHTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.access_log:
+            super().log_message(format, *args)
+
+    def _send_json(self, status: int, payload: Mapping[str, Any], policy_version: str | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header(POLICY_VERSION_HEADER, policy_version or self.server.model.policy_version)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(self, error: ApiError) -> None:
+        self._send_json(error.status, error.body())
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path.rstrip("/")
+        model = self.server.model
+        if path == "/health":
+            self._send_json(200, {"status": "ok", "policy_version": model.policy_version})
+        elif path == "/v1/models":
+            entry = {"id": model.settings.model_name, "object": "model", "created": 0, "owned_by": "stasis"}
+            self._send_json(200, {"object": "list", "data": [entry]})
+        else:
+            self._send_error(ApiError(404, f"no route for GET {path}", None, "not_found_error"))
+
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path.rstrip("/")
+        model = self.server.model
+        routes: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+            "/v1/chat/completions": model.chat_completion,
+            "/v1/completions": model.completion,
+        }
+        route = routes.get(path)
+        try:
+            body = self._read_json()
+            if route is None:
+                raise ApiError(404, f"no route for POST {path}", None, "not_found_error")
+            response = route(body)
+        except ApiError as error:
+            self._send_error(error)
+            return
+        except Exception as error:
+            traceback.print_exc()
+            self._send_error(ApiError(500, f"reference model failed: {error!r}", None, "server_error"))
+            return
+        self._send_json(200, response, response.get("system_fingerprint"))
+
+    def _read_json(self) -> Mapping[str, Any]:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            self.close_connection = True
+            raise ApiError(411, "a Content-Length header is required (chunked bodies are not supported)")
+        try:
+            size = int(length)
+        except ValueError:
+            self.close_connection = True
+            raise ApiError(400, f"bad Content-Length {length!r}") from None
+        if not 0 <= size <= MAX_BODY_BYTES:
+            self.close_connection = True
+            raise ApiError(413, f"body of {size} bytes exceeds {MAX_BODY_BYTES}")
+        raw = self.rfile.read(size)
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ApiError(400, f"request body is not valid JSON: {error}") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        return body
+
+
+class ReferenceModelServer:
+    """The reference model's HTTP server on a background thread: start(), url, stop()."""
+
+    def __init__(
+        self, settings: ReferenceModelSettings | None = None, model: ReferenceModel | None = None
+    ) -> None:
+        self.settings = settings or ReferenceModelSettings()
+        self.model = model or ReferenceModel(self.settings)
+        self._httpd: _ModelHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> ReferenceModelServer:
+        """Bind and start serving; returns self so `server = ReferenceModelServer(...).start()` reads well."""
+        if self._httpd is not None:
+            raise RuntimeError("reference model server already started")
+        httpd = _ModelHTTPServer(
+            (self.settings.host, self.settings.port), self.model, self.settings.access_log
+        )
+        thread = threading.Thread(target=httpd.serve_forever, name="reference-model", daemon=True)
+        thread.start()
+        self._httpd, self._thread = httpd, thread
+        return self
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port)."""
+        if self._httpd is None:
+            raise RuntimeError("reference model server is not started")
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL, ending in /v1."""
+        host, port = self.address
+        return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving, close the listening socket and any open connections."""
+        httpd, thread = self._httpd, self._thread
+        if httpd is None or thread is None:
+            return
+        self._httpd = self._thread = None
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout)
+        for handler in httpd.close_connections():
+            handler.join(timeout)
+
+    def __enter__(self) -> ReferenceModelServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,83 @@
+"""The embedded state store's tables. Every column of `episodes` is a field of `Episode`, plus
+the priority and labels it is queried by."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    id TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    labels TEXT NOT NULL,
+    address TEXT NOT NULL,
+    token TEXT NOT NULL UNIQUE,
+    node TEXT NOT NULL DEFAULT '',
+    sandbox_id TEXT NOT NULL DEFAULT '',
+    runs INTEGER NOT NULL DEFAULT 0,
+    run_started_at REAL NOT NULL DEFAULT 0,
+    run_seconds REAL NOT NULL DEFAULT 0,
+    queued_at REAL NOT NULL,
+    held INTEGER NOT NULL DEFAULT 0,
+    pinned_node TEXT NOT NULL DEFAULT '',
+    snapshots INTEGER NOT NULL DEFAULT 0,
+    last_snapshot_id TEXT NOT NULL DEFAULT '',
+    restored_from TEXT NOT NULL DEFAULT '',
+    pending_snapshot_id TEXT NOT NULL DEFAULT '',
+    pending_reason TEXT NOT NULL DEFAULT '',
+    last_autosave_at REAL NOT NULL DEFAULT 0,
+    exit_code INTEGER,
+    reward REAL,
+    submitted_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    finished_at REAL NOT NULL DEFAULT 0,
+    not_before REAL NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
+CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    episode_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    from_state TEXT NOT NULL,
+    to_state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    message TEXT NOT NULL,
+    node TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_episode ON events(episode_id, seq);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    episode_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    parent_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    logical_bytes INTEGER NOT NULL,
+    stored_bytes INTEGER NOT NULL,
+    new_bytes INTEGER NOT NULL,
+    trajectory_cursor TEXT NOT NULL,
+    timings_ms TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS snapshots_episode ON snapshots(episode_id, sequence);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    state TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    slots INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    images TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    registered_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS requests (
+    request_id TEXT PRIMARY KEY,
+    method TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    target TEXT NOT NULL,
+    at REAL NOT NULL
+);
+"""

@@ -1,0 +1,390 @@
+"""The embedded state store: episodes, their events, snapshots, nodes and request ids in one
+SQLite file (WAL, synchronous=FULL).
+
+Every state change commits together with its event in one transaction, so a crash at any moment
+loses no transition and leaves no change without its reason. Specs are stored as plain data and
+read back without validation: they were validated once, when they were submitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import ipaddress
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.domain import (
+    ALLOWED,
+    TERMINAL,
+    Conflict,
+    Episode,
+    EpisodeSpec,
+    EpisodeState,
+    Event,
+    FailedPrecondition,
+    InvalidArgument,
+    NodeRecord,
+    NodeState,
+    NotFound,
+    SnapshotRecord,
+    codec,
+    ids,
+)
+from orchestrator.state.database import Database
+from orchestrator.state.schema import SCHEMA
+
+_EPISODE_COLUMNS = (
+    "node", "sandbox_id", "runs", "run_started_at", "run_seconds", "queued_at", "held", "pinned_node",
+    "snapshots", "last_snapshot_id", "restored_from", "pending_snapshot_id", "pending_reason", "last_autosave_at",
+    "exit_code", "reward", "finished_at", "not_before", "attempts", "reason", "updated_at",
+)  # fmt: skip
+_EPISODE_FIELDS = tuple(f.name for f in dataclasses.fields(Episode))
+_SNAPSHOT_FIELDS = tuple(f.name for f in dataclasses.fields(SnapshotRecord))
+
+
+def _fingerprint(method: str, payload: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps([method, payload], sort_keys=True, default=str).encode()).hexdigest()
+
+
+class SqliteStateStore:
+    """The embedded store: one SQLite file in WAL mode, fsync on every commit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._database = Database(path, SCHEMA, on_commit=lambda: self._changed.notify_all())
+        self._db = self._database.db
+        self._lock = self._database.lock
+        self._changed = threading.Condition(self._lock)
+        self._tx = self._database.tx
+
+    def close(self) -> None:
+        self._database.close()
+        with self._changed:
+            self._changed.notify_all()
+
+    # -- episodes ---------------------------------------------------------------------------
+
+    def _row_to_episode(self, row: sqlite3.Row) -> Episode:
+        values = {name: row[name] for name in _EPISODE_FIELDS}
+        values["spec"] = codec.decode(EpisodeSpec, json.loads(row["spec"]), "spec")
+        values["state"] = EpisodeState(row["state"])
+        values["held"] = bool(row["held"])
+        return Episode(**values)
+
+    def _free_address(self, db: sqlite3.Connection, pool: ipaddress.IPv4Network) -> str:
+        used = {r[0] for r in db.execute("SELECT address FROM episodes WHERE finished_at = 0")}
+        for host in pool.hosts():
+            if str(host) not in used:
+                return str(host)
+        raise FailedPrecondition(
+            f"the sandbox address pool {pool} is exhausted; finish or cancel episodes first"
+        )
+
+    def submit(self, spec: EpisodeSpec, request_id: str, address_pool: ipaddress.IPv4Network) -> Episode:
+        now = time.time()
+        spec_json = json.dumps(codec.encode(spec), sort_keys=True)
+        with self._tx() as db:
+            if request_id:
+                known = self._known_request(db, request_id, "SubmitEpisode", {"spec": spec_json})
+                if known is not None:
+                    return self._get(db, known)
+            episode_id = ids.new_episode_id()
+            db.execute(
+                "INSERT INTO episodes (id, spec, state, reason, priority, labels, address, token, queued_at,"
+                " submitted_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    episode_id,
+                    spec_json,
+                    EpisodeState.PENDING,
+                    "submitted",
+                    spec.preemption.priority,
+                    json.dumps(spec.labels, sort_keys=True),
+                    self._free_address(db, address_pool),
+                    ids.new_gateway_token(),
+                    now,
+                    now,
+                    now,
+                ),
+            )
+            self._event(db, episode_id, "transition", "", EpisodeState.PENDING, "submitted", "", "")
+            if request_id:
+                self._store_request(db, request_id, "SubmitEpisode", {"spec": spec_json}, episode_id)
+            return self._get(db, episode_id)
+
+    def _get(self, db: sqlite3.Connection, episode_id: str) -> Episode:
+        row = db.execute("SELECT * FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"episode {episode_id!r} does not exist")
+        return self._row_to_episode(row)
+
+    def get(self, episode_id: str) -> Episode:
+        with self._lock:
+            return self._get(self._db, episode_id)
+
+    def by_token(self, token: str) -> Episode | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM episodes WHERE token = ?", (token,)).fetchone()
+            return self._row_to_episode(row) if row else None
+
+    def query(
+        self, states: Collection[EpisodeState] = (), node: str = "", labels: Mapping[str, str] | None = None
+    ) -> list[Episode]:
+        query, args = "SELECT * FROM episodes WHERE 1=1", list[object]()
+        if states:
+            query += f" AND state IN ({','.join('?' * len(states))})"
+            args += [str(s) for s in states]
+        if node:
+            query += " AND node = ?"
+            args.append(node)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY submitted_at, id", args).fetchall()
+        episodes = [self._row_to_episode(r) for r in rows]
+        if labels:
+            episodes = [e for e in episodes if all(e.spec.labels.get(k) == v for k, v in labels.items())]
+        return episodes
+
+    def _apply(self, db: sqlite3.Connection, episode_id: str, changes: Mapping[str, Any]) -> None:
+        unknown = set(changes) - set(_EPISODE_COLUMNS) - {"state"}
+        if unknown:
+            raise ValueError(f"not episode fields: {sorted(unknown)}")
+        if not changes:
+            return
+        values = [int(v) if isinstance(v, bool) else v for v in changes.values()]
+        db.execute(
+            f"UPDATE episodes SET {', '.join(f'{k} = ?' for k in changes)} WHERE id = ?",
+            (*values, episode_id),
+        )
+
+    def transition(
+        self,
+        episode_id: str,
+        to: EpisodeState,
+        reason: str,
+        *,
+        expect: Collection[EpisodeState] = (),
+        snapshot: SnapshotRecord | None = None,
+        **changes: Any,
+    ) -> Episode:
+        """Move an episode to `to` if it is in one of `expect`; the change, its event and an
+        optional new snapshot record commit together."""
+        now = time.time()
+        with self._tx() as db:
+            current = self._get(db, episode_id)
+            if expect and current.state not in expect:
+                raise FailedPrecondition(
+                    f"episode {episode_id} is {current.state}, not {' or '.join(sorted(expect))}"
+                )
+            if to != current.state and to not in ALLOWED[current.state]:
+                raise FailedPrecondition(f"episode {episode_id} cannot go from {current.state} to {to}")
+            if (
+                current.state == EpisodeState.RUNNING
+                and to != EpisodeState.RUNNING
+                and current.run_started_at
+            ):
+                changes.setdefault("run_seconds", current.run_seconds + (now - current.run_started_at))
+                changes.setdefault("run_started_at", 0.0)
+            if to in TERMINAL:
+                changes.setdefault("finished_at", now)
+            if snapshot is not None:
+                self._insert_snapshot(db, snapshot)
+                changes.setdefault("snapshots", current.snapshots + 1)
+                changes.setdefault("last_snapshot_id", snapshot.id)
+            self._apply(db, episode_id, {"state": str(to), "reason": reason, "updated_at": now, **changes})
+            self._event(
+                db, episode_id, "transition", current.state, to, reason, changes.get("node", current.node), ""
+            )
+            return self._get(db, episode_id)
+
+    def update(self, episode_id: str, *, decision: str = "", **changes: Any) -> Episode:
+        """Change fields without a state change; a decision text becomes an event."""
+        with self._tx() as db:
+            current = self._get(db, episode_id)
+            self._apply(db, episode_id, {"updated_at": time.time(), **changes})
+            if decision:
+                self._event(
+                    db, episode_id, "decision", current.state, current.state, decision, current.node, ""
+                )
+            return self._get(db, episode_id)
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def _insert_snapshot(self, db: sqlite3.Connection, s: SnapshotRecord) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                s.id, s.episode_id, s.sequence, s.parent_id, s.node, s.reason, s.created_at,
+                s.logical_bytes, s.stored_bytes, s.new_bytes, json.dumps(s.trajectory_cursor), json.dumps(s.timings_ms),
+            ),
+        )  # fmt: skip
+
+    def add_snapshot(self, snapshot: SnapshotRecord, **changes: Any) -> Episode:
+        """Record a snapshot that needs no state change (an autosave)."""
+        with self._tx() as db:
+            current = self._get(db, snapshot.episode_id)
+            self._insert_snapshot(db, snapshot)
+            self._apply(
+                db,
+                snapshot.episode_id,
+                {
+                    "snapshots": current.snapshots + 1,
+                    "last_snapshot_id": snapshot.id,
+                    "updated_at": time.time(),
+                    **changes,
+                },
+            )
+            self._event(
+                db, snapshot.episode_id, "decision", current.state, current.state,
+                f"{snapshot.reason} snapshot {snapshot.id} stored", snapshot.node, "",
+            )  # fmt: skip
+            return self._get(db, snapshot.episode_id)
+
+    def snapshots(self, episode_id: str) -> list[SnapshotRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM snapshots WHERE episode_id = ? ORDER BY sequence", (episode_id,)
+            ).fetchall()
+        return [_row_to_snapshot(r) for r in rows]
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _event(
+        self, db: sqlite3.Connection, episode_id: str, kind: str, from_state: str, to_state: str, reason: str,
+        node: str, message: str,
+    ) -> None:  # fmt: skip
+        db.execute(
+            "INSERT INTO events (episode_id, kind, from_state, to_state, reason, message, node, at)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            (episode_id, kind, str(from_state), str(to_state), reason, message, node, time.time()),
+        )
+
+    def events(self, since_seq: int = 0, episode_ids: Collection[str] = (), limit: int = 1000) -> list[Event]:
+        query, args = "SELECT * FROM events WHERE seq > ?", list[object]([since_seq])
+        if episode_ids:
+            query += f" AND episode_id IN ({','.join('?' * len(episode_ids))})"
+            args += list(episode_ids)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY seq LIMIT ?", (*args, limit)).fetchall()
+        return [Event(**dict(r)) for r in rows]
+
+    @property
+    def closed(self) -> bool:
+        return self._database.closed
+
+    def wait_for_events(self, since_seq: int, timeout: float) -> bool:
+        """Block until an event newer than since_seq exists, the store closes, or timeout passes."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: (
+                    self.closed
+                    or (self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0) > since_seq
+                ),
+                timeout=timeout,
+            )
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def _row_to_node(self, r: sqlite3.Row) -> NodeRecord:
+        return NodeRecord(
+            name=r["name"],
+            address=r["address"],
+            state=NodeState(r["state"]),
+            backend=r["backend"],
+            slots=r["slots"],
+            memory_mb=r["memory_mb"],
+            images=json.loads(r["images"]),
+            labels=json.loads(r["labels"]),
+            registered_at=r["registered_at"],
+        )
+
+    def upsert_node(self, node: NodeRecord) -> NodeRecord:
+        """Register or refresh a node. A node that comes back keeps a cordon or drain set on it."""
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM nodes WHERE name = ?", (node.name,)).fetchone()
+            state = node.state
+            if row is not None and NodeState(row["state"]) in (NodeState.CORDONED, NodeState.DRAINING):
+                state = NodeState(row["state"])
+            db.execute(
+                "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    node.name, node.address, str(state), node.backend, node.slots, node.memory_mb,
+                    json.dumps(node.images), json.dumps(node.labels), node.registered_at,
+                ),
+            )  # fmt: skip
+            self._event(db, "", "node", "", str(state), "registered", node.name, node.address)
+            return self._row_to_node(
+                db.execute("SELECT * FROM nodes WHERE name = ?", (node.name,)).fetchone()
+            )
+
+    def update_node_images(self, name: str, images: dict[str, list[str]]) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE nodes SET images = ? WHERE name = ?", (json.dumps(images), name))
+
+    def nodes(self) -> list[NodeRecord]:
+        with self._lock:
+            return [self._row_to_node(r) for r in self._db.execute("SELECT * FROM nodes ORDER BY name")]
+
+    def node(self, name: str) -> NodeRecord:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            known = ", ".join(n.name for n in self.nodes()) or "none"
+            raise NotFound(f"node {name!r} is not registered; known nodes: {known}")
+        return self._row_to_node(row)
+
+    def set_node_state(self, name: str, state: NodeState, reason: str) -> NodeRecord:
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise NotFound(f"node {name!r} is not registered")
+            if row["state"] != state:
+                db.execute("UPDATE nodes SET state = ? WHERE name = ?", (str(state), name))
+                self._event(db, "", "node", row["state"], str(state), reason, name, "")
+            return self._row_to_node(db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone())
+
+    # -- idempotency ------------------------------------------------------------------------
+
+    def _known_request(
+        self, db: sqlite3.Connection, request_id: str, method: str, payload: Mapping[str, Any]
+    ) -> str | None:
+        if len(request_id) > 200:
+            raise InvalidArgument("request_id", "must be at most 200 characters")
+        row = db.execute("SELECT * FROM requests WHERE request_id = ?", (request_id,)).fetchone()
+        if row is None:
+            return None
+        if row["method"] != method or row["fingerprint"] != _fingerprint(method, payload):
+            raise Conflict(
+                f"request_id {request_id!r} was already used for a different {row['method']} request"
+            )
+        return str(row["target"])
+
+    def _store_request(
+        self, db: sqlite3.Connection, request_id: str, method: str, payload: Mapping[str, Any], target: str
+    ) -> None:
+        db.execute(
+            "INSERT INTO requests VALUES (?,?,?,?,?)",
+            (request_id, method, _fingerprint(method, payload), target, time.time()),
+        )
+
+    def known_request(self, request_id: str, method: str, payload: Mapping[str, Any]) -> str | None:
+        """The target of an earlier request with this id; Conflict if that request was different."""
+        with self._lock:
+            return self._known_request(self._db, request_id, method, payload)
+
+    def remember_request(self, request_id: str, method: str, payload: Mapping[str, Any], target: str) -> None:
+        """Note a state-changing request that succeeded, so a retry of it is not done twice."""
+        with self._tx() as db:
+            if self._known_request(db, request_id, method, payload) is None:
+                self._store_request(db, request_id, method, payload, target)
+
+
+def _row_to_snapshot(row: sqlite3.Row) -> SnapshotRecord:
+    values = {name: row[name] for name in _SNAPSHOT_FIELDS}
+    values["trajectory_cursor"] = json.loads(row["trajectory_cursor"])
+    values["timings_ms"] = json.loads(row["timings_ms"])
+    return SnapshotRecord(**values)

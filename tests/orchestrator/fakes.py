@@ -1,0 +1,154 @@
+"""Boundary fakes for the control loop's in-process tests.
+
+`FakeAgent` stands in for a node agent at the `NodeAgent` protocol, the boundary between the
+control plane and a node: it keeps sandboxes as records instead of running containers. Its
+snapshots are real, written to the real snapshot store, so the control loop's store reads
+(settling a lost reply, falling back to a parent) run against the real thing. The runtime
+behind a real agent is tested for real in tests/sandbox_agent and by the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from orchestrator.control import (
+    AgentUnavailable,
+    CheckpointOutcome,
+    SandboxState,
+    SandboxView,
+    SnapshotDamaged,
+    SnapshotRequest,
+    VerifierOutcome,
+)
+from orchestrator.domain import EpisodeSpec, NotFound, StasisError
+from snapshots import SnapshotMeta, SnapshotStore
+
+
+class FakeAgent:
+    """One node's agent, as records. `fail[method]` makes the next call of that method raise;
+    `commit_then_fail` makes a checkpoint commit its snapshot and then lose the reply."""
+
+    def __init__(self, node: str, snapshots: SnapshotStore) -> None:
+        self.node = node
+        self.snapshots = snapshots
+        self.sandboxes: dict[str, SandboxView] = {}
+        self.specs: dict[str, EpisodeSpec] = {}
+        self.env: dict[str, dict[str, str]] = {}
+        self.fail: dict[str, StasisError] = {}
+        self.commit_then_fail: StasisError | None = None
+        self.corrupt: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def _enter(self, method: str, sandbox_id: str) -> None:
+        with self._lock:
+            self.calls.append((method, sandbox_id))
+            exc = self.fail.pop(method, None)
+        if exc is not None:
+            raise exc
+
+    def create(
+        self, sandbox_id: str, spec: EpisodeSpec, *, address: str, hostname: str, env: dict[str, str]
+    ) -> SandboxView:
+        self._enter("create", sandbox_id)
+        view = SandboxView(sandbox_id, self.node, SandboxState.RUNNING, None, False)
+        self.sandboxes[sandbox_id], self.specs[sandbox_id], self.env[sandbox_id] = view, spec, env
+        return view
+
+    def checkpoint(
+        self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
+    ) -> CheckpointOutcome:
+        self._enter("checkpoint", sandbox_id)
+        if sandbox_id not in self.sandboxes:
+            raise NotFound(f"sandbox {sandbox_id} is not on node {self.node}")
+        with tempfile.TemporaryDirectory(prefix="fake-checkpoint-") as tmp:
+            (Path(tmp) / "pages.img").write_bytes(f"memory of {sandbox_id}".encode() * 100)
+            manifest = self.snapshots.put(
+                tmp,
+                SnapshotMeta(
+                    snapshot_id=snapshot.snapshot_id,
+                    episode_id=snapshot.episode_id,
+                    seq=snapshot.sequence,
+                    parent_id=snapshot.parent_id or None,
+                    node=self.node,
+                    reason=snapshot.reason,
+                    created_at=datetime.now(UTC),
+                    image_digest="sha256:" + "0" * 64,
+                    runtime_backend="runc",
+                    criu_version="4.2.1",
+                    trajectory_cursor=snapshot.trajectory_cursor,
+                    timings_ms={"dump_ms": 12.5},
+                ),
+            )
+        if not leave_running:
+            del self.sandboxes[sandbox_id]
+        if self.commit_then_fail is not None:
+            exc, self.commit_then_fail = self.commit_then_fail, None
+            raise exc
+        return CheckpointOutcome(
+            snapshot_id=manifest.snapshot_id,
+            created_at=manifest.created_at.timestamp(),
+            logical_bytes=manifest.sizes.logical_bytes,
+            stored_bytes=manifest.sizes.stored_bytes,
+            new_bytes=manifest.sizes.new_bytes,
+            timings_ms={"dump_ms": 12.5, "put_ms": 3.0},
+        )
+
+    def restore(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxView:
+        self._enter("restore", sandbox_id)
+        if snapshot_id in self.corrupt:
+            raise SnapshotDamaged(self.node, f"snapshot {snapshot_id!r}: chunk does not match its hash")
+        if not self.snapshots.exists(snapshot_id):
+            raise NotFound(f"snapshot {snapshot_id!r} not found")
+        view = SandboxView(
+            sandbox_id, self.node, SandboxState.RUNNING, None, False, restored_from=snapshot_id,
+            restore_timings_ms={"fetch_ms": 4.0, "restore_ms": 6.0},
+        )  # fmt: skip
+        self.sandboxes[sandbox_id] = view
+        return view
+
+    def get(self, sandbox_id: str) -> SandboxView | None:
+        self._enter("get", sandbox_id)
+        return self.sandboxes.get(sandbox_id)
+
+    def delete(self, sandbox_id: str) -> None:
+        self._enter("delete", sandbox_id)
+        self.sandboxes.pop(sandbox_id, None)
+
+    def run_verifier(
+        self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
+    ) -> VerifierOutcome:
+        self._enter("run_verifier", sandbox_id)
+        return VerifierOutcome(exit_code=0, timed_out=False, log=b"1.0\n", duration_ms=1.0)
+
+    def exit(self, sandbox_id: str, code: int) -> None:
+        """The harness in a sandbox exits."""
+        self.sandboxes[sandbox_id] = replace(
+            self.sandboxes[sandbox_id], state=SandboxState.EXITED, exit_code=code
+        )
+
+    def views(self) -> list[SandboxView]:
+        return list(self.sandboxes.values())
+
+
+class FakeAgents:
+    """The registered nodes' fake agents, by name (the `NodeAgents` protocol)."""
+
+    def __init__(self, snapshots: SnapshotStore) -> None:
+        self.snapshots = snapshots
+        self.agents: dict[str, FakeAgent] = {}
+
+    def set(self, node: str, address: str) -> None:
+        self.agents.setdefault(node, FakeAgent(node, self.snapshots))
+
+    def get(self, node: str) -> FakeAgent:
+        if node not in self.agents:
+            raise AgentUnavailable(f"node {node} has not registered", delay=2)
+        return self.agents[node]
+
+    def close(self) -> None:
+        pass

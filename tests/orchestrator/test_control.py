@@ -1,0 +1,240 @@
+"""Each part of the control loop in-process: real state store, real snapshot store, and node
+agents replaced by the boundary fake in `fakes` (no containers run here; the real agents are
+exercised by the end-to-end tests)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from orchestrator.control import AgentUnavailable, Control, ControlSettings, SpecRefused
+from orchestrator.control.retention import collect_snapshots
+from orchestrator.domain import EpisodeSpec, EpisodeState, NodeRecord, NodeState, Preemption, Reason, ids
+from orchestrator.state import SqliteStateStore
+from snapshots import SnapshotStore
+from tests.orchestrator.fakes import FakeAgent, FakeAgents
+
+S = EpisodeState
+SPEC = EpisodeSpec(image="base", command=("python3", "agent.py"))
+SETTINGS = ControlSettings(
+    tick_s=0.02, retry_backoff_s=0.05, heartbeat_interval_s=0.05, node_lost_after_s=30, gc_interval_s=3600
+)
+
+
+class Loop:
+    """A control loop driven tick by tick, with two fake nodes that report on every tick."""
+
+    def __init__(
+        self, root: Path, settings: ControlSettings = SETTINGS, agents: FakeAgents | None = None
+    ) -> None:
+        self.root = root
+        self.store = SqliteStateStore(root / "state.db")
+        self.snapshots = SnapshotStore.open(f"file://{root / 'snapshots'}")
+        self.agents = agents or FakeAgents(self.snapshots)
+        self.control = Control(settings, self.store, self.snapshots, self.agents)
+        self.silent: set[str] = set()
+
+    def register(self, *names: str) -> None:
+        for name in names:
+            node = NodeRecord(
+                name, f"{name}:1", NodeState.READY, "runc", 2, 8192, {"sha256:b": ["base"]}, {}, 0
+            )
+            self.control.members.registered(node, [])
+
+    def node(self, name: str) -> FakeAgent:
+        return self.agents.get(name)
+
+    def report(self) -> None:
+        for name, agent in self.agents.agents.items():
+            if name not in self.silent:
+                self.control.members.heartbeat(name, agent.views(), {"sha256:b": ["base"]})
+
+    def until(self, what: str, predicate: Callable[[], object], timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.report()
+            self.control.tick()
+            time.sleep(0.02)
+            if not self.control.work.busy() and predicate():
+                return
+        raise AssertionError(f"timed out waiting for {what}; episodes: {self.store.query()}")
+
+    def state(self, episode_id: str) -> EpisodeState:
+        return self.store.get(episode_id).state
+
+    def running(self, spec: EpisodeSpec = SPEC) -> str:
+        e = self.store.submit(spec, "", self.control.pool_of_addresses)
+        self.until("RUNNING", lambda: self.state(e.id) == S.RUNNING)
+        return e.id
+
+    def close(self) -> None:
+        self.control.stop()
+        self.snapshots.close()
+        self.store.close()
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Iterator[Loop]:
+    loop = Loop(tmp_path)
+    loop.register("node-1", "node-2")
+    yield loop
+    loop.close()
+
+
+@pytest.mark.timeout(30)
+def test_an_episode_starts_with_its_env_and_succeeds_when_the_harness_exits(loop: Loop) -> None:
+    episode_id = loop.running()
+    e = loop.store.get(episode_id)
+    assert e.runs == 1 and e.sandbox_id == ids.sandbox_id(episode_id, 1)
+    agent = loop.node(e.node)
+    assert agent.env[e.sandbox_id]["STASIS_EPISODE_ID"] == episode_id
+    agent.exit(e.sandbox_id, 0)
+    loop.until("SUCCEEDED", lambda: loop.state(episode_id) == S.SUCCEEDED)
+    assert ("delete", e.sandbox_id) in agent.calls
+    assert loop.store.get(episode_id).exit_code == 0
+
+
+@pytest.mark.timeout(30)
+def test_preempt_records_the_agents_snapshot_and_resume_restores_it_elsewhere(loop: Loop) -> None:
+    episode_id = loop.running()
+    first = loop.store.get(episode_id)
+    loop.control.commands.preempt(episode_id, "by hand")
+    loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
+    held = loop.store.get(episode_id)
+    assert held.held and held.node == "" and held.last_snapshot_id == ids.snapshot_id(episode_id, 1)
+    (record,) = loop.store.snapshots(episode_id)
+    assert record.timings_ms == {"dump_ms": 12.5, "put_ms": 3.0}, "the agent's own figures"
+    assert record.reason == "manual" and record.node == first.node and record.stored_bytes > 0
+
+    other = "node-2" if first.node == "node-1" else "node-1"
+    loop.control.commands.resume(episode_id, other)
+    loop.until("RUNNING again", lambda: loop.state(episode_id) == S.RUNNING)
+    e = loop.store.get(episode_id)
+    assert (e.node, e.runs, e.restored_from) == (other, 2, record.id)
+    assert e.sandbox_id == ids.sandbox_id(episode_id, 2)
+    assert loop.node(other).sandboxes[e.sandbox_id].restored_from == record.id
+
+
+@pytest.mark.timeout(30)
+def test_a_lost_checkpoint_reply_is_settled_from_the_snapshot_store(loop: Loop) -> None:
+    episode_id = loop.running()
+    agent = loop.node(loop.store.get(episode_id).node)
+    agent.commit_then_fail = AgentUnavailable("reply lost", delay=0.1)
+    loop.control.commands.preempt(episode_id, "reply will be lost")
+    loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
+    (record,) = loop.store.snapshots(episode_id)
+    assert record.timings_ms["dump_ms"] == 12.5, "read back from the committed manifest"
+
+
+@pytest.mark.timeout(30)
+def test_a_corrupt_snapshot_falls_back_to_its_parent(loop: Loop) -> None:
+    episode_id = loop.running()
+    loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, "save", leave_running=True)
+    loop.until("an autosave", lambda: loop.store.get(episode_id).snapshots == 1)
+    loop.control.commands.preempt(episode_id, "move")
+    loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
+    parent, latest = (r.id for r in loop.store.snapshots(episode_id))
+    for agent in loop.agents.agents.values():
+        agent.corrupt.add(latest)
+    loop.control.commands.resume(episode_id)
+    loop.until("RUNNING from the parent", lambda: loop.state(episode_id) == S.RUNNING)
+    e = loop.store.get(episode_id)
+    assert e.restored_from == parent and e.last_snapshot_id == parent
+    reasons = [ev.reason for ev in loop.store.events(0, [episode_id])]
+    assert any(f"snapshot {latest} is corrupt" in r and f"falling back to {parent}" in r for r in reasons)
+
+
+@pytest.mark.timeout(30)
+def test_a_refused_spec_fails_at_once_and_an_unreachable_node_is_retried_after_its_delay(loop: Loop) -> None:
+    for agent in loop.agents.agents.values():
+        agent.fail["create"] = SpecRefused(agent.node, "spec.image: no such image")
+    refused = loop.store.submit(SPEC, "", loop.control.pool_of_addresses)
+    loop.until("FAILED", lambda: loop.state(refused.id) == S.FAILED)
+    assert "no such image" in loop.store.get(refused.id).reason
+    assert loop.store.get(refused.id).attempts == 0, "not retried"
+
+    for agent in loop.agents.agents.values():
+        agent.fail["create"] = AgentUnavailable("agent restarting", delay=60)
+    asked_at = time.time()
+    waiting = loop.store.submit(SPEC, "", loop.control.pool_of_addresses)
+    loop.until("a failed attempt", lambda: loop.store.get(waiting.id).attempts == 1)
+    e = loop.store.get(waiting.id)
+    assert e.state == S.PENDING and e.node == ""
+    assert e.not_before >= asked_at + 60, "the backoff honours the agent's delay"
+
+
+@pytest.mark.timeout(30)
+def test_fencing_deletes_sandboxes_of_episodes_that_moved_on(loop: Loop) -> None:
+    episode_id = loop.running()
+    e = loop.store.get(episode_id)
+    other = loop.node("node-2" if e.node == "node-1" else "node-1")
+    stale = ids.sandbox_id(episode_id, 7)
+    other.create(stale, SPEC, address=e.address, hostname=episode_id, env={})
+    other.create("not-an-episode", SPEC, address="", hostname="x", env={})
+    loop.until("the stale sandbox deleted", lambda: stale not in other.sandboxes)
+    assert "not-an-episode" in other.sandboxes, "only sandboxes the control plane made are fenced"
+    assert loop.state(episode_id) == S.RUNNING
+
+
+@pytest.mark.timeout(30)
+def test_a_silent_node_is_lost_and_its_episodes_go_back_to_their_last_snapshot(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, replace(SETTINGS, node_lost_after_s=0.5))
+    try:
+        loop.register("node-1")
+        with_snapshot = loop.running(EpisodeSpec(image="base", command=("a",), preemption=Preemption()))
+        loop.control.operations.begin_checkpoint(with_snapshot, Reason.AUTOSAVE, "save", leave_running=True)
+        loop.until("an autosave", lambda: loop.store.get(with_snapshot).snapshots == 1)
+        fresh = loop.running()
+        loop.silent.add("node-1")
+        loop.until("node lost", lambda: loop.store.node("node-1").state == NodeState.LOST)
+        assert loop.state(with_snapshot) == S.PREEMPTED
+        assert loop.state(fresh) == S.PENDING
+        loop.silent.clear()
+        loop.until(
+            "both running again", lambda: {loop.state(with_snapshot), loop.state(fresh)} == {S.RUNNING}
+        )
+        assert loop.store.get(with_snapshot).restored_from == ids.snapshot_id(with_snapshot, 1)
+    finally:
+        loop.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_checkpoint_intent_left_by_a_crash_is_carried_out_by_the_next_orchestrator(tmp_path: Path) -> None:
+    first = Loop(tmp_path)
+    first.register("node-1")
+    episode_id = first.running()
+    node = first.store.get(episode_id).node
+    agents = first.agents
+    # The intent commits, and the orchestrator dies before the request leaves.
+    first.store.transition(
+        episode_id, S.CHECKPOINTING, "drain: node is draining", expect=(S.RUNNING,),
+        pending_snapshot_id=ids.snapshot_id(episode_id, 1), pending_reason="drain",
+    )  # fmt: skip
+    first.control.stop()
+    first.store.close()
+
+    second = Loop(tmp_path, agents=agents)
+    try:
+        second.until("PREEMPTED", lambda: second.state(episode_id) == S.PREEMPTED)
+        assert ("checkpoint", ids.sandbox_id(episode_id, 1)) in agents.get(node).calls
+        assert [r.reason for r in second.store.snapshots(episode_id)] == ["drain"]
+    finally:
+        second.close()
+        first.snapshots.close()
+
+
+@pytest.mark.timeout(30)
+def test_retention_keeps_the_last_snapshots_of_a_live_episode(loop: Loop) -> None:
+    episode_id = loop.running()
+    for n in range(1, 6):
+        loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, f"save {n}", leave_running=True)
+        loop.until(f"snapshot {n}", lambda n=n: loop.store.get(episode_id).snapshots == n)
+    report = collect_snapshots(replace(SETTINGS, gc_keep_last=2), loop.store, loop.snapshots)
+    assert report is not None
+    kept = [r.id for r in loop.store.snapshots(episode_id) if loop.snapshots.exists(r.id)]
+    assert kept == [ids.snapshot_id(episode_id, 4), ids.snapshot_id(episode_id, 5)]
+    assert len(loop.store.snapshots(episode_id)) == 5, "records stay as history"
