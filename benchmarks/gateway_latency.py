@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
-from orchestrator.gateway import Gateway, Ledger, Upstream
+from orchestrator.gateway import Gateway, GatewaySettings, Ledger
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 
 
@@ -58,11 +58,10 @@ def main() -> None:
             reason="", submitted_at=0, updated_at=0, address="", token="bench", runs=1,
         )  # fmt: skip
         gateway = Gateway(
-            "127.0.0.1:0",
+            GatewaySettings(listen="127.0.0.1:0", upstream=model.url),
             ledger,
             lambda t: episode if t == "bench" else None,
-            lambda e: 0,
-            Upstream(model.url),
+            lambda e: 0.0,
         ).start()
         requests = _requests(turns)
         direct, via = [], []

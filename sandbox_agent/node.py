@@ -323,6 +323,7 @@ class Node:
             staging.mkdir()
             frozen_at = 0.0
             try:
+                frozen_wall = time.time()
                 with timeline.phase(Phase.FREEZE):
                     self.backend.freeze(record, layout)
                 frozen_at = time.monotonic()
@@ -344,7 +345,8 @@ class Node:
                         spec=record.spec,
                         image_digest=record.image_digest,
                         criu_version=self.criu_version,
-                        created_at=time.time(),
+                        # The instant the state is of: what the harness had done when it froze.
+                        created_at=frozen_wall,
                         leave_running=leave_running,
                         timings_ms=timeline.timings_ms(),
                         sizes=ckpt.Sizes(

@@ -16,7 +16,7 @@ from orchestrator.api.service import StasisService
 from orchestrator.api.settings import OrchestratorSettings
 from orchestrator.control import AgentPool, Control, Verifier
 from orchestrator.domain import Episode, FailedPrecondition
-from orchestrator.gateway import Gateway, Ledger, Upstream
+from orchestrator.gateway import Gateway, Ledger
 from orchestrator.state import SqliteStateStore
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
@@ -74,17 +74,25 @@ class Orchestrator:
         return f"{host}:{self.port}"
 
     def _gateway_env(self, e: Episode) -> dict[str, str]:
-        if not self.settings.gateway.upstream:
+        g = self.settings.gateway
+        if not g.upstream:
             return {}
-        return {"OPENAI_BASE_URL": self.settings.gateway.base_url, "OPENAI_API_KEY": e.token}
+        # Every client library finds the gateway, with the episode's key, under its own names.
+        return {
+            "OPENAI_BASE_URL": g.base_url,
+            "OPENAI_API_KEY": e.token,
+            "ANTHROPIC_BASE_URL": g.anthropic_url,
+            "ANTHROPIC_API_KEY": e.token,
+            "ANTHROPIC_AUTH_TOKEN": e.token,
+        }
 
-    def resumed_after(self, e: Episode) -> int:
-        """The last turn the current run's snapshot had seen; 0 for a run started afresh."""
+    def resumed_at(self, e: Episode) -> float:
+        """When the snapshot the current run was restored from froze the sandbox; 0 for a run
+        started afresh. Turns delivered before then are part of the restored harness's past."""
         if not e.restored_from:
-            return 0
+            return 0.0
         record = next((r for r in self.store.snapshots(e.id) if r.id == e.restored_from), None)
-        cursor = record.trajectory_cursor if record is not None else None
-        return int(cursor.get("turn", 0)) if isinstance(cursor, dict) else 0
+        return record.created_at if record is not None else 0.0
 
     def start(self, *, gateway: bool = True) -> Orchestrator:
         self.server.start()
@@ -103,10 +111,7 @@ class Orchestrator:
         g = self.settings.gateway
         if not g.upstream:
             raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
-        upstream = Upstream(g.upstream, g.upstream_api_key)
-        self.gateway = Gateway(
-            g.listen, self.ledger, self.store.by_token, self.resumed_after, upstream
-        ).start()
+        self.gateway = Gateway(g, self.ledger, self.store.by_token, self.resumed_at).start()
         log.info("gateway listening on %s, forwarding to %s", g.listen, g.upstream)
         return self.gateway
 

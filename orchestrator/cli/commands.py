@@ -106,7 +106,12 @@ class Commands:
                     default_priority=a.default_priority,
                     kube_watch=a.kube_watch,
                 ),
-                gateway=GatewaySettings(listen=a.gateway_listen, port=a.gateway_port, upstream=a.upstream),
+                gateway=GatewaySettings(
+                    listen=a.gateway_listen,
+                    port=a.gateway_port,
+                    upstream=a.upstream,
+                    upstream_api_key=a.upstream_api_key,
+                ),
             )
         ).start()
         print(f"stasis server listening on {orchestrator.address}", file=self.out, flush=True)

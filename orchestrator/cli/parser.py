@@ -44,6 +44,11 @@ def parser() -> argparse.ArgumentParser:
     srv.add_argument("--gateway-listen", default=env("STASIS_GATEWAY_LISTEN", ""))
     srv.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
     srv.add_argument("--upstream", default=env("STASIS_UPSTREAM", ""))
+    srv.add_argument(
+        "--upstream-api-key",
+        default=env("STASIS_UPSTREAM_API_KEY", ""),
+        help="bearer token for the upstream model server (default: $STASIS_UPSTREAM_API_KEY); sandboxes never see it",
+    )
     srv.add_argument("--gc-keep-last", type=int, default=int(env("STASIS_GC_KEEP_LAST", "3")))
     srv.add_argument(
         "--default-time-slice", type=float, default=float(env("STASIS_DEFAULT_TIME_SLICE_SECONDS", "0"))

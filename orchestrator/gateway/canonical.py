@@ -1,6 +1,14 @@
 """The canonical form of a model request: what makes two requests the same turn, and the prefix
-hashes that find a request's parent in the ledger. The rule is in `ledger`'s docstring and in
-docs/trajectory.md."""
+hashes that find a request's parent in the ledger.
+
+Every protocol is translated to a chat (or legacy completion) request first, so one form serves
+them all. Everything that changes what the model sees is part of a request's identity: roles,
+names, text, non-text content parts, tool calls with their ids, tool results with the id of the
+call they answer, and every request parameter. What is only serialisation noise is not: line
+endings and surrounding whitespace in text, text split into parts, None for empty content, key
+order and spacing in tool-argument JSON, and `1.0` against `1`. The rule is also in
+docs/trajectory.md.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +16,72 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-_SAMPLING = (
-    "model", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed", "tools",
-    "tool_choice", "response_format", "presence_penalty", "frequency_penalty", "logit_bias", "n",
+TRANSPORT = frozenset(
+    {
+        "messages", "prompt", "stream", "stream_options", "user", "metadata", "store", "service_tier",
+        "logprobs", "top_logprobs", "return_token_ids", "return_tokens_as_token_ids", "echo",
+    }
 )  # fmt: skip
+"""Upstream request fields that do not change what is sampled, or that the gateway sets itself."""
 
 
-def _text(content: Any) -> str:
+def normal(value: Any) -> Any:
+    """JSON data with numbers in one form: an integral float is the integer."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {str(k): normal(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [normal(v) for v in value]
+    return value
+
+
+def _text(text: Any) -> str:
+    return str(text).replace("\r\n", "\n").strip()
+
+
+def _content(content: Any) -> Any:
+    """Text parts join into one string; any other part stays, so it is part of the identity."""
     if content is None:
         return ""
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return str(content).replace("\r\n", "\n").strip()
+    if not isinstance(content, list):
+        return _text(content)
+    text, others = [], []
+    for part in content:
+        if isinstance(part, dict) and part.get("type", "text") == "text":
+            text.append(str(part.get("text", "")))
+        elif isinstance(part, str):
+            text.append(part)
+        else:
+            others.append(normal(part))
+    joined = _text("".join(text))
+    return joined if not others else {"text": joined, "parts": others}
 
 
 def _arguments(raw: Any) -> Any:
     if isinstance(raw, str):
         try:
-            return json.loads(raw)
+            return normal(json.loads(raw))
         except ValueError:
             return raw.strip()
-    return raw
+    return normal(raw)
 
 
 def canonical_message(m: Any) -> dict[str, Any]:
     if not isinstance(m, dict):
         raise ValueError("every message must be an object")
-    out: dict[str, Any] = {"role": str(m.get("role", "")), "content": _text(m.get("content"))}
-    if m.get("name"):
-        out["name"] = m["name"]
+    out: dict[str, Any] = {"role": str(m.get("role", "")), "content": _content(m.get("content"))}
+    for key in ("name", "tool_call_id"):
+        if m.get(key):
+            out[key] = str(m[key])
     calls = m.get("tool_calls") or []
     if calls:
         out["tool_calls"] = [
             {
+                "id": str(c.get("id", "")),
                 "name": (c.get("function") or {}).get("name", ""),
                 "arguments": _arguments((c.get("function") or {}).get("arguments")),
             }
@@ -71,10 +110,14 @@ class CanonicalRequest:
     context: tuple[Any, ...]
     """Canonical messages (chat), or the prompt as one item (completion)."""
     params: dict[str, Any]
+    """Every other request field that changes what is sampled or how it is delivered."""
 
     @classmethod
-    def parse(cls, kind: str, body: dict[str, Any]) -> CanonicalRequest:
-        params = {k: body[k] for k in _SAMPLING if k in body and body[k] is not None}
+    def parse(cls, kind: str, body: dict[str, Any], **delivery: Any) -> CanonicalRequest:
+        """The canonical form of an upstream chat or completion body. `delivery` (the harness's
+        protocol, streaming or not) is part of the identity: it decides the bytes delivered."""
+        params = normal({k: v for k, v in body.items() if k not in TRANSPORT and v is not None})
+        params.update(delivery)
         if kind == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -85,20 +128,21 @@ class CanonicalRequest:
             raise ValueError("prompt: must be a string")
         return cls(kind, (prompt,), params)
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
         return _digest([self.kind, list(self.context), self.params])
 
-    def prefix_hashes(self, lengths: Sequence[int]) -> list[str]:
-        """Hashes of the conversation's proper prefixes of the given lengths, longest first.
+    @cached_property
+    def _rolling(self) -> list[str]:
+        return _rolling(self.context)
 
-        Lengths count messages for chat and characters for completions; the ledger asks only
-        for lengths at which some recorded conversation ends.
-        """
-        wanted = sorted((n for n in set(lengths) if 0 < n < self.size), reverse=True)
+    def prefix_hashes(self, lengths: Sequence[int] = ()) -> list[str]:
+        """Hashes of the conversation's proper prefixes, longest first: every one for chat
+        (lengths count messages), those of the given lengths for completions (characters; the
+        ledger asks only for lengths at which some recorded prompt ends)."""
         if self.kind == "chat":
-            rolling = _rolling(self.context)
-            return [rolling[n - 1] for n in wanted]
+            return self._rolling[-2::-1]
+        wanted = sorted((n for n in set(lengths) if 0 < n < self.size), reverse=True)
         return [_digest(["completion", self.context[0][:n]]) for n in wanted]
 
     @property
@@ -108,6 +152,7 @@ class CanonicalRequest:
     def after(self, answer: Any) -> tuple[str, int]:
         """Identity and length of the conversation once this request's answer is appended."""
         if self.kind == "chat":
-            return _rolling([*self.context, answer])[-1], len(self.context) + 1
+            last = self._rolling[-1] if self._rolling else ""
+            return hashlib.sha256((last + _digest(answer)).encode()).hexdigest(), len(self.context) + 1
         text = self.context[0] + answer
         return _digest(["completion", text]), len(text)

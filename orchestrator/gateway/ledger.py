@@ -1,21 +1,16 @@
 """The trajectory ledger: every model turn of every episode, recorded before its response is
 delivered, as a tree that survives preemption exactly once.
 
-Matching rule (also in docs/trajectory.md). A chat request is reduced to a canonical form:
-  * each message keeps role, name and content; content parts are joined as text, line endings
-    become \\n and surrounding whitespace is stripped; None and "" are the same;
-  * tool calls keep function name and arguments; arguments that parse as JSON compare as JSON
-    (key order and spacing do not matter), others as stripped text; call ids are ignored;
-  * sampling parameters (model, temperature, top_p, max tokens, stop, seed, tools, tool_choice,
-    response_format) are part of the request; transport fields are not.
-A request whose canonical form equals a recorded turn's is answered from the ledger with the
-recorded bytes (a replay). Otherwise it is sampled fresh, and its parent is the recorded turn
-whose conversation (its messages plus its answer) is the longest prefix of the request's
-messages. If that parent already has a child recorded by an earlier run of the sandbox after
-the snapshot the current run was restored from, the restored harness has diverged: that child
-and its descendants are marked abandoned and the new turn continues the parent's branch.
-Children recorded by the same run are parallel calls and stay live on branches of their own.
-A completion request is matched the same way with its prompt text as the conversation.
+Matching rule (also in docs/trajectory.md). A request is reduced to its canonical form (see
+`canonical`). A request whose canonical form equals a recorded turn's is answered from the
+ledger with the bytes recorded for the harness (a replay). Otherwise it is sampled fresh, and its
+parent is the recorded turn whose conversation (its messages plus its answer) is the longest
+prefix of the request's messages. If that parent already has a child from an earlier run that
+the restored sandbox never had (it was not delivered before the snapshot froze the sandbox, nor
+delivered again since), the restored harness has diverged: that child and its descendants are
+marked abandoned and the new turn continues the parent's branch. Other children are parallel
+calls, subagents or compactions, and stay live on branches of their own. A completion request is
+matched the same way with its prompt text as the conversation.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.domain import FailedPrecondition
 from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.state.database import Database
 
@@ -45,6 +41,10 @@ CREATE TABLE IF NOT EXISTS turns (
     request_raw BLOB NOT NULL,
     answer TEXT NOT NULL,
     response BLOB NOT NULL,
+    protocol TEXT NOT NULL,
+    delivered BLOB NOT NULL,
+    delivered_run INTEGER NOT NULL,
+    delivered_at REAL,
     token_ids TEXT NOT NULL,
     logprobs TEXT NOT NULL,
     prompt_token_ids TEXT NOT NULL,
@@ -80,6 +80,14 @@ class Turn:
     request_raw: bytes
     """The harness's request body as it arrived."""
     response: bytes
+    """The upstream's response as it arrived (its server-sent events, when streamed)."""
+    protocol: str
+    delivered: bytes
+    """The exact bytes the harness gets in its own protocol; a replay sends them again."""
+    delivered_run: int
+    """The latest run of the sandbox this turn was delivered to (it first, its replays later)."""
+    delivered_at: float | None
+    """When the last delivery was complete; None while no delivery has finished."""
     token_ids: list[int]
     logprobs: list[float]
     prompt_token_ids: list[int]
@@ -116,6 +124,12 @@ class Ledger:
         # Record before deliver: a turn's commit is on disk before its response leaves.
         self._database = Database(path, SCHEMA)
         self._db = self._database.db
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(turns)")}
+        if "delivered" not in columns:
+            self._database.close()
+            raise FailedPrecondition(
+                f"{path} holds a trajectory ledger from an older Stasis; start with a new state dir"
+            )
         self._lock = self._database.lock
         self._tx = self._database.tx
 
@@ -133,6 +147,10 @@ class Ledger:
             kind=r["kind"],
             request_raw=bytes(r["request_raw"]),
             response=bytes(r["response"]),
+            protocol=r["protocol"],
+            delivered=bytes(r["delivered"]),
+            delivered_run=r["delivered_run"],
+            delivered_at=r["delivered_at"],
             token_ids=json.loads(r["token_ids"]),
             logprobs=json.loads(r["logprobs"]),
             prompt_token_ids=json.loads(r["prompt_token_ids"]),
@@ -150,8 +168,9 @@ class Ledger:
             ).fetchone()
         return {"turn": int(row[0]), "turns": int(row[1])}
 
-    def replay(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
-        """The live recorded turn with this exact request, counted as replayed once more."""
+    def replay(self, episode_id: str, run: int, request: CanonicalRequest) -> Turn | None:
+        """The live recorded turn with this exact request, counted as replayed once more and as
+        delivered to `run` (so a later sibling in that run never abandons it)."""
         with self._tx() as db:
             row = db.execute(
                 "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0 ORDER BY id LIMIT 1",
@@ -159,47 +178,73 @@ class Ledger:
             ).fetchone()
             if row is None:
                 return None
-            db.execute("UPDATE turns SET replays = replays + 1 WHERE id = ?", (row["id"],))
+            db.execute(
+                "UPDATE turns SET replays = replays + 1, delivered_run = MAX(delivered_run, ?) WHERE id = ?",
+                (run, row["id"]),
+            )
             return self._turn(row)
+
+    def delivered(self, turn_id: int) -> None:
+        """Note that a delivery of the turn reached its end (a stream's terminal event included).
+
+        Committed without its own fsync: a crash of this process loses nothing (the write is in
+        the OS), and a power cut can only make a delivered turn look undelivered, which at worst
+        keeps a sibling that a restored harness had from staying live."""
+        with self._lock:
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                with self._tx() as db:
+                    db.execute("UPDATE turns SET delivered_at = ? WHERE id = ?", (time.time(), turn_id))
+            finally:
+                self._db.execute("PRAGMA synchronous=FULL")
 
     def record(
         self,
         episode_id: str,
         run: int,
-        resumed_after_turn: int,
+        resumed_at: float,
         request: CanonicalRequest,
         request_raw: bytes,
         answer: Any,
         response: bytes,
+        protocol: str,
+        delivered: bytes,
         token_ids: list[int],
         logprobs: list[float],
         prompt_token_ids: list[int],
         policy_version: str,
         upstream_ms: float,
     ) -> Turn:
-        """Commit a freshly sampled turn, placing it in the tree (see the module docstring)."""
+        """Commit a freshly sampled turn, placing it in the tree (see the module docstring).
+
+        `resumed_at` is when the snapshot the current run was restored from froze the sandbox
+        (0 for a run started afresh): a sibling from an earlier run is stale unless its delivery
+        had finished by then, or it was delivered again to this run.
+        """
         with self._tx() as db:
+            lengths: list[int] = []
+            if request.kind == "completion":
+                lengths = [r[0] for r in db.execute(
+                    "SELECT DISTINCT after_len FROM turns WHERE episode_id = ? AND kind = ?", (episode_id, request.kind)
+                )]  # fmt: skip
+            hashes = request.prefix_hashes(lengths)
             parent = None
-            lengths = [
-                r[0]
-                for r in db.execute(
-                    "SELECT DISTINCT after_len FROM turns WHERE episode_id = ? AND kind = ?",
-                    (episode_id, request.kind),
-                )
-            ]
-            for h in request.prefix_hashes(lengths):
+            if hashes:
+                # The longest recorded prefix of this conversation: its last turn is the parent.
                 parent = db.execute(
-                    "SELECT * FROM turns WHERE episode_id = ? AND after_hash = ? ORDER BY abandoned, id DESC LIMIT 1",
-                    (episode_id, h),
+                    f"SELECT * FROM turns WHERE episode_id = ? AND after_hash IN ({','.join('?' * len(hashes))})"
+                    " ORDER BY after_len DESC, abandoned, id DESC LIMIT 1",
+                    (episode_id, *hashes),
                 ).fetchone()
-                if parent is not None:
-                    break
             parent_id = parent["id"] if parent is not None else None
             siblings = db.execute(
                 "SELECT * FROM turns WHERE episode_id = ? AND parent_id IS ? AND abandoned = 0",
                 (episode_id, parent_id),
             ).fetchall()
-            stale = [s for s in siblings if s["run"] < run and s["id"] > resumed_after_turn]
+            stale = [
+                s for s in siblings
+                if s["delivered_run"] < run and not (s["delivered_at"] is not None and s["delivered_at"] <= resumed_at)
+            ]  # fmt: skip
             live = [s for s in siblings if s not in stale]
             next_branch = (
                 (
@@ -228,13 +273,13 @@ class Ledger:
             after_hash, after_len = request.after(answer)
             cursor = db.execute(
                 "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
-                " request, request_raw, answer, response, token_ids, logprobs, prompt_token_ids, policy_version,"
-                " upstream_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " request, request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs,"
+                " prompt_token_ids, policy_version, upstream_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
                     json.dumps({"context": list(request.context), "params": request.params}), request_raw,
-                    json.dumps(answer), response, json.dumps(token_ids), json.dumps(logprobs), json.dumps(prompt_token_ids),
-                    policy_version, upstream_ms, time.time(),
+                    json.dumps(answer), response, protocol, delivered, run, json.dumps(token_ids), json.dumps(logprobs),
+                    json.dumps(prompt_token_ids), policy_version, upstream_ms, time.time(),
                 ),
             )  # fmt: skip
             return self._turn(db.execute("SELECT * FROM turns WHERE id = ?", (cursor.lastrowid,)).fetchone())

@@ -1,303 +1,394 @@
 """The inference gateway: the harness's only model endpoint and the ledger's only writer.
 
-Each request is authenticated by its episode's token, answered from the ledger if it repeats a
-recorded turn, and otherwise forwarded upstream with per-token log-probs and token ids requested.
-The turn is committed to the ledger before a single response byte goes back to the harness, and
-the upstream's bytes are returned unchanged.
+Each request is authenticated by its episode's key before its body is read, answered from the
+ledger if it repeats a recorded turn, and otherwise sampled upstream with per-token log-probs and
+token ids asked for. A whole response is committed to the ledger before its first byte goes to
+the harness; a streamed one flows as it is generated and is committed before its terminal event.
+A generation always runs to its end and is recorded, even when the harness has gone away (frozen
+mid-stream), so its retry is served from the ledger. The replay check and the claim on a new
+sample are one step: an identical request waits for the first and then gets its recorded answer.
+
+Served on aiohttp in an event loop of its own; ledger and state calls run on a small thread pool.
 """
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import json
 import logging
 import threading
 import time
-import urllib.parse
-from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from aiohttp import web
 
 from orchestrator.domain import Episode
-from orchestrator.gateway.canonical import CanonicalRequest, canonical_message
-from orchestrator.gateway.ledger import Ledger
+from orchestrator.gateway.generation import Generation, UpstreamFault
+from orchestrator.gateway.ledger import Ledger, Turn
+from orchestrator.gateway.protocols import GatewayError, Protocol, Request
+from orchestrator.gateway.protocols.anthropic import Messages
+from orchestrator.gateway.protocols.anthropic import to_messages as anthropic_messages
+from orchestrator.gateway.protocols.anthropic import to_tools as anthropic_tools
+from orchestrator.gateway.protocols.openai import ChatCompletions, Completions
+from orchestrator.gateway.protocols.responses import Responses
+from orchestrator.gateway.settings import GatewaySettings
+from orchestrator.gateway.upstream import Stream, Upstream, UpstreamUnreachable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-MAX_BODY = 64 << 20
+PROTOCOLS: dict[str, Protocol] = {
+    "/v1/chat/completions": ChatCompletions(),
+    "/v1/completions": Completions(),
+    "/v1/responses": Responses(),
+    "/v1/messages": Messages(),
+}
+_OPENAI = PROTOCOLS["/v1/chat/completions"]
+_ANTHROPIC = PROTOCOLS["/v1/messages"]
+_EVENT_STREAM = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@dataclass(frozen=True)
-class Upstream:
-    """An OpenAI-compatible model server."""
+class _KeyLocks:
+    """One lock per (episode, request fingerprint), alive while someone holds or waits for it."""
 
-    base_url: str
-    """The server's OpenAI base URL, e.g. http://vllm:8000/v1; a URL without the /v1 gets it."""
-    api_key: str = ""
-    timeout_s: float = 600.0
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}
 
-    def post(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
-        base = self.base_url.rstrip("/")
-        url = urllib.parse.urlsplit((base if base.endswith("/v1") else base + "/v1") + path)
-        conn_type = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-        conn = conn_type(url.hostname or "127.0.0.1", url.port, timeout=self.timeout_s)
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+    @asynccontextmanager
+    async def hold(self, key: tuple[str, str]) -> AsyncIterator[None]:
+        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
         try:
-            conn.request("POST", url.path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+            async with lock:
+                yield
         finally:
-            conn.close()
-
-
-class GatewayError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """What the upstream said, as the ledger records it."""
-
-    answer: Any
-    token_ids: list[int]
-    logprobs: list[float]
-    prompt_token_ids: list[int]
-    policy_version: str
-
-
-def read_sample(kind: str, headers: dict[str, str], body: bytes) -> Sampled:
-    """Pull token ids, log-probs and the answer out of an upstream response, never re-tokenising."""
-    data = json.loads(body)
-    choice = data["choices"][0]
-    if kind == "chat":
-        answer: Any = canonical_message(choice.get("message") or {})
-        entries = ((choice.get("logprobs") or {}).get("content")) or []
-        logprobs = [float(e["logprob"]) for e in entries]
-        tokens = [e.get("token", "") for e in entries]
-    else:
-        answer = choice.get("text") or ""
-        lp = choice.get("logprobs") or {}
-        logprobs = [float(x) for x in lp.get("token_logprobs") or []]
-        tokens = lp.get("tokens") or []
-    token_ids = choice.get("token_ids")
-    if token_ids is None and tokens and all(str(t).startswith("token_id:") for t in tokens):
-        token_ids = [int(str(t).split(":", 1)[1]) for t in tokens]
-    prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
-    version = headers.get("x-policy-version") or data.get("system_fingerprint") or data.get("model") or ""
-    return Sampled(
-        answer, [int(t) for t in token_ids or []], logprobs, [int(t) for t in prompt_ids], str(version)
-    )
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[key]
 
 
 class Gateway:
-    """Serves the OpenAI-compatible routes for every episode's sandbox."""
+    """Serves every harness protocol for every episode's sandbox."""
 
     def __init__(
         self,
-        listen: str,
+        settings: GatewaySettings,
         ledger: Ledger,
         episodes: Callable[[str], Episode | None],
-        resumed_after: Callable[[Episode], int],
-        upstream: Upstream,
+        resumed_at: Callable[[Episode], float],
     ) -> None:
+        self.settings = settings
         self.ledger = ledger
         self.episodes = episodes
-        self.resumed_after = resumed_after
-        self.upstream = upstream
-        self._inflight: dict[tuple[str, str], Future[tuple[int, bytes]]] = {}
-        self._lock = threading.Lock()
-        host, _, port = listen.rpartition(":")
-        handler = type("GatewayHandler", (_Handler,), {"gateway": self})
-        self.server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler)
-        self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, name="gateway", daemon=True)
+        """The episode a gateway key belongs to."""
+        self.resumed_at = resumed_at
+        """When the snapshot the episode's current run came from froze it; 0 for a fresh start."""
+        self.upstream = Upstream(settings)
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gateway-db")
+        self._locks = _KeyLocks()
+        self._loop = asyncio.new_event_loop()
+        self._slots: asyncio.Semaphore | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gateway", daemon=True)
+        self.port = 0
 
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
+    # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> Gateway:
         self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(timeout=30)
         return self
 
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    async def _serve(self) -> None:
+        self._slots = asyncio.Semaphore(self.settings.max_concurrent_turns)
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        for path, protocol in PROTOCOLS.items():
+            app.router.add_post(path, self._route(protocol))
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_route("*", "/{tail:.*}", self._unknown)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=False)
+        await self._runner.setup()
+        host, _, port = self.settings.listen.rpartition(":")
+        site = web.TCPSite(self._runner, host or "0.0.0.0", int(port), backlog=1024, reuse_address=True)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
 
-    def authenticate(self, authorization: str) -> Episode:
-        token = authorization.removeprefix("Bearer ").strip() if authorization.startswith("Bearer ") else ""
-        episode = self.episodes(token) if token else None
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+            await self.upstream.close()
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        if not self._loop.is_running():
+            self._loop.close()
+        self._pool.shutdown(wait=True)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # -- the front door ---------------------------------------------------------------------
+
+    async def _authenticate(self, request: web.Request) -> Episode:
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
+        token = token or request.headers.get("x-api-key", "").strip()
+        episode = await self._call(self.episodes, token) if token else None
         if episode is None:
-            raise GatewayError(
-                401,
-                "missing or unknown API key: use the OPENAI_API_KEY of this sandbox",
-                "authentication_error",
-            )
+            raise GatewayError(401, "missing or unknown API key: use this sandbox's OPENAI_API_KEY or ANTHROPIC_API_KEY",
+                               "authentication_error")  # fmt: skip
         if episode.state.terminal:
             raise GatewayError(403, f"episode {episode.id} has ended ({episode.state})", "permission_error")
         return episode
 
-    def complete(self, episode: Episode, kind: str, path: str, raw: bytes) -> tuple[int, bytes, str]:
-        """Answer one request; returns status, body and how it was served (replay|sampled)."""
+    async def _json(self, request: web.Request) -> tuple[bytes, dict[str, Any]]:
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise GatewayError(
+                413, f"the body of {request.content_length} bytes exceeds {limit}", "request_too_large"
+            )
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise GatewayError(413, f"the body exceeds {limit} bytes", "request_too_large") from None
         try:
             body = json.loads(raw)
         except ValueError as exc:
             raise GatewayError(400, f"request body is not JSON: {exc}") from None
         if not isinstance(body, dict):
             raise GatewayError(400, "request body must be a JSON object")
-        if body.get("stream"):
-            raise GatewayError(
-                400, "stream: streaming is not supported by the Stasis gateway; set stream to false"
-            )
-        if body.get("n", 1) != 1:
-            raise GatewayError(400, "n: the Stasis gateway samples one choice per request")
-        try:
-            request = CanonicalRequest.parse(kind, body)
-        except ValueError as exc:
-            raise GatewayError(400, str(exc)) from None
+        return raw, body
 
-        recorded = self.ledger.replay(episode.id, request)
-        if recorded is not None:
-            return 200, recorded.response, "replay"
-        key = (episode.id, request.fingerprint)
-        with self._lock:
-            pending = self._inflight.get(key)
-            owner = pending is None
-            if owner:
-                pending = self._inflight[key] = Future()
-        assert pending is not None
-        if not owner:
-            # The same request is already with the upstream (a retry of an in-flight request):
-            # it gets the same recorded answer, not a second sample.
-            status, response = pending.result()
-            recorded = self.ledger.replay(episode.id, request)  # counts this delivery as a replay
-            return (200, recorded.response, "replay") if recorded else (status, response, "replay")
-        try:
-            status, response = self._sample(episode, kind, path, raw, body, request)
-            pending.set_result((status, response))
-            return status, response, "sampled"
-        except BaseException as exc:
-            pending.set_exception(exc)
-            raise
-        finally:
-            with self._lock:
-                self._inflight.pop(key, None)
+    @staticmethod
+    def _refuse(protocol: Protocol, err: GatewayError) -> web.Response:
+        return web.Response(status=err.status, body=protocol.error(err), content_type="application/json")
 
-    def _sample(
-        self,
-        episode: Episode,
-        kind: str,
-        path: str,
-        raw: bytes,
-        body: dict[str, Any],
-        request: CanonicalRequest,
-    ) -> tuple[int, bytes]:
-        forwarded = dict(body)
-        forwarded["return_token_ids"] = True
-        if kind == "chat":
-            forwarded["logprobs"] = True
-        elif not isinstance(forwarded.get("logprobs"), int) or forwarded["logprobs"] < 1:
-            forwarded["logprobs"] = 1
+    async def _unknown(self, request: web.Request) -> web.Response:
+        protocol = _ANTHROPIC if request.path.startswith("/v1/messages") else _OPENAI
+        routes = ", ".join(PROTOCOLS)
+        return self._refuse(protocol, GatewayError(404, f"{request.method} {request.path} is not served; use {routes}",
+                                                   "not_found_error"))  # fmt: skip
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            await self._authenticate(request)
+            reply = await self.upstream.get("/models")
+        except (GatewayError, UpstreamUnreachable) as exc:
+            err = exc if isinstance(exc, GatewayError) else GatewayError(502, str(exc), "upstream_error")
+            return self._refuse(_OPENAI, err)
+        data = json.loads(reply.body) if reply.status == 200 else {"data": []}
+        models = [
+            {**m, "type": "model", "display_name": m.get("id"), "created_at": "1970-01-01T00:00:00Z"}
+            for m in data.get("data") or []
+        ]
+        listing = {"object": "list", "data": models, "has_more": False,
+                   "first_id": models[0]["id"] if models else None, "last_id": models[-1]["id"] if models else None}  # fmt: skip
+        return web.json_response(listing)
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic's count_tokens, answered by the upstream's tokenizer; nothing is recorded."""
+        try:
+            await self._authenticate(request)
+            _, body = await self._json(request)
+            tools, _ = anthropic_tools(body.get("tools"))
+            chat = {"model": body.get("model", ""), "messages": anthropic_messages(body), "tools": tools}
+            count = await self.upstream.tokenize(chat)
+        except GatewayError as err:
+            return self._refuse(_ANTHROPIC, err)
+        except UpstreamUnreachable as exc:
+            return self._refuse(_ANTHROPIC, GatewayError(502, str(exc), "upstream_error"))
+        if count is None:  # no tokenizer route upstream: about four characters a token
+            count = len(json.dumps(chat)) // 4
+        return web.json_response({"input_tokens": count})
+
+    def _route(self, protocol: Protocol) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                episode = await self._authenticate(request)
+                raw, body = await self._json(request)
+                req = protocol.parse(body)
+            except GatewayError as err:
+                return self._refuse(protocol, err)
+            if req.dropped:
+                log.debug("%s %s: left out %s", episode.id, protocol.name, ", ".join(req.dropped))
+            try:
+                return await self._answer(request, episode, protocol, req, raw)
+            except GatewayError as err:
+                return self._refuse(protocol, err)
+            except Exception:
+                log.exception("gateway failed on %s for %s", request.path, episode.id)
+                return self._refuse(protocol, GatewayError(500, "internal gateway error", "server_error"))
+
+        return handle
+
+    # -- answering --------------------------------------------------------------------------
+
+    async def _answer(
+        self, request: web.Request, episode: Episode, protocol: Protocol, req: Request, raw: bytes
+    ) -> web.StreamResponse:
+        assert self._slots is not None
+        async with self._locks.hold((episode.id, req.canonical.fingerprint)):
+            turn = await self._call(self.ledger.replay, episode.id, episode.runs, req.canonical)
+            if turn is not None:
+                return await self._deliver(request, turn.id, turn.delivered, req.stream)
+            async with self._slots:
+                if req.stream:
+                    return await self._stream(request, episode, protocol, req, raw)
+                return await self._whole(request, episode, protocol, req, raw)
+
+    def _upstream_body(self, req: Request) -> dict[str, Any]:
+        body = dict(req.upstream)
+        body["return_token_ids"] = True
+        if req.upstream_path == "/chat/completions":
+            body["logprobs"] = True
+        elif not isinstance(body.get("logprobs"), int) or body["logprobs"] < 1:
+            body["logprobs"] = 1
+        if req.stream:
+            body["stream"] = True
+        return body
+
+    @staticmethod
+    def _upstream_refused(protocol: Protocol, status: int, body: bytes) -> web.Response:
+        """The model server's own error: unchanged for its own protocols, translated otherwise.
+        Nothing is recorded for the turn."""
+        if protocol.passthrough:
+            return web.Response(status=status, body=body, content_type="application/json")
+        try:
+            message = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = body[:500].decode(errors="replace")
+        kind = "invalid_request_error" if 400 <= status < 500 else "upstream_error"
+        err = GatewayError(status if 400 <= status < 500 else 502, f"model server: {message}", kind)
+        return web.Response(status=err.status, body=protocol.error(err), content_type="application/json")
+
+    async def _whole(
+        self, request: web.Request, episode: Episode, protocol: Protocol, req: Request, raw: bytes
+    ) -> web.StreamResponse:
         started = time.monotonic()
         try:
-            status, headers, response = self.upstream.post(path, json.dumps(forwarded).encode())
-        except OSError as exc:
-            raise GatewayError(
-                502, f"model server {self.upstream.base_url} unreachable: {exc}", "upstream_error"
-            ) from None
+            reply = await self.upstream.post(req.upstream_path, self._upstream_body(req))
+        except UpstreamUnreachable as exc:
+            raise GatewayError(502, str(exc), "upstream_error") from None
         upstream_ms = (time.monotonic() - started) * 1000
-        if status != 200:
-            return status, response  # the harness sees the model server's own error; nothing is recorded
+        if reply.status != 200:
+            return self._upstream_refused(protocol, reply.status, reply.body)
         try:
-            sampled = read_sample(kind, headers, response)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise GatewayError(
-                502, f"model server returned a response without choices: {exc}", "upstream_error"
-            ) from None
-        if not sampled.token_ids or len(sampled.token_ids) != len(sampled.logprobs):
-            raise GatewayError(
-                502,
-                f"model server returned {len(sampled.token_ids)} token ids and {len(sampled.logprobs)} log-probs; "
-                "Stasis records both per token (vLLM: return_token_ids)",
-                "upstream_error",
-            )
-        self.ledger.record(
-            episode.id,
-            episode.runs,
-            self.resumed_after(episode),
-            request,
-            raw,
-            sampled.answer,
-            response,
-            sampled.token_ids,
-            sampled.logprobs,
-            sampled.prompt_token_ids,
-            sampled.policy_version,
-            upstream_ms,
+            g = Generation.from_response(req.canonical.kind, reply.body)
+            g.check()
+        except UpstreamFault as exc:
+            raise GatewayError(502, str(exc), "upstream_error") from None
+        g.policy_version = await self.upstream.policy_version(reply.headers)
+        self._name_calls(protocol, g)
+        delivered = protocol.render(g, reply.body, req)
+        turn = await self._record(episode, protocol, req, raw, g, reply.body, delivered, upstream_ms)
+        return await self._deliver(request, turn.id, delivered, stream=False)
+
+    async def _deliver(
+        self, request: web.Request, turn_id: int, data: bytes, stream: bool
+    ) -> web.StreamResponse:
+        """Send a recorded answer whole; note the delivery once it is out."""
+        headers = _EVENT_STREAM if stream else {"Content-Type": "application/json"}
+        response = web.StreamResponse(status=200, headers=headers)
+        response.content_length = len(data)
+        try:
+            await response.prepare(request)
+            await response.write(data)
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            log.info("a harness went away before turn %d was delivered; its retry is a replay", turn_id)
+            return response
+        await self._call(self.ledger.delivered, turn_id)
+        return response
+
+    async def _stream(
+        self, request: web.Request, episode: Episode, protocol: Protocol, req: Request, raw: bytes
+    ) -> web.StreamResponse:
+        started = time.monotonic()
+        try:
+            async with self.upstream.stream(req.upstream_path, self._upstream_body(req)) as upstream:
+                if upstream.status != 200:
+                    return self._upstream_refused(protocol, upstream.status, await upstream.body())
+                return await self._relay(request, episode, protocol, req, raw, upstream, started)
+        except UpstreamUnreachable as exc:
+            raise GatewayError(502, str(exc), "upstream_error") from None
+
+    async def _relay(
+        self, request: web.Request, episode: Episode, protocol: Protocol, req: Request, raw: bytes,
+        upstream: Stream, started: float,
+    ) -> web.StreamResponse:  # fmt: skip
+        response = web.StreamResponse(status=200, headers=_EVENT_STREAM)
+        delivered = bytearray()
+        gone = False
+
+        async def send(data: bytes) -> None:
+            nonlocal gone
+            if data and not gone:
+                try:
+                    await response.write(data)
+                except (ConnectionError, RuntimeError):
+                    gone = True  # the harness froze or left; the generation still runs to its end
+
+        try:
+            await response.prepare(request)
+        except (ConnectionError, RuntimeError):
+            gone = True
+        encoder = protocol.encoder(req)
+        g = Generation(req.canonical.kind)
+        try:
+            async for event, data in upstream.events():
+                g.add(data)
+                out = encoder.chunk(event, data, g)
+                delivered += out
+                await send(out)
+            if not upstream.done:
+                raise UpstreamUnreachable("the model server's stream ended before [DONE]")
+            g.check()
+        except (UpstreamUnreachable, UpstreamFault) as exc:
+            # A cut stream is never a turn: nothing is recorded, and the harness is told.
+            await send(protocol.stream_error(GatewayError(502, str(exc), "upstream_error")))
+            if not gone:
+                await response.write_eof()
+            return response
+        g.policy_version = await self.upstream.policy_version(upstream.headers)
+        self._name_calls(protocol, g)
+        tail = encoder.close(g)
+        terminal = encoder.terminal(g)
+        delivered += tail
+        await send(tail)
+        upstream_ms = (time.monotonic() - started) * 1000
+        turn = await self._record(
+            episode, protocol, req, raw, g, bytes(upstream.raw), bytes(delivered + terminal), upstream_ms
         )
-        return status, response
+        await send(terminal)
+        if not gone:
+            try:
+                await response.write_eof()
+            except (ConnectionError, RuntimeError):
+                return response
+            await self._call(self.ledger.delivered, turn.id)
+        return response
 
+    @staticmethod
+    def _name_calls(protocol: Protocol, g: Generation) -> None:
+        if not protocol.passthrough:
+            for i, call in enumerate(g.tool_calls):
+                call.id = protocol.call_id(call.id, i, g)
 
-class _Handler(BaseHTTPRequestHandler):
-    gateway: Gateway
-    protocol_version = "HTTP/1.1"
+    async def _record(
+        self, episode: Episode, protocol: Protocol, req: Request, raw: bytes, g: Generation, response: bytes,
+        delivered: bytes, upstream_ms: float,
+    ) -> Turn:  # fmt: skip
+        def record() -> Turn:
+            return self.ledger.record(
+                episode.id, episode.runs, self.resumed_at(episode), req.canonical, raw, g.answer(), response,
+                protocol.name, delivered, g.token_ids, g.logprobs, g.prompt_token_ids, g.policy_version, upstream_ms,
+            )  # fmt: skip
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("gateway %s " + format, self.address_string(), *args)
-
-    def _send(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _error(self, err: GatewayError) -> None:
-        body = json.dumps({"error": {"message": str(err), "type": err.kind, "code": err.status}}).encode()
-        self._send(err.status, body)
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") == "/v1/models":
-            models = {
-                "object": "list",
-                "data": [{"id": "stasis-gateway", "object": "model", "owned_by": "stasis"}],
-            }
-            self._send(200, json.dumps(models).encode())
-        else:
-            self._error(GatewayError(404, f"{self.path} is not served by the Stasis gateway"))
-
-    def do_POST(self) -> None:
-        path = urllib.parse.urlsplit(self.path).path.rstrip("/")
-        kind = ROUTES.get(path)
-        try:
-            if kind is None:
-                raise GatewayError(404, f"{path} is not served; use /v1/chat/completions or /v1/completions")
-            length = int(self.headers.get("Content-Length") or 0)
-            if length <= 0 or length > MAX_BODY:
-                raise GatewayError(
-                    411 if length <= 0 else 413, "a JSON body with a Content-Length is required"
-                )
-            raw = self.rfile.read(length)
-            episode = self.gateway.authenticate(self.headers.get("Authorization", ""))
-            status, body, served = self.gateway.complete(episode, kind, path.removeprefix("/v1"), raw)
-        except GatewayError as err:
-            self._error(err)
-            return
-        except Exception:
-            log.exception("gateway failed on %s", path)
-            self._error(GatewayError(500, "internal gateway error", "server_error"))
-            return
-        # Recorded first, delivered now: if the harness is gone (frozen, restored elsewhere),
-        # its retry is answered from the ledger.
-        try:
-            self._send(status, body)
-        except OSError:
-            log.info("harness of %s went away before its %s response was delivered", episode.id, served)
+        return await self._call(record)

@@ -18,8 +18,28 @@ class GatewaySettings:
     """OpenAI-compatible model server the gateway forwards to, up to and including /v1."""
     upstream_api_key: str = ""
     """Bearer token for the upstream, if it wants one; sandboxes never see it."""
+    policy_version_header: str = "x-policy-version"
+    """Response header in which the upstream names the policy (weights) version that sampled."""
+    weight_version_url: str = ""
+    """Where to ask the upstream for its weight version when it sends no header (an SGLang-style
+    GET endpoint answering JSON with `weight_version`, or plain text); empty: never ask."""
+    max_body_bytes: int = 32 << 20
+    """Largest request body. A long agent conversation is a few MB of JSON; more is a bug or an
+    attack, refused (413) before it is read."""
+    max_concurrent_turns: int = 256
+    """Generations in flight upstream at once; later requests wait their turn. Well above the
+    slots a cluster's nodes offer, well below what exhausts the orchestrator's file descriptors."""
+    upstream_connections: int = 256
+    """Size of the pooled keep-alive connections to the upstream."""
+    upstream_timeout_s: float = 600.0
+    """Longest silence from the upstream while a generation is under way."""
 
     @property
     def base_url(self) -> str:
-        """The model endpoint as a sandbox sees it."""
+        """The OpenAI endpoint as a sandbox sees it."""
         return f"http://{GATEWAY_IP}:{self.port}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        """The Anthropic endpoint as a sandbox sees it (Anthropic clients add /v1 themselves)."""
+        return f"http://{GATEWAY_IP}:{self.port}"

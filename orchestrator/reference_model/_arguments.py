@@ -87,24 +87,64 @@ def _string_values(tool_name: str, param: str) -> tuple[str, ...]:
     return WORDS
 
 
-def value_candidates(tool_name: str, param: str, schema: Mapping[str, Any]) -> tuple[str, ...]:
-    """JSON-encoded values the grammar may generate for one parameter of one tool."""
+MAX_NESTED = 8
+"""Candidates kept for a nested array or object value: enough variety, a small grammar."""
+
+
+def _option(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The first non-null alternative of an anyOf/oneOf schema, or the schema itself."""
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list):
+            for option in options:
+                if isinstance(option, Mapping) and option.get("type") != "null":
+                    return option
+    return schema
+
+
+def value_candidates(
+    tool_name: str, param: str, schema: Mapping[str, Any], depth: int = 0
+) -> tuple[str, ...]:
+    """JSON-encoded values the grammar may generate for one parameter of one tool, each valid
+    against the parameter's schema (enums, nested objects with their required fields, arrays of
+    valid items)."""
+    schema = _option(schema)
+    if "const" in schema:
+        return (json.dumps(schema["const"]),)
     enum = schema.get("enum")
     if isinstance(enum, list) and enum:
         return tuple(dict.fromkeys(json.dumps(v) for v in enum))
     kind = _first_type(schema)
     if kind == "string":
         return tuple(json.dumps(v) for v in _string_values(tool_name, param))
-    if kind == "integer":
-        return tuple(str(n) for n in range(21))
-    if kind == "number":
-        return (*(str(n) for n in range(11)), "0.5", "1.5", "2.5")
+    if kind in ("integer", "number"):
+        # Whole numbers: valid as either, and as what clients that declare "number" often parse.
+        low = int(schema.get("minimum", 0)) if isinstance(schema.get("minimum"), int | float) else 0
+        return tuple(str(n) for n in range(max(low, 0), max(low, 0) + 21))
     if kind == "boolean":
         return ("true", "false")
     if kind == "array":
-        return ("[]", *(json.dumps([f]) for f in FILES))
+        items = schema.get("items")
+        items = items if isinstance(items, Mapping) else {}
+        inner = value_candidates(tool_name, param, items, depth + 1)[:MAX_NESTED] if depth < 3 else ()
+        empty = () if schema.get("minItems", 0) else ("[]",)
+        return (*empty, *(f"[{v}]" for v in inner)) or ("[]",)
     if kind == "object":
-        return ("{}",)
+        fields = argument_properties(schema) if depth < 3 else []
+        if not fields:
+            return ("{}",)
+        options = [value_candidates(tool_name, name, sub, depth + 1) for name, sub in fields]
+        return tuple(
+            dict.fromkeys(
+                "{"
+                + ", ".join(
+                    f"{json.dumps(name)}: {values[k % len(values)]}"
+                    for (name, _), values in zip(fields, options, strict=True)
+                )
+                + "}"
+                for k in range(MAX_NESTED)
+            )
+        )
     return ("null",)
 
 

@@ -22,6 +22,7 @@ from orchestrator.reference_model._grammar import CallGrammar, TrieCache, call_p
 from orchestrator.reference_model._protocol import (
     ChatRequest,
     CompletionRequest,
+    invalid,
     parse_chat,
     parse_completion,
 )
@@ -36,6 +37,9 @@ from orchestrator.reference_model._vocabulary import (
     Vocabulary,
 )
 from orchestrator.reference_model._weights import PolicyWeights, digest
+
+MAX_MODEL_LEN = 1 << 20
+"""What /tokenize reports as the context length: the reference model has no fixed window."""
 
 
 class ReferenceModel:
@@ -101,6 +105,16 @@ class ReferenceModel:
         """The prompt token ids the chat template gives this request body."""
         request = parse_chat(body, self.settings.default_max_tokens)
         return render_chat(self.vocabulary, request.messages, request.tools)
+
+    def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Answer a /tokenize body, as vLLM does: the prompt ids of `messages` (with `tools`) or `prompt`."""
+        if "messages" in body:
+            ids = self.chat_prompt_ids({"model": self.settings.model_name, **body})
+        elif isinstance(body.get("prompt"), str):
+            ids = self.vocabulary.tokenize(body["prompt"])
+        else:
+            raise invalid("messages", "give messages (a chat) or prompt (a string)")
+        return {"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids}
 
     def chat_completion(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer a /v1/chat/completions body; raises ApiError for invalid requests."""

@@ -133,8 +133,6 @@ def _common(
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("model", "is required and must be a non-empty string")
-    if body.get("stream"):
-        raise invalid("stream", "streaming is not supported by the reference model; send stream=false")
     n = _int(body, "n", 1)
     if n not in (None, 1):
         raise invalid("n", "only n=1 is supported")

@@ -7,8 +7,9 @@ import json
 import socket
 import sys
 import threading
+import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit
 from orchestrator.reference_model._model import ReferenceModel
 from orchestrator.reference_model._protocol import ApiError
 from orchestrator.reference_model._settings import ReferenceModelSettings
+from orchestrator.reference_model._streaming import chat_chunks, completion_chunks
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Long agent conversations are large, but a body beyond this is a client bug, not a prompt."""
@@ -101,12 +103,18 @@ class _Handler(BaseHTTPRequestHandler):
         routes: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "/v1/chat/completions": model.chat_completion,
             "/v1/completions": model.completion,
+            "/tokenize": model.tokenize,
         }
         route = routes.get(path)
         try:
             body = self._read_json()
             if route is None:
                 raise ApiError(404, f"no route for POST {path}", None, "not_found_error")
+            stream, include_usage, token_ids = _streaming_options(body)
+            if stream:
+                # Generated whole (sampling is cheap here), then sent token by token.
+                body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+                body["return_token_ids"] = True
             response = route(body)
         except ApiError as error:
             self._send_error(error)
@@ -115,7 +123,31 @@ class _Handler(BaseHTTPRequestHandler):
             traceback.print_exc()
             self._send_error(ApiError(500, f"reference model failed: {error!r}", None, "server_error"))
             return
-        self._send_json(200, response, response.get("system_fingerprint"))
+        if not stream:
+            self._send_json(200, response, response.get("system_fingerprint"))
+            return
+        chunks = chat_chunks if path == "/v1/chat/completions" else completion_chunks
+        self._send_stream(
+            chunks(model.vocabulary, response, token_ids=token_ids, include_usage=include_usage),
+            response.get("system_fingerprint"),
+        )
+
+    def _send_stream(self, chunks: Iterator[dict[str, Any]], policy_version: str | None) -> None:
+        """Server-sent events in chunked transfer encoding, so the connection stays reusable."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header(POLICY_VERSION_HEADER, policy_version or self.server.model.policy_version)
+        self.end_headers()
+        delay = self.server.model.settings.stream_token_delay_s
+        for i, chunk in enumerate([*chunks, None]):
+            if i and delay:
+                time.sleep(delay)
+            event = b"data: [DONE]\n\n" if chunk is None else b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
 
     def _read_json(self) -> Mapping[str, Any]:
         length = self.headers.get("Content-Length")
@@ -138,6 +170,17 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object")
         return body
+
+
+def _streaming_options(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
+    """Whether to stream, whether to end with a usage chunk, and whether chunks carry token ids."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream: must be a boolean", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "stream_options: must be an object", "stream_options")
+    return stream, bool(options.get("include_usage")), bool(body.get("return_token_ids"))
 
 
 class ReferenceModelServer:

@@ -25,6 +25,8 @@ class ReferenceModelSettings:
     """Answer length, in tokens, at which ending becomes more likely than continuing."""
     default_max_tokens: int = 1024
     """Chat max_tokens when the request sets none; far above any grammar-bounded tool call."""
+    stream_token_delay_s: float = 0.0
+    """Pause between streamed chunks, standing in for a model's time per token (0 = as fast as possible)."""
     access_log: bool = False
     """Log one line per HTTP request to stderr."""
 
@@ -35,5 +37,7 @@ class ReferenceModelSettings:
             raise ValueError(f"mean_tool_turns must be >= 0, got {self.mean_tool_turns}")
         if self.mean_answer_tokens < 1:
             raise ValueError(f"mean_answer_tokens must be >= 1, got {self.mean_answer_tokens}")
+        if self.stream_token_delay_s < 0:
+            raise ValueError(f"stream_token_delay_s must be >= 0, got {self.stream_token_delay_s}")
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")

@@ -1,38 +1,39 @@
-"""Gateway and ledger against the real reference model: record before deliver, exactly-once
-replays, branches and abandonment, and the matching rule's tolerance of re-templating noise."""
+"""Gateway and ledger against the real reference model, spoken to with raw HTTP and with the
+official openai and anthropic SDKs: every protocol whole and streamed, record before deliver,
+exactly-once replays, branches and abandonment, and the matching rule's tolerance of noise."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
-from orchestrator.gateway import Gateway, Ledger, Upstream
+from orchestrator.gateway import Gateway, GatewaySettings, Ledger
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 
+PARAMETERS = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 TOOLS = [
     {
         "type": "function",
-        "function": {
-            "name": "shell",
-            "description": "run a command",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
+        "function": {"name": "shell", "description": "run a command", "parameters": PARAMETERS},
     }
 ]
+RESPONSES_TOOLS = [
+    {"type": "function", "name": "shell", "description": "run a command", "parameters": PARAMETERS}
+]
+ANTHROPIC_TOOLS = [{"name": "shell", "description": "run a command", "input_schema": PARAMETERS}]
+USER = {"role": "user", "content": "Make a notes file."}
 
 
 @dataclass
@@ -41,93 +42,101 @@ class World:
     ledger: Ledger
     model: ReferenceModelServer
     episodes: dict[str, Episode]
-    resumed_after: dict[str, int] = field(default_factory=dict)
-    upstream_calls: list[bytes] = field(default_factory=list)
+    resumed_at: dict[str, float] = field(default_factory=dict)
+    upstream_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.gateway.port}/v1"
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.gateway.port}"
 
     def post(
-        self, body: dict[str, Any], token: str = "tok-1", path: str = "/chat/completions"
+        self, body: Any, token: str = "tok-1", path: str = "/v1/chat/completions", raw: bytes | None = None
     ) -> tuple[int, bytes]:
-        req = urllib.request.Request(
-            self.url + path,
-            data=json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        conn = http.client.HTTPConnection("127.0.0.1", self.gateway.port, timeout=30)
+        data = raw if raw is not None else json.dumps(body).encode()
+        conn.request(
+            "POST", path, data, {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read()
+        response = conn.getresponse()
+        out = response.status, response.read()
+        conn.close()
+        return out
 
-    def set_run(self, episode_id: str, run: int, resumed_after: int) -> None:
+    def set_run(self, episode_id: str, run: int, resumed_at: float) -> None:
         self.episodes[episode_id] = replace(self.episodes[episode_id], runs=run)
-        self.resumed_after[episode_id] = resumed_after
+        self.resumed_at[episode_id] = resumed_at
 
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key="tok-1", max_retries=0)
 
-class CountingUpstream(Upstream):
-    calls: list[bytes]
-    delay_s: float = 0.0
-
-    def post(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
-        self.calls.append(body)
-        time.sleep(self.delay_s)
-        return super().post(path, body)
+    def anthropic(self) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=self.base, api_key="tok-1", max_retries=0)
 
 
 def _episode(episode_id: str, token: str, state: EpisodeState = EpisodeState.RUNNING) -> Episode:
     spec = EpisodeSpec(image="base", command=("true",))
-    return Episode(
-        id=episode_id,
-        spec=spec,
-        state=state,
-        reason="",
-        submitted_at=0,
-        updated_at=0,
-        address="",
-        token=token,
-        runs=1,
-    )
+    return Episode(id=episode_id, spec=spec, state=state, reason="", submitted_at=0, updated_at=0, address="",
+                   token=token, runs=1)  # fmt: skip
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
+def _world(tmp_path: Path, upstream: str, model: ReferenceModelServer, **settings: Any) -> World:
     ledger = Ledger(tmp_path / "ledger.db")
     episodes = {
         "ep-1": _episode("ep-1", "tok-1"),
         "ep-done": _episode("ep-done", "tok-done", EpisodeState.SUCCEEDED),
     }
-    resumed: dict[str, int] = {}
-    upstream = CountingUpstream(model.url)
-    object.__setattr__(upstream, "calls", [])
+    resumed: dict[str, float] = {}
     gateway = Gateway(
-        "127.0.0.1:0",
+        GatewaySettings(listen="127.0.0.1:0", upstream=upstream, **settings),
         ledger,
         lambda token: next((e for e in episodes.values() if e.token == token), None),
-        lambda e: resumed.get(e.id, 0),
-        upstream,
+        lambda e: resumed.get(e.id, 0.0),
     ).start()
-    w = World(gateway, ledger, model, episodes, resumed, upstream.calls)
+    return World(gateway, ledger, model, episodes, resumed)
+
+
+def _delivered(world: World, index: int = -1) -> Any:
+    """The turn once its delivery is noted (that happens just after its last byte went out)."""
+    deadline = time.monotonic() + 10
+    while (turn := world.ledger.turns("ep-1")[index]).delivered_at is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return turn
+
+
+def _count(world: World, delay_s: float = 0.0) -> None:
+    """Count (and optionally slow) the reference model's generations: the upstream boundary."""
+    model = world.model.model
+    for name in ("chat_completion", "completion"):
+        method = getattr(type(model), name)
+
+        def counted(body: Any, method: Any = method) -> Any:
+            world.upstream_calls.append(dict(body))
+            time.sleep(delay_s)
+            return method(model, body)
+
+        setattr(model, name, counted)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
+    w = _world(tmp_path, model.url, model)
+    _count(w)
     yield w
-    gateway.stop()
-    ledger.close()
+    w.gateway.stop()
+    w.ledger.close()
     model.stop()
 
 
-def _chat(*messages: dict[str, Any], seed: int = 1) -> dict[str, Any]:
+def _chat(*messages: dict[str, Any], seed: int = 1, **extra: Any) -> dict[str, Any]:
     return {
         "model": "reference",
         "messages": list(messages),
         "tools": TOOLS,
         "seed": seed,
         "temperature": 1.0,
+        **extra,
     }
-
-
-USER = {"role": "user", "content": "Make a notes file."}
 
 
 @pytest.mark.timeout(30)
@@ -135,7 +144,8 @@ def test_turn_is_recorded_before_delivery_with_true_logprobs(world: World) -> No
     status, body = world.post(_chat(USER))
     assert status == 200
     turns = world.ledger.turns("ep-1")
-    assert len(turns) == 1 and turns[0].response == body
+    assert len(turns) == 1 and turns[0].delivered == body and turns[0].response == body
+    assert _delivered(world, 0).delivered_at is not None and turns[0].protocol == "chat"
     data = json.loads(body)
     assert turns[0].logprobs == [e["logprob"] for e in data["choices"][0]["logprobs"]["content"]]
     assert turns[0].token_ids == data["choices"][0]["token_ids"] and turns[0].policy_version == "policy-v1"
@@ -155,57 +165,70 @@ def test_repeated_request_is_replayed_byte_for_byte(world: World) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_retemplating_noise_does_not_fork(world: World) -> None:
+def test_serialisation_noise_does_not_fork_but_what_the_model_sees_does(world: World) -> None:
     _, first = world.post(_chat(USER))
     message = json.loads(first)["choices"][0]["message"]
-    tool_result = {"role": "tool", "tool_call_id": "x", "content": "done"}
+    calls = message.get("tool_calls") or []
+    tool_result = {"role": "tool", "tool_call_id": calls[0]["id"] if calls else "x", "content": "done"}
     _, second = world.post(_chat(USER, message, tool_result))
-    # The same conversation, re-serialised: other call ids, argument JSON re-spaced with keys
-    # reordered, CRLF and padding in text, None for empty content.
+    # The same conversation, re-serialised: argument JSON re-spaced with keys reordered, CRLF and
+    # padding in text, None for empty content, text split into parts, 1.0 for 1.
     noisy = json.loads(json.dumps(message))
     noisy["content"] = None if not message.get("content") else f"  {message['content']}\r\n"
     for call in noisy.get("tool_calls") or []:
-        call["id"] = "call-renamed"
         call["function"]["arguments"] = json.dumps(json.loads(call["function"]["arguments"]), indent=2)
-    user = {"role": "user", "content": [{"type": "text", "text": "Make a notes file."}]}
-    _, replayed = world.post(
-        _chat(user, noisy, {**tool_result, "tool_call_id": "other", "content": "done\n"})
-    )
+    user = {
+        "role": "user",
+        "content": [{"type": "text", "text": "Make a "}, {"type": "text", "text": "notes file."}],
+    }
+    body = _chat(user, noisy, {**tool_result, "content": "done\n"})
+    body["seed"] = 1.0
+    _, replayed = world.post(body)
     assert replayed == second
     assert len(world.upstream_calls) == 2
+    # A different call id, an image part or another sampling parameter is another request.
+    if calls:
+        renamed = json.loads(json.dumps(message))
+        renamed["tool_calls"][0]["id"] = "call-renamed"
+        world.post(_chat(USER, renamed, {**tool_result, "tool_call_id": "call-renamed"}))
+        assert len(world.upstream_calls) == 3
+    world.post(_chat(USER, message, tool_result, top_p=0.5))
+    assert len(world.upstream_calls) == 3 + bool(calls)
 
 
 @pytest.mark.timeout(30)
 def test_concurrent_identical_requests_sample_once(world: World) -> None:
-    upstream = world.gateway.upstream
-    object.__setattr__(upstream, "delay_s", 0.5)
+    world.upstream_calls.clear()
+    _count(world, delay_s=0.5)
     results: list[bytes] = []
-    threads = [threading.Thread(target=lambda: results.append(world.post(_chat(USER))[1])) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(world.post(_chat(USER))[1])) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(set(results)) == 1 and len(world.upstream_calls) == 1
-    assert len(world.ledger.turns("ep-1")) == 1
+    (turn,) = world.ledger.turns("ep-1")
+    assert turn.replays == 3
 
 
 @pytest.mark.timeout(30)
 def test_branches_parallel_calls_and_abandonment(world: World) -> None:
     _, r1 = world.post(_chat(USER))
     a1 = json.loads(r1)["choices"][0]["message"]
-    ctx = [USER, a1, {"role": "tool", "tool_call_id": "1", "content": "ok"}]
-    _, _ = world.post(_chat(*ctx))  # turn 2 on the main branch, run 1
+    result = {"role": "tool", "tool_call_id": "1", "content": "ok"}
+    ctx = [USER, a1, result]
+    world.post(_chat(*ctx))  # turn 2 on the main branch, run 1
     # A parallel call in the same run from the same point: its own branch, nothing abandoned.
-    world.post(_chat(*ctx[:2], {"role": "tool", "tool_call_id": "1", "content": "other result"}))
+    world.post(_chat(*ctx[:2], {**result, "content": "other result"}))
     turns = world.ledger.turns("ep-1")
     assert [(t.branch, t.abandoned) for t in turns] == [(0, False), (0, False), (1, False)]
 
-    # Run 2 resumes from a snapshot taken after turn 1: the harness rolls back, replays turn 1,
-    # then its tool output differs, so it diverges where run 1 went on.
-    world.set_run("ep-1", run=2, resumed_after=turns[0].id)
+    # Run 2 resumes from a snapshot that froze the sandbox after turn 1 was delivered: the
+    # harness replays turn 1, then its tool output differs, so it diverges where run 1 went on.
+    world.set_run("ep-1", run=2, resumed_at=_delivered(world, 0).delivered_at)
     _, again = world.post(_chat(USER))
     assert again == r1
-    world.post(_chat(*ctx[:2], {"role": "tool", "tool_call_id": "1", "content": "a different result"}))
+    world.post(_chat(*ctx[:2], {**result, "content": "a different result"}))
     turns = world.ledger.turns("ep-1")
     main = [t for t in turns if t.branch == 0]
     assert [t.run for t in main] == [1, 2] and not any(t.abandoned for t in main)
@@ -217,26 +240,242 @@ def test_branches_parallel_calls_and_abandonment(world: World) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_completions_route(world: World) -> None:
-    body = {"model": "reference", "prompt": "Once upon a time", "max_tokens": 12, "seed": 4}
-    status, first = world.post(body, path="/completions")
-    assert status == 200
-    _, again = world.post(body, path="/completions")
-    assert again == first
-    text = json.loads(first)["choices"][0]["text"]
-    world.post({**body, "prompt": "Once upon a time" + text + " and then"}, path="/completions")
-    turns = world.ledger.turns("ep-1")
-    assert len(turns) == 2 and turns[1].parent_id == turns[0].id and turns[1].branch == 0
+def test_a_turn_the_restored_harness_had_is_never_abandoned_by_a_later_sibling(world: World) -> None:
+    _, r1 = world.post(_chat(USER))
+    a1 = json.loads(r1)["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": "1", "content": "ok"}
+    world.post(_chat(USER, a1, result))  # delivered before the freeze
+    delivered_before_freeze = _delivered(world).delivered_at + 0.001
+    world.post(_chat(USER, a1, {**result, "content": "replayed after restore"}))  # delivered after it
+    world.set_run("ep-1", run=2, resumed_at=delivered_before_freeze)
+    world.post(_chat(USER, a1, {**result, "content": "replayed after restore"}))  # a replay: run 2 has it
+    world.post(_chat(USER, a1, {**result, "content": "a subagent after restore"}))  # a new sibling
+    assert [t.abandoned for t in world.ledger.turns("ep-1")] == [False] * 4
 
 
 @pytest.mark.timeout(30)
-def test_refusals(world: World) -> None:
-    assert world.post(_chat(USER), token="wrong")[0] == 401
+def test_completions_route_whole_and_streamed(world: World) -> None:
+    body = {"model": "reference", "prompt": "Once upon a time", "max_tokens": 12, "seed": 4}
+    status, first = world.post(body, path="/v1/completions")
+    assert status == 200
+    _, again = world.post(body, path="/v1/completions")
+    assert again == first
+    text = json.loads(first)["choices"][0]["text"]
+    world.post({**body, "prompt": "Once upon a time" + text + " and then"}, path="/v1/completions")
+    turns = world.ledger.turns("ep-1")
+    assert len(turns) == 2 and turns[1].parent_id == turns[0].id and turns[1].branch == 0
+    streamed = world.openai().completions.create(
+        model="reference", prompt="Far away", max_tokens=8, seed=2, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices)
+    assert world.ledger.turns("ep-1")[-1].delivered.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.timeout(60)
+def test_chat_stream_flows_and_is_recorded_before_its_terminal_event(world: World) -> None:
+    client = world.openai()
+    pieces, usage = [], None
+    stream = client.chat.completions.create(
+        model="reference", messages=[USER], seed=8, stream=True, stream_options={"include_usage": True}
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        usage = chunk.usage or usage
+    turn = _delivered(world)
+    assert usage is not None and usage.completion_tokens == len(turn.token_ids) == len(turn.logprobs)
+    assert len(pieces) > 1, "tokens arrive one by one"
+    assert turn.delivered.endswith(b"data: [DONE]\n\n") and turn.delivered_at is not None
+    status, replayed = world.post(
+        {
+            "model": "reference",
+            "messages": [USER],
+            "seed": 8,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
+    assert status == 200 and replayed == turn.delivered
+
+
+@pytest.mark.timeout(60)
+def test_responses_api_whole_and_streamed_with_tool_calls(world: World) -> None:
+    client = world.openai()
+    calls, seed = [], 0
+    while not calls:  # the reference model calls a tool in most, not all, first turns
+        seed += 1
+        first = client.responses.create(model="reference", input="Make a notes file.", tools=RESPONSES_TOOLS,
+                                        instructions="You are terse.", store=False, temperature=1.0, extra_body={"seed": seed})  # fmt: skip
+        calls = [item for item in first.output if item.type == "function_call"]
+    assert first.status == "completed" and first.usage is not None and first.usage.output_tokens > 0
+    call = calls[0]
+    assert call.call_id and json.loads(call.arguments)["command"]
+    follow_up = [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Make a notes file."}],
+        },
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "notes.txt created"},
+    ]
+    with client.responses.stream(model="reference", input=follow_up, tools=RESPONSES_TOOLS,  # type: ignore[arg-type]
+                                 instructions="You are terse.", store=False, temperature=1.0) as stream:  # fmt: skip
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert final.output and final.status in ("completed", "incomplete")
+    turns = world.ledger.turns("ep-1")
+    assert [t.protocol for t in turns] == ["responses"] * len(turns)
+    assert turns[-1].parent_id == turns[-2].id, "the follow-up continues the first turn"
+    assert turns[-1].delivered.rstrip().splitlines()[0] == b"event: response.created"
+
+
+@pytest.mark.timeout(60)
+def test_anthropic_messages_whole_and_streamed_with_tool_use(world: World) -> None:
+    client = world.anthropic()
+    message, seed = None, 0
+    while message is None or message.stop_reason != "tool_use":
+        seed += 1
+        message = client.messages.create(model="reference", max_tokens=300, tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
+                                          system=[{"type": "text", "text": "You are terse."}], extra_body={"temperature": 1.0},
+                                          messages=[{"role": "user", "content": f"Make a notes file ({seed})."}])  # fmt: skip
+    use = next(b for b in message.content if b.type == "tool_use")
+    assert use.id.startswith("toolu_") and use.input["command"]  # type: ignore[index]
+    history: list[Any] = [
+        {"role": "user", "content": f"Make a notes file ({seed})."},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": "s"},
+                                          {"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "created"}]},
+    ]  # fmt: skip
+    with client.messages.stream(model="reference", max_tokens=300, tools=ANTHROPIC_TOOLS, extra_body={"temperature": 1.0},  # type: ignore[arg-type]
+                                system=[{"type": "text", "text": "You are terse."}], messages=history) as stream:  # fmt: skip
+        final = stream.get_final_message()
+    assert final.stop_reason in ("end_turn", "tool_use", "max_tokens") and final.content
+    turns = world.ledger.turns("ep-1")
+    assert turns[-1].parent_id == turns[-2].id, "the tool result continues the tool_use turn"
+    assert turns[-1].delivered.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    assert (
+        client.messages.count_tokens(
+            model="reference", messages=[{"role": "user", "content": "hi"}]
+        ).input_tokens
+        > 0
+    )
+    # The `?beta=true` form Claude Code uses, and an x-api-key header, reach the same route.
+    conn = http.client.HTTPConnection("127.0.0.1", world.gateway.port, timeout=30)
+    body = {
+        "model": "reference",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}],
+        "metadata": {"user_id": "u"},
+    }
+    conn.request("POST", "/v1/messages?beta=true", json.dumps(body), {"x-api-key": "tok-1"})
+    assert json.loads(conn.getresponse().read())["type"] == "message"
+    conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_harness_gone_mid_stream_still_gets_its_turn_recorded_and_replayed(tmp_path: Path) -> None:
+    model = ReferenceModelServer(ReferenceModelSettings(seed=3, stream_token_delay_s=0.05)).start()
+    world = _world(tmp_path, model.url, model)
+    try:
+        body = {"model": "reference", "max_tokens": 200, "messages": [{"role": "user", "content": "a long story"}],
+                "stream": True, "temperature": 1.0}  # fmt: skip
+        with socket.create_connection(("127.0.0.1", world.gateway.port)) as s:
+            data = json.dumps(body).encode()
+            s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: tok-1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(data), data))  # fmt: skip
+            received = b""
+            while b"message_start" not in received:
+                received += s.recv(65536)
+        # The harness is gone (frozen, then restored elsewhere); the generation runs to its end.
+        deadline = time.monotonic() + 30
+        while not world.ledger.turns("ep-1") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (turn,) = world.ledger.turns("ep-1")
+        assert turn.delivered_at is None, "a stream cut before its terminal event is not delivered"
+        status, replayed = world.post({**body}, path="/v1/messages")
+        assert (
+            status == 200
+            and replayed == turn.delivered
+            and replayed.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+        )
+        assert _delivered(world, 0).delivered_at is not None
+    finally:
+        world.gateway.stop()
+        world.ledger.close()
+        model.stop()
+
+
+class CuttingUpstream:
+    """A misbehaving model server (the boundary under test): streams two chunks, then hangs up."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1 << 20)
+                chunk = {"id": "c", "model": "m", "choices": [{"index": 0, "delta": {"content": "Hel"},
+                         "logprobs": {"content": [{"token": "Hel", "logprob": -0.1}]}, "token_ids": [7]}]}  # fmt: skip
+                event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + event + event)
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.timeout(30)
+def test_refusals_use_each_protocols_error_shape_and_record_nothing(world: World, tmp_path: Path) -> None:
+    anthropic_body = {"model": "reference", "max_tokens": 20, "messages": [USER]}
+    status, body = world.post(_chat(USER), token="wrong")
+    assert status == 401 and json.loads(body)["error"]["type"] == "authentication_error"
+    status, body = world.post(anthropic_body, token="wrong", path="/v1/messages")
+    assert (
+        status == 401
+        and json.loads(body)["error"]["type"] == "authentication_error"
+        and json.loads(body)["type"] == "error"
+    )
     assert world.post(_chat(USER), token="tok-done")[0] == 403
-    status, body = world.post({**_chat(USER), "stream": True})
-    assert status == 400 and b"stream" in body
+    status, body = world.post(None, raw=b"{not json", path="/v1/messages")
+    assert status == 400 and "not JSON" in json.loads(body)["error"]["message"]
     status, body = world.post({"model": "reference", "messages": []})
     assert status == 400 and b"messages" in body
+    status, body = world.post(
+        {"model": "reference", "input": [{"type": "web_search_call"}]}, path="/v1/responses"
+    )
+    assert status == 400 and b"input[0].type" in body
+    status, body = world.post({"model": "reference", "messages": [USER]}, path="/v1/messages")
+    assert status == 400 and b"max_tokens" in body
+    status, body = world.post(_chat(USER), path="/v1/embeddings")
+    assert status == 404 and b"/v1/responses" in body
     status, body = world.post({"model": "reference", "messages": [USER], "temperature": -3})
     assert status == 400  # the model server's own error reaches the harness unchanged
+    status, body = world.post({**anthropic_body, "temperature": -3}, path="/v1/messages")
+    assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
+
+    small = _world(tmp_path / "small", world.model.url, world.model, max_body_bytes=1000)
+    try:
+        status, body = small.post(_chat({"role": "user", "content": "x" * 2000}))
+        assert status == 413 and json.loads(body)["error"]["type"] == "request_too_large"
+    finally:
+        small.gateway.stop()
+        small.ledger.close()
+    cutting = CuttingUpstream()
+    cut = _world(tmp_path / "cut", cutting.url, world.model)
+    try:
+        status, body = cut.post({**anthropic_body, "stream": True}, path="/v1/messages")
+        assert status == 200 and b"event: error" in body and b"message_stop" not in body
+        assert cut.ledger.turns("ep-1") == []
+    finally:
+        cut.gateway.stop()
+        cut.ledger.close()
+        cutting.stop()
     assert world.ledger.turns("ep-1") == [] and world.ledger.turns("ep-done") == []

@@ -9,7 +9,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -263,7 +262,7 @@ def test_episodes_finish_after_a_few_tool_turns() -> None:
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("chat/completions", chat_body(stream=True), "stream"),
+        ("chat/completions", chat_body(stream="yes"), "stream"),
         ("chat/completions", {"model": "m"}, "messages"),
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "model"),
         (
@@ -356,6 +355,97 @@ def test_openai_sdk_chat_with_token_ids(server: ReferenceModelServer) -> None:
         )
         assert raw.headers[POLICY_VERSION_HEADER] == "policy-v1"
         assert raw.parse().choices[0].message.content
+
+
+@pytest.mark.timeout(60)
+def test_streams_carry_each_token_and_join_to_the_whole_answer(server: ReferenceModelServer) -> None:
+    from openai import OpenAI
+
+    with OpenAI(base_url=server.url, api_key="x", max_retries=0) as client:
+        for seed in range(1, 6):
+            body = chat_body(seed=seed, extra_body={"return_token_ids": True})
+            del body["return_token_ids"]
+            whole = client.chat.completions.create(**body).model_dump()
+            options = {"include_usage": True}
+            chunks = list(client.chat.completions.create(**body, stream=True, stream_options=options))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            ids = [
+                i for c in chunks if c.choices for i in (c.choices[0].model_extra or {}).get("token_ids", [])
+            ]
+            lps = [
+                e.logprob
+                for c in chunks
+                if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content or []
+            ]
+            calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+            choice = whole["choices"][0]
+            assert ids == choice["token_ids"] and lps == [e["logprob"] for e in choice["logprobs"]["content"]]
+            assert text == (choice["message"]["content"] or "")
+            assert [(c.function.name, c.function.arguments) for c in calls] == [
+                (t["function"]["name"], t["function"]["arguments"])
+                for t in choice["message"].get("tool_calls") or []
+            ]
+            assert (chunks[0].model_extra or {})["prompt_token_ids"] == whole["prompt_token_ids"]
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(ids)
+        streamed = client.completions.create(
+            model="reference", prompt="Once", max_tokens=10, seed=3, stream=True
+        )
+        assert "".join(c.choices[0].text for c in streamed if c.choices)
+
+
+NESTED_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "plan",
+        "description": "ask questions",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "questions": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": "string"},
+                            "kind": {"type": "string", "enum": ["yes_no", "free"]},
+                            "weight": {"type": "integer"},
+                            "tags": {"type": "array", "items": {"type": "string"}},
+                        },
+                        "required": ["id", "kind", "weight"],
+                    },
+                },
+                "session_id": {"type": "number"},
+                "mode": {"anyOf": [{"type": "null"}, {"type": "string", "enum": ["fast", "slow"]}]},
+            },
+            "required": ["questions", "session_id", "mode"],
+        },
+    },
+}
+
+
+@pytest.mark.timeout(60)
+def test_tool_calls_are_valid_against_nested_json_schemas(server: ReferenceModelServer) -> None:
+    calls = []
+    for seed in range(40):
+        body = {
+            "model": "reference",
+            "messages": [{"role": "user", "content": "plan"}],
+            "tools": [NESTED_TOOL],
+            "seed": seed,
+        }
+        _, _, data = post(server.url + "/chat/completions", body)
+        calls += data["choices"][0]["message"].get("tool_calls") or []
+    assert len(calls) >= 5
+    for call in calls:
+        args = json.loads(call["function"]["arguments"])
+        assert isinstance(args["session_id"], int) and args["mode"] in ("fast", "slow")
+        assert args["questions"], "minItems is honoured"
+        for q in args["questions"]:
+            assert (
+                isinstance(q["id"], str) and q["kind"] in ("yes_no", "free") and isinstance(q["weight"], int)
+            )
 
 
 @pytest.mark.timeout(60)
@@ -488,22 +578,6 @@ def test_models_health_and_policy_version() -> None:
         assert [s.logprob(t) for s, t in zip(old_steps, old_ids, strict=True)] == old_lps
         new_steps = server.model.score_chat(body, old_ids)
         assert [s.logprob(t) for s, t in zip(new_steps, old_ids, strict=True)] != old_lps
-
-
-@pytest.mark.timeout(60)
-def test_fifty_tokens_in_well_under_fifty_ms() -> None:
-    settings = ReferenceModelSettings(mean_answer_tokens=10_000)
-    with ReferenceModelServer(settings) as server:
-        url = f"{server.url}/chat/completions"
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi " * 500}], "max_tokens": 50}
-        body |= {"logprobs": True, "top_logprobs": 5}
-        elapsed = []
-        for seed in range(15):
-            start = time.perf_counter()
-            _, _, response = post(url, {**body, "seed": seed})
-            elapsed.append(time.perf_counter() - start)
-            assert response["usage"]["completion_tokens"] == 50
-    assert statistics.median(elapsed) < 0.025, elapsed
 
 
 @pytest.mark.timeout(60)

@@ -1,0 +1,270 @@
+"""Anthropic Messages (`POST /v1/messages`, what Claude Code speaks), translated onto chat
+completions.
+
+The system prompt becomes a system message; text and image blocks become content parts;
+`tool_use` blocks the assistant's tool calls and `tool_result` blocks tool results; `thinking` and
+`redacted_thinking` blocks are left out (an open-weights upstream cannot take them back). Tools
+keep their `input_schema` as the function's parameters. Tool call ids are shown as `toolu_…`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from orchestrator.gateway.canonical import CanonicalRequest
+from orchestrator.gateway.generation import Generation
+from orchestrator.gateway.protocols import GatewayError, Protocol, Request, StreamEncoder, pick, require, sse
+
+DROPPED = (
+    "thinking", "context_management", "output_config", "metadata", "service_tier", "container",
+    "mcp_servers", "betas", "anthropic_beta", "anthropic_version",
+)  # fmt: skip
+"""Messages fields with no meaning for an open-weights upstream; see docs/harnesses.md."""
+KNOWN = {
+    "model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences",
+    "tools", "tool_choice", "stream", *DROPPED,
+}  # fmt: skip
+_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "function_call": "tool_use"}
+_ERRORS = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "permission_error": "permission_error",
+    "not_found_error": "not_found_error",
+    "request_too_large": "request_too_large",
+    "rate_limit_error": "rate_limit_error",
+    "upstream_error": "api_error",
+    "server_error": "api_error",
+}
+
+
+def _text(blocks: Any) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    if isinstance(blocks, list):
+        return "".join(
+            str(b.get("text", "")) for b in blocks if isinstance(b, dict) and b.get("type") == "text"
+        )
+    return ""
+
+
+def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
+    source = block.get("source") or {}
+    if source.get("type") == "base64":
+        url = f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
+    elif source.get("type") == "url":
+        url = str(source.get("url", ""))
+    else:
+        raise GatewayError(400, f"{where}.source: image source type {source.get('type')!r} is not supported")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system:
+        if not isinstance(system, str | list):
+            raise GatewayError(400, "system: must be a string or a list of text blocks")
+        messages.append({"role": "system", "content": _text(system)})
+    items = require(body, "messages", list, "a non-empty list of messages")
+    if not items:
+        raise GatewayError(400, "messages: must be a non-empty list of messages")
+    for i, m in enumerate(items):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise GatewayError(400, f"{where}.role: must be user, assistant or system")
+        content = m.get("content")
+        if isinstance(content, str):
+            messages.append({"role": m["role"], "content": content})
+            continue
+        if not isinstance(content, list):
+            raise GatewayError(400, f"{where}.content: must be a string or a list of content blocks")
+        parts: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []
+        for j, block in enumerate(content):
+            at = f"{where}.content[{j}]"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                parts.append({"type": "text", "text": str(block.get("text", ""))})
+            elif kind == "image":
+                parts.append(_image(block, at))
+            elif kind == "tool_use":
+                arguments = json.dumps(block.get("input") or {}, separators=(",", ":"))
+                calls.append({"id": str(block.get("id", "")), "type": "function",
+                              "function": {"name": str(block.get("name", "")), "arguments": arguments}})  # fmt: skip
+            elif kind == "tool_result":
+                result = _text(block.get("content"))
+                if block.get("is_error"):
+                    result = f"[error] {result}"
+                messages.append(
+                    {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": result}
+                )
+            elif kind in ("thinking", "redacted_thinking"):
+                continue
+            else:
+                raise GatewayError(400, f"{at}.type: content block type {kind!r} is not supported")
+        if parts or calls:
+            message: dict[str, Any] = {"role": m["role"], "content": parts or None}
+            if calls:
+                message["tool_calls"] = calls
+            messages.append(message)
+    return messages
+
+
+def to_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    out, dropped = [], []
+    for i, tool in enumerate(tools or []):
+        if not isinstance(tool, dict):
+            raise GatewayError(400, f"tools[{i}]: must be an object")
+        if "input_schema" not in tool:
+            dropped.append(f"tools[{i}] ({tool.get('type', 'server tool')})")
+            continue
+        if not tool.get("name"):
+            raise GatewayError(400, f"tools[{i}].name: is required")
+        out.append({"type": "function", "function": {"name": str(tool["name"]),
+                    "description": str(tool.get("description") or ""), "parameters": tool["input_schema"]}})  # fmt: skip
+    return out, dropped
+
+
+def _tool_choice(choice: Any) -> Any:
+    if choice is None:
+        return None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool" and choice.get("name"):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise GatewayError(400, "tool_choice: must be {type: auto|any|none} or {type: tool, name}")
+
+
+class Messages(Protocol):
+    name = "messages"
+
+    def parse(self, body: dict[str, Any]) -> Request:
+        require(body, "model", str, "a model name")
+        require(body, "max_tokens", int, "a whole number of tokens")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise GatewayError(400, "stream: must be a boolean")
+        tools, dropped = to_tools(body.get("tools"))
+        upstream: dict[str, Any] = {
+            "model": body["model"],
+            "messages": to_messages(body),
+            **pick(body, {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+                          "top_k": "top_k", "stop_sequences": "stop"}),
+        }  # fmt: skip
+        if tools:
+            upstream["tools"] = tools
+            choice = _tool_choice(body.get("tool_choice"))
+            if choice is not None:
+                upstream["tool_choice"] = choice
+        dropped += [k for k in body if k in DROPPED or k not in KNOWN]
+        canonical = CanonicalRequest.parse("chat", upstream, protocol=self.name, stream=stream)
+        return Request("/chat/completions", upstream, canonical, stream, tuple(dropped))
+
+    def call_id(self, upstream_id: str, index: int, g: Generation) -> str:
+        return "toolu_" + (upstream_id.removeprefix("call_") or f"{g.response_id[-12:]}{index}")
+
+    def render(self, g: Generation, raw: bytes, request: Request) -> bytes:
+        return json.dumps(_message(g, request, _id(), done=True)).encode()
+
+    def encoder(self, request: Request) -> StreamEncoder:
+        return _Events(request)
+
+    def error(self, err: GatewayError) -> bytes:
+        kind = _ERRORS.get(err.kind, "api_error")
+        return json.dumps({"type": "error", "error": {"type": kind, "message": str(err)}}).encode()
+
+    def stream_error(self, err: GatewayError) -> bytes:
+        return b"event: error\ndata: " + self.error(err) + b"\n\n"
+
+
+def _id() -> str:
+    return f"msg_{uuid.uuid4().hex[:24]}"
+
+
+def _content(g: Generation) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if g.text or not g.tool_calls:
+        blocks.append({"type": "text", "text": g.text})
+    for call in g.tool_calls:
+        blocks.append(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": call.parsed_arguments()}
+        )
+    return blocks
+
+
+def _message(g: Generation, request: Request, message_id: str, *, done: bool) -> dict[str, Any]:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": g.model or str(request.upstream["model"]),
+        "content": _content(g) if done else [],
+        "stop_reason": _STOP.get(g.finish_reason, "end_turn") if done else None,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": g.input_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": g.output_tokens if done else 1,
+        },
+    }
+
+
+class _Events(StreamEncoder):
+    """message_start; per content block: start, deltas, stop; message_delta; message_stop last."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.id = ""
+        self.sent_text = 0
+        self.block = 0
+
+    def chunk(self, event: bytes, data: dict[str, Any], g: Generation) -> bytes:
+        out = b""
+        if not self.id:
+            self.id = _id()
+            out += sse(
+                "message_start",
+                {"type": "message_start", "message": _message(g, self.request, self.id, done=False)},
+            )
+        if len(g.text) > self.sent_text:
+            if self.sent_text == 0:
+                out += sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                                   "content_block": {"type": "text", "text": ""}})  # fmt: skip
+            delta = g.text[self.sent_text :]
+            out += sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                               "delta": {"type": "text_delta", "text": delta}})  # fmt: skip
+            self.sent_text = len(g.text)
+        return out
+
+    def close(self, g: Generation) -> bytes:
+        out = b"" if self.id else self.chunk(b"", {}, g)
+        index = 0
+        if self.sent_text or not g.tool_calls:
+            if not self.sent_text:
+                out += sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                                   "content_block": {"type": "text", "text": ""}})  # fmt: skip
+            out += sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            index = 1
+        for call in g.tool_calls:
+            block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+            arguments = json.dumps(call.parsed_arguments(), separators=(",", ":"))
+            out += sse(
+                "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+            )
+            out += sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                               "delta": {"type": "input_json_delta", "partial_json": arguments}})  # fmt: skip
+            out += sse("content_block_stop", {"type": "content_block_stop", "index": index})
+            index += 1
+        stop = _STOP.get(g.finish_reason, "end_turn")
+        out += sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                                     "usage": {"output_tokens": g.output_tokens}})  # fmt: skip
+        return out
+
+    def terminal(self, g: Generation) -> bytes:
+        return sse("message_stop", {"type": "message_stop"})
