@@ -56,11 +56,18 @@ def criu_version(criu: str) -> str:
     return out.strip()
 
 
+IRMAP_SCAN_PATHS = ("/root", "/home", "/tmp", "/work", "/workspace")
+"""Where CRIU looks for the files a harness watches (inotify, fanotify), inside the sandbox."""
+
+
 def make_backend(settings: AgentSettings) -> Backend:
     if settings.backend == "runc":
         conf = settings.root / "criu-runc.conf"
-        # TCP connections come back closed, so the harness's HTTP client reconnects.
-        conf.write_text("tcp-close\n")
+        # TCP connections come back closed, so the harness's HTTP client reconnects. A watched
+        # file's path is found by scanning: harnesses watch their home and work dirs (Claude Code
+        # watches ~/.claude with inotify), which CRIU's default scan misses.
+        scans = "".join(f"irmap-scan-path {p}\n" for p in IRMAP_SCAN_PATHS)
+        conf.write_text("tcp-close\n" + scans)
         return RuncBackend(settings.node, settings.root / "runc", conf, criu=settings.criu)
     if settings.backend == "docker":
         from sandbox_agent.docker_backend import DockerBackend

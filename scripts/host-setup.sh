@@ -16,7 +16,7 @@ log() { printf '[host-setup] %s\n' "$*" >&2; }
 mkdir -p "$cache"
 
 packages=(
-  runc iptables iproute2 docker.io debootstrap tar xz-utils zstd procps
+  runc iptables iproute2 docker.io debootstrap tar xz-utils zstd procps curl openssl
   build-essential pkg-config dpkg-dev
   libprotobuf-dev libprotobuf-c-dev libnl-3-dev libnet1-dev libcap-dev libbsd-dev
   libgnutls28-dev libnftables-dev libaio-dev
@@ -112,9 +112,37 @@ python_env() {
 
 install_packages
 install_criu
+# Harness binaries from the npm registry, pinned by version and checked against the registry's
+# sha512 integrity, unpacked once into the cache. Test images are the base image plus these.
+harnesses=(
+  "claude-code 2.1.328 https://registry.npmjs.org/@anthropic-ai/claude-code-linux-x64/-/claude-code-linux-x64-2.1.328.tgz sha512-KuzL+dBHgDCFTHJxwW+xuBJdVKfBsesGx2BBcTOG9sYDGoAD7b1hUV8rsTS4xjoJsB2SmeGraGjBiFuhrYuC9w=="
+  "codex 0.169.0 https://registry.npmjs.org/@openai/codex/-/codex-0.169.0-linux-x64.tgz sha512-o05NyAOCDygSPRo1yinzxvkRSdmsZyBD9E7mbpmjRanSfM8lypqWtQgEo4XfNkwhuCR2aFu8mlGOsQGFXVbVww=="
+)
+
+install_harnesses() {
+  local entry name version url integrity dir tgz
+  mkdir -p "$cache/harnesses"
+  for entry in "${harnesses[@]}"; do
+    read -r name version url integrity <<<"$entry"
+    dir="$cache/harnesses/$name-$version"
+    [ -f "$dir/.integrity" ] && [ "$(cat "$dir/.integrity")" = "$integrity" ] && continue
+    log "fetching harness $name $version from the npm registry"
+    tgz="$cache/harnesses/$name-$version.tgz.part"
+    curl -fsSL --retry 3 -o "$tgz" "$url" || { log "download of $name $version failed"; exit 1; }
+    if [ "sha512-$(openssl dgst -sha512 -binary "$tgz" | base64 -w0)" != "$integrity" ]; then
+      rm -f "$tgz"; log "$name $version does not match its pinned sha512"; exit 1
+    fi
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+    tar -xzf "$tgz" -C "$dir.tmp" --strip-components=1 && rm -f "$tgz"
+    echo "$integrity" >"$dir.tmp/.integrity"
+    rm -rf "$dir" && mv "$dir.tmp" "$dir"
+  done
+}
+
 check_criu
 configure_runc_criu
 build_base_image
+install_harnesses
 python_env
 "$repo/scripts/k8s-tools.sh"
-log "ready: criu $(criu --version | awk '/Version/{print $2}'), runc $(runc --version | awk 'NR==1{print $3}'), base image $(cat "$cache/images/base/digest")"
+log "ready: criu $(criu --version | awk '/Version/{print $2}'), runc $(runc --version | awk 'NR==1{print $3}'), base image $(cat "$cache/images/base/digest"), harnesses $(cd "$cache/harnesses" && ls -d */ | tr -d / | tr '\n' ' ')"

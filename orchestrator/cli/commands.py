@@ -85,6 +85,7 @@ class Commands:
             slots=a.slots,
             backend=a.backend,
             upstream=a.upstream,
+            gateway_port=a.gateway_port,
         )
         return run_foreground(settings, self.out)
 

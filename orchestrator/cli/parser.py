@@ -32,6 +32,12 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--upstream", default="", help="OpenAI-compatible model server (default: the reference model)"
     )
+    up.add_argument(
+        "--gateway-port",
+        type=int,
+        default=8080,
+        help="port of the gateway on 169.254.1.1 (0 picks a free one)",
+    )
 
     env = os.environ.get
     srv = sub.add_parser(

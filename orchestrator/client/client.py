@@ -56,7 +56,11 @@ class StasisClient:
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
         self._channel = grpc.insecure_channel(
-            self.address, options=[("grpc.max_send_message_length", 64 << 20)]
+            self.address,
+            options=[
+                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.max_receive_message_length", 256 << 20),
+            ],
         )
         self._stub = pb_grpc.StasisStub(self._channel)
 

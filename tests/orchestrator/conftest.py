@@ -163,3 +163,26 @@ def cli(
     if check and result.returncode != 0:
         raise AssertionError(f"stasis {' '.join(args)} failed ({result.returncode}): {result.stderr}")
     return result
+
+
+def import_image(stack: LocalStack, node: str, directory: Path, name: str) -> None:
+    """Import an image directory on one node through its agent, and wait until the node reports it."""
+    import grpc
+
+    from protos.stasis.v1 import agent_pb2, agent_pb2_grpc
+
+    address = next(n.address for n in StasisClient(stack.address).nodes() if n.name == node)
+    with grpc.insecure_channel(address) as channel:
+        agent_pb2_grpc.SandboxAgentStub(channel).ImportImage(
+            agent_pb2.ImportImageRequest(name=name, directory=str(directory)), timeout=600
+        )
+    wait_until(
+        lambda: any(
+            name in image.names
+            for n in StasisClient(stack.address).nodes()
+            if n.name == node
+            for image in n.images
+        ),
+        30,
+        f"image {name} known on {node}",
+    )

@@ -1,0 +1,240 @@
+"""Unmodified black-box harnesses in real sandboxes: Claude Code over Anthropic Messages and Codex
+over OpenAI Responses, both streaming, through the gateway to the reference model, preempted in
+the middle of a generation and resumed on the other node; plus the official anthropic SDK.
+
+The binaries are the pinned npm releases `scripts/host-setup.sh` unpacked into the cache."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import StasisClient
+from orchestrator.cli.local import LocalStack
+from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from tests.orchestrator.conftest import import_image, wait_until
+
+HARNESSES = Path("/var/cache/stasis/harnesses")
+CLAUDE = HARNESSES / "claude-code-2.1.328" / "claude"
+CODEX = HARNESSES / "codex-0.169.0" / "vendor" / "x86_64-unknown-linux-musl"
+BASE = Path("/var/cache/stasis/images/base/rootfs.tar")
+CODEX_FLAGS = "--skip-git-repo-check --dangerously-bypass-approvals-and-sandbox"
+CODEX_FLAGS = "--skip-git-repo-check --dangerously-bypass-approvals-and-sandbox"
+TASK = "Create notes.txt listing three facts about the sea, then check the file."
+
+
+@pytest.fixture(scope="module")
+def harness_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The base image plus Claude Code, Codex and the anthropic SDK, as a directory to import."""
+    for path in (CLAUDE, CODEX / "bin" / "codex"):
+        if not path.exists():
+            pytest.fail(f"{path} is missing; run scripts/host-setup.sh")
+    root = tmp_path_factory.mktemp("harness-image")
+    subprocess.run(["tar", "-xf", str(BASE), "--numeric-owner", "--xattrs", "-C", str(root)], check=True)
+    bin_dir = root / "usr" / "local" / "bin"
+    shutil.copy2(CLAUDE, bin_dir / "claude")
+    shutil.copytree(CODEX, root / "opt" / "codex", symlinks=True)
+    (bin_dir / "codex").symlink_to("/opt/codex/bin/codex")
+    site = root / "usr" / "lib" / "python3" / "dist-packages"
+    pip = ["python3", "-m", "pip", "install", "-q", "--target", str(site), "--python-version", "3.11"]
+    subprocess.run([*pip, "--only-binary=:all:", "--no-compile", "anthropic"], check=True)
+    return root
+
+
+class CountingModel:
+    """The reference model, streaming a token every `delay_s`, counting generations begun."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.server = ReferenceModelServer(
+            ReferenceModelSettings(seed=5, stream_token_delay_s=delay_s)
+        ).start()
+        self.started = 0
+        self._lock = threading.Lock()
+        model = self.server.model
+        chat = type(model).chat_completion
+
+        def counted(body: Any) -> Any:
+            with self._lock:
+                self.started += 1
+            return chat(model, body)
+
+        model.chat_completion = counted  # type: ignore[method-assign]
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+@pytest.fixture
+def slow_model() -> Iterator[CountingModel]:
+    model = CountingModel(delay_s=0.08)
+    yield model
+    model.server.stop()
+
+
+def _turns(stack: LocalStack, episode_id: str) -> list[Any]:
+    assert stack.orchestrator is not None
+    return stack.orchestrator.ledger.turns(episode_id)
+
+
+def _preempted_mid_generation_and_finished(
+    stack: LocalStack, model: CountingModel, spec: dict[str, Any], protocol: str
+) -> list[Any]:
+    """Run the spec, freeze it while a generation is streaming after two recorded turns, resume
+    it on the other node, and return its recorded turns once it exits 0."""
+    image_dir = Path(spec.pop("_image_dir"))
+    for name in stack.agents:
+        import_image(stack, name, image_dir, "harnesses")
+    with StasisClient(stack.address) as c:
+        episode = c.submit(spec)
+        first = c.wait(episode.id, ["RUNNING"], timeout_s=120).node
+        wait_until(
+            lambda: len(_turns(stack, episode.id)) >= 2 and model.started > len(_turns(stack, episode.id)),
+            180,
+            "a third generation under way",
+        )
+        c.preempt(episode.id)
+        try:
+            c.wait(episode.id, ["PREEMPTED"], timeout_s=120)
+        except Exception:
+            raise AssertionError([e.reason for e in c.events(episode.id)]) from None
+        c.resume(episode.id, node="node-2" if first == "node-1" else "node-1")
+        final = c.wait(episode.id, ["SUCCEEDED", "FAILED"], timeout_s=300)
+        log = c.trajectory(episode.id)
+        assert final.state == "SUCCEEDED" and final.exit_code == 0, (final.reason, log.verifier_log)
+        assert final.runs == 2 and final.snapshots == 1
+        turns = _turns(stack, episode.id)
+        trajectory = c.trajectory(episode.id, include_branches=True)
+    assert {t.protocol for t in turns} == {protocol}
+    assert len(turns) >= 3, "several model turns"
+    assert any(b'"tool_use"' in t.delivered or b'"function_call"' in t.delivered for t in turns), "tool use"
+    main = trajectory.main
+    assert len({t.id for t in main.turns}) == len(main.turns), "each main-branch turn once"
+    assert len(main.token_ids) == len(main.logprobs) == len(main.loss_mask)
+    for recorded in turns:
+        assert len(recorded.token_ids) == len(recorded.logprobs) > 0
+    assert [t.run for t in turns if t.branch == 0][-1] == 2, "the trajectory went on after the restore"
+    return turns
+
+
+@pytest.mark.timeout(900)
+def test_claude_code_survives_preemption_mid_stream(
+    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_image: Path
+) -> None:
+    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url)
+    spec = {
+        "_image_dir": str(harness_image),
+        "image": "harnesses",
+        "command": ["sh", "-c", f"mkdir -p /work && cd /work && exec claude -p '{TASK}' --dangerously-skip-permissions"],
+        "env": {"HOME": "/root", "IS_SANDBOX": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "DISABLE_AUTOUPDATER": "1"},
+        "resources": {"memory_mb": 2048},
+    }  # fmt: skip
+    turns = _preempted_mid_generation_and_finished(stack, slow_model, spec, "messages")
+    assert all(t.delivered.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n') for t in turns)
+
+
+def codex_config(gateway_port: int) -> str:
+    """The provider entry that points Codex at the gateway."""
+    return (
+        'model = "reference"\nmodel_provider = "stasis"\n\n[model_providers.stasis]\nname = "stasis"\n'
+        f'base_url = "http://169.254.1.1:{gateway_port}/v1"\nenv_key = "OPENAI_API_KEY"\nwire_api = "responses"\n'
+    )
+
+
+@pytest.mark.timeout(900)
+def test_codex_survives_preemption_mid_stream(
+    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_image: Path
+) -> None:
+    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url)
+    assert stack.orchestrator is not None
+    spec = {
+        "_image_dir": str(harness_image),
+        "image": "harnesses",
+        "command": ["sh", "-c", f"mkdir -p /work && cd /work && exec codex exec {CODEX_FLAGS} '{TASK}'"],
+        "env": {"HOME": "/root"},
+        "files": {"/root/.codex/config.toml": codex_config(stack.orchestrator.settings.gateway.port)},
+        "resources": {"memory_mb": 2048},
+    }
+    turns = _preempted_mid_generation_and_finished(stack, slow_model, spec, "responses")
+    assert all(b"event: response.completed" in t.delivered for t in turns)
+
+
+ANTHROPIC_HARNESS = r"""
+import anthropic, json, subprocess, time
+client = anthropic.Anthropic()  # ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY come from Stasis
+
+def ask(**request):
+    # The SDK retries a request that fails before its response starts; a stream that breaks
+    # midway (its connection came back closed after a restore) is sent again here.
+    for attempt in range(20):
+        try:
+            with client.messages.stream(**request) as stream:
+                return stream.get_final_message()
+        except Exception as exc:  # the transport's own error types vary by SDK version
+            print("retry after", type(exc).__name__, flush=True)
+            time.sleep(0.2)
+    raise SystemExit("no answer")
+
+tools = [{"name": "shell", "description": "run a shell command",
+          "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
+messages = [{"role": "user", "content": "Keep notes."}]
+for turn in range(8):
+    message = ask(model="reference", max_tokens=200, tools=tools, messages=messages)
+    print("turn", turn, message.stop_reason, flush=True)
+    messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]})
+    uses = [b for b in message.content if b.type == "tool_use"]
+    if not uses:
+        messages.append({"role": "user", "content": "go on"})
+        continue
+    results = []
+    for use in uses:
+        out = subprocess.run(["sh", "-c", use.input["command"]], capture_output=True, text=True, cwd="/tmp")
+        results.append({"type": "tool_result", "tool_use_id": use.id, "content": (out.stdout + out.stderr)[:500] or "ok"})
+    messages.append({"role": "user", "content": results})
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(900)
+def test_anthropic_sdk_harness_survives_three_preemptions(
+    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_image: Path
+) -> None:
+    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url)
+    for name in stack.agents:
+        import_image(stack, name, harness_image, "harnesses")
+    with StasisClient(stack.address) as c:
+        episode = c.submit({"image": "harnesses", "command": ["python3", "-c", ANTHROPIC_HARNESS]})
+        node = c.wait(episode.id, ["RUNNING"], timeout_s=120).node
+        for n in range(3):
+            try:
+                wait_until(lambda n=n: len(_turns(stack, episode.id)) >= 2 * n + 1, 120, f"turn {2 * n + 1}")
+            except AssertionError:
+                e = c.get(episode.id)
+                logs = sorted(
+                    (stack.state_dir / "nodes").glob(f"*/sandboxes/{e.sandbox_id}/upper/.stasis/harness.log")
+                )
+                raise AssertionError(
+                    (e.state, [x.reason for x in c.events(episode.id)], [p.read_text()[-3000:] for p in logs])
+                ) from None
+            c.preempt(episode.id)
+            c.wait(episode.id, ["PREEMPTED"], timeout_s=120)
+            node = "node-2" if node == "node-1" else "node-1"
+            c.resume(episode.id, node=node)
+            c.wait(episode.id, ["RUNNING"], timeout_s=120)
+        final = c.wait(episode.id, ["SUCCEEDED", "FAILED"], timeout_s=300)
+        assert final.state == "SUCCEEDED" and final.runs == 4, final.reason
+        main = c.trajectory(episode.id).main
+    turns = _turns(stack, episode.id)
+    assert len(main.turns) == 8 and len({t.id for t in main.turns}) == 8, "eight turns, each once"
+    assert all(
+        t.protocol == "messages" and t.delivered.endswith(b'data: {"type":"message_stop"}\n\n') for t in turns
+    )
+    assert json.loads(turns[0].request_raw)["stream"] is True
