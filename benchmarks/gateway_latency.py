@@ -1,20 +1,31 @@
-"""Latency the gateway adds per turn (ledger write included), beside direct calls to the same upstream.
+"""What the gateway adds to a model turn, measured beside direct calls to the same upstream.
 
-    .venv/bin/python benchmarks/gateway_latency.py [--turns 300]
+    .venv/bin/python benchmarks/gateway_latency.py [--turns 300] [--seconds 10] [--harnesses 64]
 
-Both paths send the same sequence of chat requests to the reference model in this process; the
-gateway path also authenticates, canonicalises, records the turn with fsync, then delivers.
+1. Added latency of a whole chat turn: the same sequence of new chat requests sent to the
+   reference model directly and through the gateway, interleaved (the gateway authenticates,
+   canonicalises, records the turn with fsync, then delivers).
+2. Time to first streamed token: the same streamed requests, directly and through the gateway.
+3. Sustained throughput: `--harnesses` concurrent harnesses send new turns for `--seconds`,
+   against an upstream that answers at once (a canned completion with token ids and log-probs,
+   in its own process), so the figure is the gateway's own; every turn is committed durably.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import multiprocessing
 import statistics
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
 
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
 from orchestrator.gateway import Gateway, GatewaySettings, Ledger
@@ -27,71 +38,167 @@ def _post(url: str, body: bytes, token: str = "") -> bytes:
         return resp.read()
 
 
-def _requests(turns: int) -> list[bytes]:
+def _first_token_ms(url: str, body: bytes, token: str = "") -> float:
+    """Milliseconds until the first streamed chunk with content arrives."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    started = time.perf_counter()
+    with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=30) as resp:
+        first = 0.0
+        for line in resp:
+            if (
+                not first
+                and line.startswith(b"data: {")
+                and b'"content": "' in line
+                and b'"content": ""' not in line
+            ):
+                first = (time.perf_counter() - started) * 1000
+        return first
+
+
+def _requests(turns: int, first_seed: int = 0, **extra: Any) -> list[bytes]:
     messages = [{"role": "user", "content": "benchmark"}]
     out = []
     for i in range(turns):
         # A growing conversation, as an agent's is; each request is new so the gateway samples it.
         messages.append({"role": "user", "content": f"step {i}"})
-        out.append(
-            json.dumps(
-                {"model": "reference", "messages": messages[-40:], "max_tokens": 24, "seed": i}
-            ).encode()
-        )
+        body = {"model": "reference", "messages": messages[-40:], "max_tokens": 24, "seed": first_seed + i}
+        body.update(extra)
+        out.append(json.dumps(body).encode())
     return out
 
 
-def _percentiles(samples: list[float]) -> tuple[float, float]:
-    qs = statistics.quantiles(samples, n=100)
-    return qs[49], qs[98]
+def _p(samples: list[float], q: int) -> float:
+    return statistics.quantiles(samples, n=100)[q - 1]
+
+
+CANNED = {
+    "id": "chatcmpl-canned", "object": "chat.completion", "created": 0, "model": "canned",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 16}, "finish_reason": "stop",
+                 "token_ids": list(range(16)),
+                 "logprobs": {"content": [{"token": "ok", "logprob": -0.5, "bytes": [111, 107]}] * 16}}],
+    "prompt_token_ids": list(range(200)), "usage": {"prompt_tokens": 200, "completion_tokens": 16},
+}  # fmt: skip
+
+
+def _canned_upstream(port: multiprocessing.Value) -> None:  # type: ignore[type-arg]
+    """A model server that answers every chat request at once with the same completion."""
+    body = json.dumps(CANNED).encode()
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=body, content_type="application/json", headers={"x-policy-version": "v1"})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port.value = runner.addresses[0][1]
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _harnesses(url: str, token: str, harnesses: int, seconds: float, done: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """`harnesses` concurrent clients, each sending new turns back to back for `seconds`."""
+
+    async def harness(session: aiohttp.ClientSession, n: int, deadline: float) -> int:
+        turns = 0
+        while time.monotonic() < deadline:
+            body = {"model": "canned", "messages": [{"role": "user", "content": f"harness {n} turn {turns}"}]}
+            async with session.post(url, json=body, headers={"Authorization": f"Bearer {token}"}) as r:
+                await r.read()
+                turns += r.status == 200
+        return turns
+
+    async def main() -> None:
+        connector = aiohttp.TCPConnector(limit=harnesses)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            deadline = time.monotonic() + seconds
+            counts = await asyncio.gather(*(harness(session, n, deadline) for n in range(harnesses)))
+        done.put(sum(counts))
+
+    asyncio.run(main())
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--turns", type=int, default=300)
-    turns = p.parse_args().turns
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--harnesses", type=int, default=64)
+    args = p.parse_args()
+    episode = Episode(
+        id="ep-bench", spec=EpisodeSpec(image="base", command=("true",)), state=EpisodeState.RUNNING,
+        reason="", submitted_at=0, updated_at=0, address="", token="bench", runs=1,
+    )  # fmt: skip
+
+    def gateway(tmp: str, upstream: str) -> tuple[Gateway, Ledger]:
+        ledger = Ledger(Path(tmp) / "ledger.db")
+        g = Gateway(GatewaySettings(listen="127.0.0.1:0", upstream=upstream), ledger,
+                    lambda t: episode if t == "bench" else None, lambda e: 0.0)  # fmt: skip
+        return g.start(), ledger
+
     model = ReferenceModelServer(ReferenceModelSettings(seed=1)).start()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-        ledger = Ledger(Path(tmp) / "ledger.db")
-        episode = Episode(
-            id="ep-bench", spec=EpisodeSpec(image="base", command=("true",)), state=EpisodeState.RUNNING,
-            reason="", submitted_at=0, updated_at=0, address="", token="bench", runs=1,
-        )  # fmt: skip
-        gateway = Gateway(
-            GatewaySettings(listen="127.0.0.1:0", upstream=model.url),
-            ledger,
-            lambda t: episode if t == "bench" else None,
-            lambda e: 0.0,
-        ).start()
-        requests = _requests(turns)
+        gw, ledger = gateway(tmp, model.url)
+        via_url = f"http://127.0.0.1:{gw.port}/v1/chat/completions"
         direct, via = [], []
-        for body in requests:  # interleaved, so both paths see the same machine conditions
+        for body in _requests(args.turns):  # interleaved, so both paths see the same machine conditions
             started = time.perf_counter()
             _post(model.url + "/chat/completions", body)
             direct.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            _post(f"http://127.0.0.1:{gateway.port}/v1/chat/completions", body, "bench")
+            _post(via_url, body, "bench")
             via.append((time.perf_counter() - started) * 1000)
         replay = []
-        for body in requests[:100]:
+        for body in _requests(args.turns)[:100]:
             started = time.perf_counter()
-            _post(f"http://127.0.0.1:{gateway.port}/v1/chat/completions", body, "bench")
+            _post(via_url, body, "bench")
             replay.append((time.perf_counter() - started) * 1000)
-        gateway.stop()
+        ttft_direct, ttft_via = [], []
+        for body in _requests(100, first_seed=10_000, stream=True):  # new requests, not the ones above
+            ttft_direct.append(_first_token_ms(model.url + "/chat/completions", body))
+            ttft_via.append(_first_token_ms(via_url, body, "bench"))
+        gw.stop()
         ledger.close()
     model.stop()
-    d50, d99 = _percentiles(direct)
-    g50, g99 = _percentiles(via)
+
+    port = multiprocessing.Value("i", 0)
+    upstream = multiprocessing.Process(target=_canned_upstream, args=(port,), daemon=True)
+    upstream.start()
+    while not port.value:
+        time.sleep(0.05)
+    canned = f"http://127.0.0.1:{port.value}/v1"
+    throughput: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        gw, ledger = gateway(tmp, canned)
+        for name, url in (
+            ("direct", canned + "/chat/completions"),
+            ("gateway", f"http://127.0.0.1:{gw.port}/v1/chat/completions"),
+        ):
+            done: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+            clients = multiprocessing.Process(
+                target=_harnesses, args=(url, "bench", args.harnesses, args.seconds, done)
+            )
+            clients.start()
+            throughput[name] = done.get() / args.seconds
+            clients.join()
+        recorded = len(ledger.turns("ep-bench"))
+        gw.stop()
+        ledger.close()
+    upstream.terminate()
+
     added = [g - d for g, d in zip(via, direct, strict=True)]
-    a50, a99 = _percentiles(added)
-    r50, r99 = _percentiles(replay)
-    print(
-        f"{turns} turns: direct p50 {d50:.2f} ms p99 {d99:.2f} ms | via gateway p50 {g50:.2f} ms p99 {g99:.2f} ms"
-    )
-    print(
-        f"added per turn (gateway - direct, paired): p50 {a50:.2f} ms p99 {a99:.2f} ms; ratio p50 {g50 / d50:.2f}x"
-    )
-    print(f"replayed from the ledger: p50 {r50:.2f} ms p99 {r99:.2f} ms")
+    print(f"whole chat turns ({args.turns}): direct p50 {_p(direct, 50):.2f} ms, via gateway p50 {_p(via, 50):.2f} ms "
+          f"({_p(via, 50) / _p(direct, 50):.2f}x); added p50 {_p(added, 50):.2f} ms, p99 {_p(added, 99):.2f} ms")  # fmt: skip
+    print(f"replayed from the ledger: p50 {_p(replay, 50):.2f} ms, p99 {_p(replay, 99):.2f} ms")
+    print(f"first streamed token: direct p50 {_p(ttft_direct, 50):.2f} ms, via gateway p50 {_p(ttft_via, 50):.2f} ms "
+          f"(+{_p(ttft_via, 50) - _p(ttft_direct, 50):.2f} ms, {_p(ttft_via, 50) / _p(ttft_direct, 50):.2f}x)")  # fmt: skip
+    print(f"throughput, {args.harnesses} harnesses for {args.seconds:.0f} s: direct {throughput['direct']:.0f} turns/s, "
+          f"via gateway {throughput['gateway']:.0f} turns/s ({throughput['gateway'] / throughput['direct']:.2f}x), "
+          f"{recorded} turns recorded durably")  # fmt: skip
 
 
 if __name__ == "__main__":
