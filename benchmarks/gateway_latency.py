@@ -106,9 +106,12 @@ def _harnesses(url: str, token: str, harnesses: int, seconds: float, done: multi
 
     async def harness(session: aiohttp.ClientSession, n: int, deadline: float) -> int:
         turns = 0
+        messages = [{"role": "user", "content": f"harness {n}"}]
         while time.monotonic() < deadline:
-            body = {"model": "canned", "messages": [{"role": "user", "content": f"harness {n} turn {turns}"}]}
-            async with session.post(url, json=body, headers={"Authorization": f"Bearer {token}"}) as r:
+            # Each harness is an episode of its own, its conversation growing turn by turn.
+            messages = [*messages[-30:], {"role": "user", "content": f"turn {turns}"}]
+            body = {"model": "canned", "messages": messages}
+            async with session.post(url, json=body, headers={"Authorization": f"Bearer {token}-{n}"}) as r:
                 await r.read()
                 turns += r.status == 200
         return turns
@@ -129,15 +132,20 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--harnesses", type=int, default=64)
     args = p.parse_args()
-    episode = Episode(
-        id="ep-bench", spec=EpisodeSpec(image="base", command=("true",)), state=EpisodeState.RUNNING,
-        reason="", submitted_at=0, updated_at=0, address="", token="bench", runs=1,
-    )  # fmt: skip
+
+    def episode(token: str) -> Episode:
+        return Episode(
+            id=f"ep-{token}", spec=EpisodeSpec(image="base", command=("true",)), state=EpisodeState.RUNNING,
+            reason="", submitted_at=0, updated_at=0, address="", token=token, runs=1,
+        )  # fmt: skip
+
+    episodes = {t: episode(t) for t in ["bench", *(f"bench-{n}" for n in range(args.harnesses))]}
 
     def gateway(tmp: str, upstream: str) -> tuple[Gateway, Ledger]:
         ledger = Ledger(Path(tmp) / "ledger.db")
-        g = Gateway(GatewaySettings(listen="127.0.0.1:0", upstream=upstream), ledger,
-                    lambda t: episode if t == "bench" else None, lambda e: 0.0)  # fmt: skip
+        g = Gateway(
+            GatewaySettings(listen="127.0.0.1:0", upstream=upstream), ledger, episodes.get, lambda e: 0.0
+        )
         return g.start(), ledger
 
     model = ReferenceModelServer(ReferenceModelSettings(seed=1)).start()
@@ -185,7 +193,7 @@ def main() -> None:
             clients.start()
             throughput[name] = done.get() / args.seconds
             clients.join()
-        recorded = len(ledger.turns("ep-bench"))
+        recorded = sum(len(ledger.turns(e.id)) for e in episodes.values())
         gw.stop()
         ledger.close()
     upstream.terminate()

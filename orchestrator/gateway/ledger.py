@@ -18,13 +18,16 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.domain import FailedPrecondition
 from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.state.database import Database
+
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS turns (
@@ -57,6 +60,8 @@ CREATE TABLE IF NOT EXISTS turns (
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
 CREATE INDEX IF NOT EXISTS turns_after ON turns(episode_id, after_hash);
+CREATE INDEX IF NOT EXISTS turns_parent ON turns(episode_id, parent_id, abandoned);
+CREATE INDEX IF NOT EXISTS turns_branch ON turns(episode_id, branch);
 CREATE TABLE IF NOT EXISTS verifications (
     episode_id TEXT PRIMARY KEY,
     reward REAL,
@@ -184,19 +189,22 @@ class Ledger:
             )
             return self._turn(row)
 
-    def delivered(self, turn_id: int) -> None:
-        """Note that a delivery of the turn reached its end (a stream's terminal event included).
+    def delivered(self, turn_id: int, at: float) -> None:
+        """Note that a delivery of the turn reached its end (a stream's terminal event included)."""
+        with self._tx() as db:
+            db.execute("UPDATE turns SET delivered_at = ? WHERE id = ?", (at, turn_id))
 
-        Committed without its own fsync: a crash of this process loses nothing (the write is in
-        the OS), and a power cut can only make a delivered turn look undelivered, which at worst
-        keeps a sibling that a restored harness had from staying live."""
-        with self._lock:
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            try:
-                with self._tx() as db:
-                    db.execute("UPDATE turns SET delivered_at = ? WHERE id = ?", (time.time(), turn_id))
-            finally:
-                self._db.execute("PRAGMA synchronous=FULL")
+    def batch(self, ops: Sequence[Callable[[], T]]) -> list[tuple[bool, T | Exception]]:
+        """Run ledger calls in one transaction, so they share one fsync (group commit). Each runs
+        in a savepoint: one that fails is undone alone and returns (False, its error)."""
+        results: list[tuple[bool, T | Exception]] = []
+        with self._tx():
+            for op in ops:
+                try:
+                    results.append((True, op()))
+                except Exception as exc:
+                    results.append((False, exc))
+        return results
 
     def record(
         self,
@@ -237,22 +245,21 @@ class Ledger:
                     (episode_id, *hashes),
                 ).fetchone()
             parent_id = parent["id"] if parent is not None else None
-            siblings = db.execute(
-                "SELECT * FROM turns WHERE episode_id = ? AND parent_id IS ? AND abandoned = 0",
-                (episode_id, parent_id),
+            where = "episode_id = ? AND parent_id IS ? AND abandoned = 0"
+            earlier = db.execute(
+                f"SELECT id, branch, delivered_at FROM turns WHERE {where} AND delivered_run < ?",
+                (episode_id, parent_id, run),
             ).fetchall()
-            stale = [
-                s for s in siblings
-                if s["delivered_run"] < run and not (s["delivered_at"] is not None and s["delivered_at"] <= resumed_at)
-            ]  # fmt: skip
-            live = [s for s in siblings if s not in stale]
+            stale = [s for s in earlier if s["delivered_at"] is None or s["delivered_at"] > resumed_at]
+            siblings = db.execute(
+                f"SELECT COUNT(*) FROM turns WHERE {where}", (episode_id, parent_id)
+            ).fetchone()[0]
+            live = siblings - len(stale)
             next_branch = (
-                (
-                    db.execute(
-                        "SELECT COALESCE(MAX(branch), -1) FROM turns WHERE episode_id = ?", (episode_id,)
-                    ).fetchone()[0]
-                )
-                + 1
+                1
+                + db.execute(
+                    "SELECT COALESCE(MAX(branch), -1) FROM turns WHERE episode_id = ?", (episode_id,)
+                ).fetchone()[0]
             )
             base = parent["branch"] if parent is not None else 0
             for s in stale:

@@ -21,13 +21,15 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from orchestrator.domain import Episode
 from orchestrator.gateway.generation import Generation, UpstreamFault
-from orchestrator.gateway.ledger import Ledger, Turn
+from orchestrator.gateway.ledger import Ledger
+from orchestrator.gateway.ledger import Turn as RecordedTurn
 from orchestrator.gateway.protocols import GatewayError, Protocol, Request
 from orchestrator.gateway.protocols.anthropic import Messages
 from orchestrator.gateway.protocols.anthropic import to_messages as anthropic_messages
@@ -51,6 +53,17 @@ _ANTHROPIC = PROTOCOLS["/v1/messages"]
 _EVENT_STREAM = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+@dataclass(frozen=True)
+class _Turn:
+    """One harness request on its way to becoming a recorded turn."""
+
+    episode: Episode
+    resumed_at: float
+    protocol: Protocol
+    request: Request
+    raw: bytes
+
+
 class _KeyLocks:
     """One lock per (episode, request fingerprint), alive while someone holds or waits for it."""
 
@@ -70,6 +83,50 @@ class _KeyLocks:
                 del self._locks[key]
 
 
+class _GroupCommit:
+    """Ledger calls made on the event loop, gathered over one turn of the loop and committed in
+    one transaction: one fsync for every turn that finished meanwhile, and no thread between the
+    gateway and its ledger."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self._pending: list[tuple[Callable[[], Any], asyncio.Future[Any] | None]] = []
+        self._scheduled = False
+
+    def run(self, op: Callable[[], T]) -> asyncio.Future[T]:
+        """Commit op with the next batch; the future is done once the batch is durable."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._add(op, future)
+        return future
+
+    def later(self, op: Callable[[], Any]) -> None:
+        """Commit op with the next batch; nobody waits for it."""
+        self._add(op, None)
+
+    def _add(self, op: Callable[[], Any], future: asyncio.Future[Any] | None) -> None:
+        self._pending.append((op, future))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch, self._pending = self._pending, []
+        try:
+            results = self.ledger.batch([op for op, _ in batch])
+        except Exception as exc:  # the commit itself failed: nothing of the batch is recorded
+            results = [(False, exc)] * len(batch)
+        for (_, future), (ok, value) in zip(batch, results, strict=True):
+            if future is None:
+                if not ok:
+                    log.warning("ledger update failed: %s", value)
+            elif not future.cancelled():
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+
+
 class Gateway:
     """Serves every harness protocol for every episode's sandbox."""
 
@@ -87,7 +144,8 @@ class Gateway:
         self.resumed_at = resumed_at
         """When the snapshot the episode's current run came from froze it; 0 for a fresh start."""
         self.upstream = Upstream(settings)
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gateway-db")
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-state")
+        self._ledger = _GroupCommit(ledger)
         self._locks = _KeyLocks()
         self._loop = asyncio.new_event_loop()
         self._slots: asyncio.Semaphore | None = None
@@ -136,17 +194,23 @@ class Gateway:
 
     # -- the front door ---------------------------------------------------------------------
 
-    async def _authenticate(self, request: web.Request) -> Episode:
+    def _episode(self, token: str) -> tuple[Episode, float] | None:
+        episode = self.episodes(token)
+        return (episode, self.resumed_at(episode)) if episode is not None else None
+
+    async def _authenticate(self, request: web.Request) -> tuple[Episode, float]:
+        """The episode whose key the request carries, and when its current run's snapshot froze it."""
         auth = request.headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
         token = token or request.headers.get("x-api-key", "").strip()
-        episode = await self._call(self.episodes, token) if token else None
-        if episode is None:
+        found = await self._call(self._episode, token) if token else None
+        if found is None:
             raise GatewayError(401, "missing or unknown API key: use this sandbox's OPENAI_API_KEY or ANTHROPIC_API_KEY",
                                "authentication_error")  # fmt: skip
+        episode = found[0]
         if episode.state.terminal:
             raise GatewayError(403, f"episode {episode.id} has ended ({episode.state})", "permission_error")
-        return episode
+        return found
 
     async def _json(self, request: web.Request) -> tuple[bytes, dict[str, Any]]:
         limit = self.settings.max_body_bytes
@@ -211,7 +275,7 @@ class Gateway:
     def _route(self, protocol: Protocol) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
-                episode = await self._authenticate(request)
+                episode, resumed_at = await self._authenticate(request)
                 raw, body = await self._json(request)
                 req = protocol.parse(body)
             except GatewayError as err:
@@ -219,7 +283,7 @@ class Gateway:
             if req.dropped:
                 log.debug("%s %s: left out %s", episode.id, protocol.name, ", ".join(req.dropped))
             try:
-                return await self._answer(request, episode, protocol, req, raw)
+                return await self._answer(request, _Turn(episode, resumed_at, protocol, req, raw))
             except GatewayError as err:
                 return self._refuse(protocol, err)
             except Exception:
@@ -230,20 +294,22 @@ class Gateway:
 
     # -- answering --------------------------------------------------------------------------
 
-    async def _answer(
-        self, request: web.Request, episode: Episode, protocol: Protocol, req: Request, raw: bytes
-    ) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, turn: _Turn) -> web.StreamResponse:
         assert self._slots is not None
-        async with self._locks.hold((episode.id, req.canonical.fingerprint)):
-            turn = await self._call(self.ledger.replay, episode.id, episode.runs, req.canonical)
-            if turn is not None:
-                return await self._deliver(request, turn.id, turn.delivered, req.stream)
+        req = turn.request
+        async with self._locks.hold((turn.episode.id, req.canonical.fingerprint)):
+            recorded = await self._ledger.run(
+                lambda: self.ledger.replay(turn.episode.id, turn.episode.runs, req.canonical)
+            )
+            if recorded is not None:
+                return await self._deliver(request, recorded.id, recorded.delivered, req.stream)
             async with self._slots:
                 if req.stream:
-                    return await self._stream(request, episode, protocol, req, raw)
-                return await self._whole(request, episode, protocol, req, raw)
+                    return await self._stream(request, turn)
+                return await self._whole(request, turn)
 
-    def _upstream_body(self, req: Request) -> dict[str, Any]:
+    @staticmethod
+    def _upstream_body(req: Request) -> dict[str, Any]:
         body = dict(req.upstream)
         body["return_token_ids"] = True
         if req.upstream_path == "/chat/completions":
@@ -268,9 +334,8 @@ class Gateway:
         err = GatewayError(status if 400 <= status < 500 else 502, f"model server: {message}", kind)
         return web.Response(status=err.status, body=protocol.error(err), content_type="application/json")
 
-    async def _whole(
-        self, request: web.Request, episode: Episode, protocol: Protocol, req: Request, raw: bytes
-    ) -> web.StreamResponse:
+    async def _whole(self, request: web.Request, turn: _Turn) -> web.StreamResponse:
+        req, protocol = turn.request, turn.protocol
         started = time.monotonic()
         try:
             reply = await self.upstream.post(req.upstream_path, self._upstream_body(req))
@@ -287,8 +352,8 @@ class Gateway:
         g.policy_version = await self.upstream.policy_version(reply.headers)
         self._name_calls(protocol, g)
         delivered = protocol.render(g, reply.body, req)
-        turn = await self._record(episode, protocol, req, raw, g, reply.body, delivered, upstream_ms)
-        return await self._deliver(request, turn.id, delivered, stream=False)
+        recorded = await self._record(turn, g, reply.body, delivered, upstream_ms)
+        return await self._deliver(request, recorded.id, delivered, stream=False)
 
     async def _deliver(
         self, request: web.Request, turn_id: int, data: bytes, stream: bool
@@ -304,25 +369,28 @@ class Gateway:
         except (ConnectionError, RuntimeError):
             log.info("a harness went away before turn %d was delivered; its retry is a replay", turn_id)
             return response
-        await self._call(self.ledger.delivered, turn_id)
+        self._delivered(turn_id)
         return response
 
-    async def _stream(
-        self, request: web.Request, episode: Episode, protocol: Protocol, req: Request, raw: bytes
-    ) -> web.StreamResponse:
+    def _delivered(self, turn_id: int) -> None:
+        at = time.time()
+        self._ledger.later(lambda: self.ledger.delivered(turn_id, at))
+
+    async def _stream(self, request: web.Request, turn: _Turn) -> web.StreamResponse:
+        req = turn.request
         started = time.monotonic()
         try:
             async with self.upstream.stream(req.upstream_path, self._upstream_body(req)) as upstream:
                 if upstream.status != 200:
-                    return self._upstream_refused(protocol, upstream.status, await upstream.body())
-                return await self._relay(request, episode, protocol, req, raw, upstream, started)
+                    return self._upstream_refused(turn.protocol, upstream.status, await upstream.body())
+                return await self._relay(request, turn, upstream, started)
         except UpstreamUnreachable as exc:
             raise GatewayError(502, str(exc), "upstream_error") from None
 
     async def _relay(
-        self, request: web.Request, episode: Episode, protocol: Protocol, req: Request, raw: bytes,
-        upstream: Stream, started: float,
-    ) -> web.StreamResponse:  # fmt: skip
+        self, request: web.Request, turn: _Turn, upstream: Stream, started: float
+    ) -> web.StreamResponse:
+        protocol, req = turn.protocol, turn.request
         response = web.StreamResponse(status=200, headers=_EVENT_STREAM)
         delivered = bytearray()
         gone = False
@@ -363,16 +431,14 @@ class Gateway:
         delivered += tail
         await send(tail)
         upstream_ms = (time.monotonic() - started) * 1000
-        turn = await self._record(
-            episode, protocol, req, raw, g, bytes(upstream.raw), bytes(delivered + terminal), upstream_ms
-        )
+        recorded = await self._record(turn, g, bytes(upstream.raw), bytes(delivered + terminal), upstream_ms)
         await send(terminal)
         if not gone:
             try:
                 await response.write_eof()
             except (ConnectionError, RuntimeError):
                 return response
-            await self._call(self.ledger.delivered, turn.id)
+            self._delivered(recorded.id)
         return response
 
     @staticmethod
@@ -382,13 +448,13 @@ class Gateway:
                 call.id = protocol.call_id(call.id, i, g)
 
     async def _record(
-        self, episode: Episode, protocol: Protocol, req: Request, raw: bytes, g: Generation, response: bytes,
-        delivered: bytes, upstream_ms: float,
-    ) -> Turn:  # fmt: skip
-        def record() -> Turn:
-            return self.ledger.record(
-                episode.id, episode.runs, self.resumed_at(episode), req.canonical, raw, g.answer(), response,
-                protocol.name, delivered, g.token_ids, g.logprobs, g.prompt_token_ids, g.policy_version, upstream_ms,
-            )  # fmt: skip
-
-        return await self._call(record)
+        self, turn: _Turn, g: Generation, response: bytes, delivered: bytes, upstream_ms: float
+    ) -> RecordedTurn:
+        e = turn.episode
+        return await self._ledger.run(
+            lambda: self.ledger.record(
+                e.id, e.runs, turn.resumed_at, turn.request.canonical, turn.raw, g.answer(), response,
+                turn.protocol.name, delivered, g.token_ids, g.logprobs, g.prompt_token_ids, g.policy_version,
+                upstream_ms,
+            )
+        )  # fmt: skip

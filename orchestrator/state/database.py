@@ -20,6 +20,7 @@ class Database:
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(schema)
         self.lock = threading.RLock()
+        self._depth = 0
         self._on_commit = on_commit
         self.closed = False
 
@@ -30,13 +31,33 @@ class Database:
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken at once so concurrent writers queue instead of failing."""
+        """One write transaction, taken at once so concurrent writers queue instead of failing.
+
+        Inside another transaction of this connection it is a savepoint: its work commits with
+        the outer one, and a failure undoes only its own part.
+        """
         with self.lock:
+            if self._depth:
+                savepoint = f"sp{self._depth}"
+                self.db.execute(f"SAVEPOINT {savepoint}")
+                self._depth += 1
+                try:
+                    yield self.db
+                except BaseException:
+                    self.db.execute(f"ROLLBACK TO {savepoint}")
+                    raise
+                finally:
+                    self._depth -= 1
+                    self.db.execute(f"RELEASE {savepoint}")
+                return
             self.db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
             try:
                 yield self.db
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
+            finally:
+                self._depth = 0
             self.db.execute("COMMIT")
             self._on_commit()
