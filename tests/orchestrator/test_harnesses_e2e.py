@@ -121,6 +121,9 @@ def _preempted_mid_generation_and_finished(
     for recorded in turns:
         assert len(recorded.token_ids) == len(recorded.logprobs) > 0
     assert [t.run for t in turns if t.branch == 0][-1] == 2, "the trajectory went on after the restore"
+    # The generation streaming at the freeze was recorded; the restored harness's retry got it
+    # again from the ledger, byte for byte, and the upstream sampled it once.
+    assert any(t.replays and t.delivered_run == 2 for t in turns), [(t.id, t.replays, t.run) for t in turns]
     return turns
 
 
