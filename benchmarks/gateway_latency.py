@@ -18,6 +18,8 @@ import asyncio
 import json
 import multiprocessing
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -29,7 +31,6 @@ from aiohttp import web
 
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
 from orchestrator.gateway import Gateway, GatewaySettings, Ledger
-from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 
 
 def _post(url: str, body: bytes, token: str = "") -> bytes:
@@ -65,6 +66,32 @@ def _requests(turns: int, first_seed: int = 0, **extra: Any) -> list[bytes]:
         body.update(extra)
         out.append(json.dumps(body).encode())
     return out
+
+
+def _sequential(model_url: str, via_url: str, turns: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """One harness: whole turns to the model and through the gateway, interleaved so both see the
+    same machine; then replays; then streamed turns, timed to their first token."""
+    direct, via = [], []
+    # The direct calls ask the model for what the gateway asks it for: token ids and log-probs.
+    asked = {"logprobs": True, "return_token_ids": True}
+    for body, same in zip(_requests(turns), _requests(turns, **asked), strict=True):
+        started = time.perf_counter()
+        _post(model_url + "/chat/completions", same)
+        direct.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        _post(via_url + "/chat/completions", body, "bench")
+        via.append((time.perf_counter() - started) * 1000)
+    replay = []
+    for body in _requests(turns)[:100]:
+        started = time.perf_counter()
+        _post(via_url + "/chat/completions", body, "bench")
+        replay.append((time.perf_counter() - started) * 1000)
+    ttft_direct, ttft_via = [], []
+    streamed = _requests(100, first_seed=10_000, stream=True)  # new requests, not the ones above
+    for body, same in zip(streamed, _requests(100, first_seed=10_000, stream=True, **asked), strict=True):
+        ttft_direct.append(_first_token_ms(model_url + "/chat/completions", same))
+        ttft_via.append(_first_token_ms(via_url + "/chat/completions", body, "bench"))
+    out.put((direct, via, replay, ttft_direct, ttft_via))
 
 
 def _p(samples: list[float], q: int) -> float:
@@ -148,30 +175,27 @@ def main() -> None:
         )
         return g.start(), ledger
 
-    model = ReferenceModelServer(ReferenceModelSettings(seed=1)).start()
+    # The model and the harnesses run in processes of their own, as they do in a cluster, so
+    # the figures are not the gateway's process sharing one interpreter lock with them.
+    model = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.reference_model", "--port", "0", "--seed", "1"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert model.stdout is not None
+    model_url = model.stdout.readline().split()[-1]
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-        gw, ledger = gateway(tmp, model.url)
-        via_url = f"http://127.0.0.1:{gw.port}/v1/chat/completions"
-        direct, via = [], []
-        for body in _requests(args.turns):  # interleaved, so both paths see the same machine conditions
-            started = time.perf_counter()
-            _post(model.url + "/chat/completions", body)
-            direct.append((time.perf_counter() - started) * 1000)
-            started = time.perf_counter()
-            _post(via_url, body, "bench")
-            via.append((time.perf_counter() - started) * 1000)
-        replay = []
-        for body in _requests(args.turns)[:100]:
-            started = time.perf_counter()
-            _post(via_url, body, "bench")
-            replay.append((time.perf_counter() - started) * 1000)
-        ttft_direct, ttft_via = [], []
-        for body in _requests(100, first_seed=10_000, stream=True):  # new requests, not the ones above
-            ttft_direct.append(_first_token_ms(model.url + "/chat/completions", body))
-            ttft_via.append(_first_token_ms(via_url, body, "bench"))
+        gw, ledger = gateway(tmp, model_url)
+        results: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+        client = multiprocessing.Process(
+            target=_sequential, args=(model_url, f"http://127.0.0.1:{gw.port}/v1", args.turns, results)
+        )
+        client.start()
+        direct, via, replay, ttft_direct, ttft_via = results.get()
+        client.join()
         gw.stop()
         ledger.close()
-    model.stop()
+    model.terminate()
+    model.wait()
 
     port = multiprocessing.Value("i", 0)
     upstream = multiprocessing.Process(target=_canned_upstream, args=(port,), daemon=True)

@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS turns (
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
 CREATE INDEX IF NOT EXISTS turns_after ON turns(episode_id, after_hash);
-CREATE INDEX IF NOT EXISTS turns_parent ON turns(episode_id, parent_id, abandoned);
+CREATE INDEX IF NOT EXISTS turns_parent ON turns(episode_id, parent_id, abandoned, delivered_run);
 CREATE INDEX IF NOT EXISTS turns_branch ON turns(episode_id, branch);
 CREATE TABLE IF NOT EXISTS verifications (
     episode_id TEXT PRIMARY KEY,
@@ -173,21 +173,31 @@ class Ledger:
             ).fetchone()
         return {"turn": int(row[0]), "turns": int(row[1])}
 
-    def replay(self, episode_id: str, run: int, request: CanonicalRequest) -> Turn | None:
-        """The live recorded turn with this exact request, counted as replayed once more and as
-        delivered to `run` (so a later sibling in that run never abandons it)."""
-        with self._tx() as db:
-            row = db.execute(
+    def find(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
+        """The live recorded turn with this exact request, if there is one (a read, no commit)."""
+        with self._lock:
+            row = self._db.execute(
                 "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0 ORDER BY id LIMIT 1",
                 (episode_id, request.fingerprint),
             ).fetchone()
-            if row is None:
-                return None
+        return self._turn(row) if row is not None else None
+
+    def replayed(self, turn_id: int, run: int) -> None:
+        """Count a turn served again, and as delivered to `run` (so a later sibling in that run
+        never abandons it)."""
+        with self._tx() as db:
             db.execute(
                 "UPDATE turns SET replays = replays + 1, delivered_run = MAX(delivered_run, ?) WHERE id = ?",
-                (run, row["id"]),
+                (run, turn_id),
             )
-            return self._turn(row)
+
+    def replay(self, episode_id: str, run: int, request: CanonicalRequest) -> Turn | None:
+        """The live recorded turn with this exact request, counted as replayed to `run`."""
+        with self._tx():
+            turn = self.find(episode_id, request)
+            if turn is not None:
+                self.replayed(turn.id, run)
+            return turn
 
     def delivered(self, turn_id: int, at: float) -> None:
         """Note that a delivery of the turn reached its end (a stream's terminal event included)."""
@@ -278,6 +288,7 @@ class Ledger:
                 else next_branch
             )
             after_hash, after_len = request.after(answer)
+            now = time.time()
             cursor = db.execute(
                 "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
                 " request, request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs,"
@@ -286,10 +297,17 @@ class Ledger:
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
                     json.dumps({"context": list(request.context), "params": request.params}), request_raw,
                     json.dumps(answer), response, protocol, delivered, run, json.dumps(token_ids), json.dumps(logprobs),
-                    json.dumps(prompt_token_ids), policy_version, upstream_ms, time.time(),
+                    json.dumps(prompt_token_ids), policy_version, upstream_ms, now,
                 ),
             )  # fmt: skip
-            return self._turn(db.execute("SELECT * FROM turns WHERE id = ?", (cursor.lastrowid,)).fetchone())
+            assert cursor.lastrowid is not None
+            return Turn(
+                id=cursor.lastrowid, episode_id=episode_id, parent_id=parent_id, branch=branch, run=run,
+                kind=request.kind, request_raw=request_raw, response=response, protocol=protocol,
+                delivered=delivered, delivered_run=run, delivered_at=None, token_ids=token_ids, logprobs=logprobs,
+                prompt_token_ids=prompt_token_ids, policy_version=policy_version, abandoned=False, replays=0,
+                created_at=now,
+            )  # fmt: skip
 
     @staticmethod
     def _has_live_root(db: sqlite3.Connection, episode_id: str) -> bool:

@@ -83,6 +83,10 @@ class _KeyLocks:
                 del self._locks[key]
 
 
+LATER_S = 0.05
+"""How long a ledger note nobody waits for (a delivery) may wait to share a commit."""
+
+
 class _GroupCommit:
     """Ledger calls made on the event loop, gathered over one turn of the loop and committed in
     one transaction: one fsync for every turn that finished meanwhile, and no thread between the
@@ -92,25 +96,29 @@ class _GroupCommit:
         self.ledger = ledger
         self._pending: list[tuple[Callable[[], Any], asyncio.Future[Any] | None]] = []
         self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
 
     def run(self, op: Callable[[], T]) -> asyncio.Future[T]:
-        """Commit op with the next batch; the future is done once the batch is durable."""
+        """Commit op with the next batch, at the end of this turn of the loop; the future is done
+        once the batch is durable."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._add(op, future)
-        return future
-
-    def later(self, op: Callable[[], Any]) -> None:
-        """Commit op with the next batch; nobody waits for it."""
-        self._add(op, None)
-
-    def _add(self, op: Callable[[], Any], future: asyncio.Future[Any] | None) -> None:
         self._pending.append((op, future))
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+        return future
+
+    def later(self, op: Callable[[], Any]) -> None:
+        """Commit op with the next batch, or within LATER_S; nobody waits for it."""
+        self._pending.append((op, None))
+        if self._timer is None and not self._scheduled:
+            self._timer = asyncio.get_running_loop().call_later(LATER_S, self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         batch, self._pending = self._pending, []
         try:
             results = self.ledger.batch([op for op, _ in batch])
@@ -298,10 +306,10 @@ class Gateway:
         assert self._slots is not None
         req = turn.request
         async with self._locks.hold((turn.episode.id, req.canonical.fingerprint)):
-            recorded = await self._ledger.run(
-                lambda: self.ledger.replay(turn.episode.id, turn.episode.runs, req.canonical)
-            )
+            # Under this request's lock, so no identical request can be sampled meanwhile.
+            recorded = self.ledger.find(turn.episode.id, req.canonical)
             if recorded is not None:
+                await self._ledger.run(lambda: self.ledger.replayed(recorded.id, turn.episode.runs))
                 return await self._deliver(request, recorded.id, recorded.delivered, req.stream)
             async with self._slots:
                 if req.stream:
