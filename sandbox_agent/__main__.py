@@ -56,6 +56,24 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     )
     p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process dies")
     p.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
+    p.add_argument(
+        "--registry-auth-file",
+        type=Path,
+        default=_path(env("STASIS_REGISTRY_AUTH_FILE", "")),
+        help="docker config.json with registry credentials",
+    )
+    p.add_argument(
+        "--registry-certs",
+        type=Path,
+        default=_path(env("STASIS_REGISTRY_CERTS", "")),
+        help="dir of <host[:port]>/ca.crt for registries with private CAs",
+    )
+    p.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[r for r in env("STASIS_INSECURE_REGISTRIES", "").split(",") if r],
+        help="host[:port] reached over plain HTTP (repeatable; loopback ones always are)",
+    )
     a = p.parse_args(argv)
     labels = dict(kv.split("=", 1) for kv in a.label if "=" in kv)
     return AgentSettings(
@@ -76,7 +94,14 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         heartbeat_s=a.heartbeat,
         gateway_forward=a.gateway_forward,
         gateway_port=a.gateway_port,
+        registry_auth_file=a.registry_auth_file,
+        registry_certs=a.registry_certs,
+        insecure_registries=tuple(a.insecure_registry),
     )
+
+
+def _path(value: str) -> Path | None:
+    return Path(value) if value else None
 
 
 def _watch_parent(stop: threading.Event) -> None:

@@ -137,7 +137,8 @@ class DockerBackend:
                 name=self._name(record),
                 hostname=spec.hostname,
                 environment=spec.env,
-                working_dir=spec.cwd,
+                working_dir=spec.cwd or "/",
+                user=spec.user or "0:0",
                 network_mode="none",
                 labels={"stasis.node": self.node, "stasis.sandbox": record.id},
                 mem_limit=res.memory_mb << 20,
@@ -163,6 +164,7 @@ class DockerBackend:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             state_dir = tarfile.TarInfo(STATE_DIR.lstrip("/"))
             state_dir.type, state_dir.mode, state_dir.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            state_dir.uid, state_dir.gid = record.spec.ids
             tar.addfile(state_dir)
             for path, content in files.items():
                 info = tarfile.TarInfo(path.lstrip("/"))

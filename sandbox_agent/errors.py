@@ -46,6 +46,10 @@ class ImageMismatch(FailedPrecondition):
         self.node_digest = node_digest
 
 
+class ImageRejected(FailedPrecondition):
+    """An image could not be pulled or would be unsafe to unpack: names the image and the layer."""
+
+
 class CheckpointCorrupt(FailedPrecondition):
     """A checkpoint directory is truncated, tampered with or not a Stasis checkpoint."""
 

@@ -12,11 +12,12 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox_agent import _command
+from sandbox_agent import _command, oci
 from sandbox_agent.errors import InvalidSpec, NotFound
+from sandbox_agent.oci import ImageConfig, RegistryAccess
 
 DIGEST_PREFIX = "sha256:"
 _CHUNK = 1 << 20
@@ -28,6 +29,8 @@ class Image:
     rootfs: Path
     names: tuple[str, ...]
     size_bytes: int
+    config: ImageConfig = field(default_factory=ImageConfig)
+    """Entrypoint, Cmd, Env, WorkingDir and User; empty for an image imported as a bare tree."""
 
 
 def tree_digest(root: Path) -> tuple[str, int]:
@@ -130,6 +133,7 @@ class ImageCache:
                     rootfs=meta.parent / "rootfs",
                     names=tuple(sorted(n for n, d in names.items() if d == digest)),
                     size_bytes=info["size_bytes"],
+                    config=ImageConfig.from_json(info.get("config") or {}),
                 )
             )
         return images
@@ -163,7 +167,42 @@ class ImageCache:
             source=str(directory),
         )
 
-    def _import(self, fill: object, name: str, source: str) -> Image:
+    def pull(self, ref: str, access: RegistryAccess, name: str = "") -> Image:
+        """Fetch an image from a registry or an archive (see `oci`) unless it is cached, and
+        unpack it. The cache keeps it under `name` and under `ref` itself."""
+        with self.importing():
+            try:
+                image = self.resolve(ref)
+                if name:
+                    self._alias(image.digest, (name,))
+                return self.resolve(ref)
+            except NotFound:
+                pass
+            fetched = oci.fetch(ref, self.root / "oci", access)
+            try:
+                return self._import(
+                    lambda dest: oci.unpack(fetched, dest),
+                    name,
+                    source=ref,
+                    config=fetched.config,
+                    aliases=(ref,),
+                )
+            finally:
+                oci.forget(fetched)
+
+    def _alias(self, digest: str, names: tuple[str, ...]) -> None:
+        known = self._names()
+        known.update({n: digest for n in names if n})
+        self._write_names(known)
+
+    def _import(
+        self,
+        fill: object,
+        name: str,
+        source: str,
+        config: ImageConfig | None = None,
+        aliases: tuple[str, ...] = (),
+    ) -> Image:
         staging = Path(tempfile.mkdtemp(prefix=".import-", dir=self.root))
         try:
             rootfs = staging / "rootfs"
@@ -174,14 +213,12 @@ class ImageCache:
                 final = self._dir(digest)
                 if not (final / "image.json").exists():
                     shutil.rmtree(final, ignore_errors=True)
-                    (staging / "image.json").write_text(
-                        json.dumps({"digest": digest, "size_bytes": size, "source": source})
-                    )
+                    info = {"digest": digest, "size_bytes": size, "source": source}
+                    if config is not None:
+                        info["config"] = config.to_json()
+                    (staging / "image.json").write_text(json.dumps(info))
                     os.rename(staging, final)
-                if name:
-                    names = self._names()
-                    names[name] = digest
-                    self._write_names(names)
+                self._alias(digest, (name, *aliases))
             return self.resolve(digest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandbox_agent import _command, network, overlay
+from sandbox_agent import _command, launch, network, oci, overlay
 from sandbox_agent import checkpoint as ckpt
 from sandbox_agent.backend import EXIT_CODE, HARNESS_LOG, Backend, SandboxLayout
 from sandbox_agent.errors import (
@@ -109,6 +109,12 @@ class Node:
         self.name = validate_id("node", settings.node)
         settings.root.mkdir(parents=True, exist_ok=True)
         self.images = ImageCache(settings.image_cache or settings.root / "images")
+        self.registry = oci.RegistryAccess(
+            auth_file=settings.registry_auth_file,
+            certs_dir=settings.registry_certs,
+            insecure=settings.insecure_registries,
+            docker_host=settings.docker_url,
+        )
         self.backend = backend or make_backend(settings)
         self.criu_version = criu_version(settings.criu)
         self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
@@ -244,7 +250,9 @@ class Node:
         """Validate, build and start a fresh sandbox; nothing of it remains if any step fails."""
         spec = spec.validated()
         files = validate_files(files)
-        image = self.images.resolve(spec.image)
+        timeline = Timeline(sandbox_id, self.hooks)
+        image = self._image(spec.image, timeline)
+        spec = launch.effective(spec, image).validated()
         record = SandboxRecord(
             id=sandbox_id,
             node=self.name,
@@ -252,11 +260,23 @@ class Node:
             spec=spec,
             image_digest=image.digest,
             created_at=time.time(),
+            timings_ms=timeline.timings_ms(),
         )
         with self._new_sandbox(sandbox_id, record) as layout:
             self.backend.create(record, layout, image, files, read_only_layers)
             self.backend.start(record, layout)
         return record
+
+    def _image(self, ref: str, timeline: Timeline) -> Image:
+        """The cached image, or one pulled now if the reference names a source this node can
+        reach (the pull is timed as its own phase)."""
+        try:
+            return self.images.resolve(ref)
+        except NotFound:
+            if not oci.is_pullable(ref):
+                raise
+        with timeline.phase(Phase.PULL):
+            return self.images.pull(ref, self.registry)
 
     def checkpoint(self, sandbox_id: str, dest: Path, *, leave_running: bool) -> ckpt.Checkpoint:
         """Freeze, dump memory and the writable layer into dest; then thaw, or stop and free the node.
@@ -421,7 +441,7 @@ class Node:
         validate_id("sandbox_id", sandbox_id)
         with timeline.phase(Phase.VERIFY):
             checkpoint = ckpt.load(checkpoint_dir, verify=verify)
-        local = self._restore_image(checkpoint, image)
+        local = self._restore_image(checkpoint, image, timeline)
         if checkpoint.backend != self.backend.name:
             raise FailedPrecondition(
                 f"checkpoint {source} was taken by the {checkpoint.backend} backend; "
@@ -439,14 +459,16 @@ class Node:
         with self._new_sandbox(sandbox_id, record) as layout:
             with timeline.phase(Phase.RESTORE):
                 self.backend.restore(record, layout, local, checkpoint)
-            record.restore_timings_ms = timeline.timings_ms()
+            record.timings_ms = timeline.timings_ms()
             record.save(layout.record)
         return self._status(record)
 
-    def _restore_image(self, checkpoint: ckpt.Checkpoint, image: str) -> Image:
+    def _restore_image(self, checkpoint: ckpt.Checkpoint, image: str, timeline: Timeline) -> Image:
         ref = image or checkpoint.spec.image
+        if self.images.has(checkpoint.image_digest) and not image:
+            return self.images.resolve(checkpoint.image_digest)
         try:
-            local = self.images.resolve(ref)
+            local = self._image(ref, timeline)
         except NotFound:
             if self.images.has(checkpoint.image_digest):
                 return self.images.resolve(checkpoint.image_digest)

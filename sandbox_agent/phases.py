@@ -31,6 +31,9 @@ class Phase(enum.StrEnum):
     """Writing the checkpoint into the snapshot store (chunk, compress, upload, commit)."""
     FROZEN = "frozen"
     """Not a step but a span: how long the harness was stalled, from freeze to thaw or kill."""
+    # create and restore
+    PULL = "pull"
+    """Fetching and unpacking an image the node did not have."""
     # restore
     FETCH = "fetch"
     """Fetching the snapshot from the store, every chunk verified."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal as signals
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,7 +77,7 @@ class RuncBackend:
             "ociVersion": "1.0.2",
             "process": {
                 "terminal": False,
-                "user": {"uid": 0, "gid": 0},
+                "user": {"uid": spec.ids[0], "gid": spec.ids[1]},
                 "args": wrapped_command(spec.command),
                 "env": [
                     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -126,7 +127,9 @@ class RuncBackend:
         read_only_layers: Sequence[Path] = (),
     ) -> None:
         self._write_bundle(record, layout, image, read_only_layers)
-        (layout.rootfs / STATE_DIR.lstrip("/")).mkdir(exist_ok=True)
+        state = layout.rootfs / STATE_DIR.lstrip("/")
+        state.mkdir(exist_ok=True)
+        os.chown(state, *record.spec.ids)  # the harness writes its log and exit code as its own user
         overlay.place_files(layout.rootfs, files)
 
     def start(self, record: SandboxRecord, layout: SandboxLayout) -> None:

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
 from protos.status import snapshot_status
+from sandbox_agent import oci
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import (
     AgentError,
@@ -82,8 +83,10 @@ def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:
     return SandboxSpec(
         image=msg.image,
         command=tuple(msg.command),
+        entrypoint=tuple(msg.entrypoint) if msg.has_entrypoint else None,
+        user=msg.user,
         env=dict(msg.env),
-        cwd=msg.cwd or "/",
+        cwd=msg.cwd,
         hostname=msg.hostname or "sandbox",
         address=msg.address,
         resources=Resources(
@@ -99,6 +102,9 @@ def spec_to_pb(spec: SandboxSpec) -> pb.SandboxSpec:
     return pb.SandboxSpec(
         image=spec.image,
         command=list(spec.command),
+        entrypoint=list(spec.entrypoint or ()),
+        has_entrypoint=spec.entrypoint is not None,
+        user=spec.user,
         env=spec.env,
         cwd=spec.cwd,
         hostname=spec.hostname,
@@ -121,7 +127,7 @@ def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
         exit_code=status.exit_code or 0,
         created_at=rec.created_at,
         restored_from=rec.restored_from,
-        restore_timings_ms=rec.restore_timings_ms,
+        timings_ms=rec.timings_ms,
         busy=status.busy,
     )
 
@@ -286,9 +292,21 @@ class AgentService(pb_grpc.SandboxAgentServicer):
 
             docker_url = self.node.settings.docker_url
             image = import_docker_image(self.node.images, request.docker_image, request.name, docker_url)
+        elif source == "reference":
+            image = self.node.images.pull(request.reference, self.node.registry, request.name)
         else:
-            raise InvalidSpec("source", "one of tarball, directory or docker_image is required")
+            raise InvalidSpec("source", "one of tarball, directory, docker_image or reference is required")
         return image_to_pb(image)
+
+    @_rpc
+    def ResolveImage(
+        self, request: pb.ResolveImageRequest, context: grpc.ServicerContext
+    ) -> pb.ResolveImageResponse:
+        parsed = oci.Reference.parse(request.reference)
+        if parsed is None:
+            raise InvalidSpec("reference", f"{request.reference!r} is not a registry reference")
+        digest = oci.resolve(request.reference, self.node.registry)
+        return pb.ResolveImageResponse(pinned=parsed.pinned(digest), digest=digest)
 
 
 def serve(node: Node, listen: str, max_workers: int = 16) -> tuple[grpc.Server, int]:

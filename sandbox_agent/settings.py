@@ -46,3 +46,9 @@ class AgentSettings:
     heartbeat_s: float = 1.0
     """Heartbeat period; the orchestrator declares a node lost after several missed ones."""
     labels: dict[str, str] = field(default_factory=dict)
+    registry_auth_file: Path | None = None
+    """A docker config.json holding registry credentials; read by skopeo, never logged or sent on."""
+    registry_certs: Path | None = None
+    """CA certificates of registries with private CAs, as <dir>/<host[:port]>/ca.crt."""
+    insecure_registries: tuple[str, ...] = ()
+    """Registries (host[:port]) spoken to over plain HTTP; those on loopback addresses always may."""

@@ -16,6 +16,7 @@ from sandbox_agent.overlay import sandbox_path
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$")
 
 MAX_FILE_BYTES = 16 << 20
 """Spec files travel inside one gRPC message; bigger payloads belong in the image."""
@@ -52,26 +53,35 @@ class SandboxSpec:
     """Everything needed to build the same sandbox again on any node."""
 
     image: str
-    command: tuple[str, ...]
+    command: tuple[str, ...] = ()
+    """Empty: the image's Cmd (see `launch`)."""
     env: dict[str, str] = field(default_factory=dict)
-    cwd: str = "/"
+    cwd: str = ""
+    """Empty: the image's WorkingDir, else /."""
     hostname: str = "sandbox"
     address: str = ""
     resources: Resources = field(default_factory=Resources)
+    entrypoint: tuple[str, ...] | None = None
+    """None: the image's Entrypoint."""
+    user: str = ""
+    """Empty: the image's User, else root. Once launched, always numeric uid:gid."""
 
     def validated(self) -> SandboxSpec:
         if not self.image:
             raise InvalidSpec("image", "must name an image")
-        if not self.command or any(not isinstance(a, str) for a in self.command):
-            raise InvalidSpec("command", "must be a non-empty list of strings (argv)")
-        if not self.command[0]:
+        argv = (*(self.entrypoint or ()), *self.command)
+        if any(not isinstance(a, str) for a in argv):
+            raise InvalidSpec("command", "must be a list of strings (argv)")
+        if argv and not argv[0]:
             raise InvalidSpec("command[0]", "the program must not be empty")
+        if self.user and not _USER.match(self.user):
+            raise InvalidSpec("user", f"{self.user!r} is not a user, uid, user:group or uid:gid")
         for key, value in self.env.items():
             if not _ENV_KEY.match(key):
                 raise InvalidSpec(f"env[{key}]", "is not a valid environment variable name")
             if "\0" in value:
                 raise InvalidSpec(f"env[{key}]", "contains a NUL byte")
-        if self.cwd != "/":
+        if self.cwd and self.cwd != "/":
             sandbox_path("cwd", self.cwd)
         if not _HOSTNAME.match(self.hostname):
             raise InvalidSpec("hostname", f"{self.hostname!r} is not a valid lowercase host name")
@@ -85,21 +95,31 @@ class SandboxSpec:
             raise InvalidSpec("resources.pids", f"{r.pids} must be between 8 and 4194304")
         return self
 
+    @property
+    def ids(self) -> tuple[int, int]:
+        """The numeric uid and gid of a launched spec."""
+        uid, _, gid = (self.user or "0:0").partition(":")
+        return int(uid), int(gid or 0)
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["command"] = list(self.command)
+        d["entrypoint"] = list(self.entrypoint) if self.entrypoint is not None else None
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SandboxSpec:
+        entrypoint = d.get("entrypoint")
         return cls(
             image=d["image"],
             command=tuple(d["command"]),
             env=dict(d.get("env", {})),
-            cwd=d.get("cwd", "/"),
+            cwd=d.get("cwd", ""),
             hostname=d.get("hostname", "sandbox"),
             address=d.get("address", ""),
             resources=Resources(**d.get("resources", {})),
+            entrypoint=tuple(entrypoint) if entrypoint is not None else None,
+            user=d.get("user", ""),
         )
 
 
@@ -123,7 +143,7 @@ class SandboxRecord:
     created_at: float
     restored_from: str = ""
     """The snapshot id, or checkpoint directory, this sandbox was restored from."""
-    restore_timings_ms: dict[str, float] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
     """For a restored sandbox: milliseconds per restore phase (`phases.Phase`)."""
 
     def to_json(self) -> dict[str, Any]:

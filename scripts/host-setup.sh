@@ -17,7 +17,8 @@ mkdir -p "$cache"
 
 packages=(
   runc iptables iproute2 docker.io debootstrap tar xz-utils zstd procps curl openssl
-  build-essential pkg-config dpkg-dev
+  skopeo umoci docker-registry apache2-utils
+  build-essential pkg-config dpkg-dev patch
   libprotobuf-dev libprotobuf-c-dev libnl-3-dev libnet1-dev libcap-dev libbsd-dev
   libgnutls28-dev libnftables-dev libaio-dev
   protobuf-c-compiler protobuf-compiler python3-protobuf python3-venv
@@ -36,10 +37,14 @@ install_packages() {
 }
 
 install_criu() {
-  if command -v criu >/dev/null && criu --version 2>/dev/null | grep -q "Version: ${criu_version}"; then
+  # The build is named by the version and the patches applied to it (scripts/criu-patches).
+  local build_id stamp="$cache/criu-build.id"
+  build_id="${criu_version} $(cat "$repo"/scripts/criu-patches/*.patch | sha256sum | cut -c1-16)"
+  if command -v criu >/dev/null && criu --version 2>/dev/null | grep -q "Version: ${criu_version}" \
+    && [ "$(cat "$stamp" 2>/dev/null)" = "$build_id" ]; then
     return 0
   fi
-  log "building CRIU ${criu_version} from Debian's source package"
+  log "building CRIU ${criu_version} from Debian's source package, with $(ls "$repo"/scripts/criu-patches | wc -l) patch(es)"
   # Only a deb-src entry: newer binary criu packages need a newer glibc.
   local src=/etc/apt/sources.list.d/stasis-criu-src.sources
   if [ ! -f "$src" ]; then
@@ -62,10 +67,15 @@ SRC
   fi
   rm -rf "$work/build" && mkdir -p "$work/build"
   tar -xJf "$tarball" -C "$work/build" --strip-components=1
+  local patch
+  for patch in "$repo"/scripts/criu-patches/*.patch; do
+    patch -d "$work/build" -p1 --forward --quiet <"$patch" || { log "CRIU patch $(basename "$patch") does not apply"; exit 1; }
+  done
   make -C "$work/build" -j"$(nproc)" criu >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
   install -m 0755 "$work/build/criu/criu" /usr/local/sbin/criu
   hash -r
   criu --version | grep -q "Version: ${criu_version}"
+  echo "$build_id" >"$stamp"
 }
 
 check_criu() {
@@ -84,6 +94,11 @@ configure_runc_criu() {
 
 build_base_image() {
   local out="$cache/images/base"
+  if [ -f "$out/rootfs.tar" ] && [ -f "$out/digest" ] && [ ! -f "$out/no-devices" ]; then
+    # Made before device nodes were left out: drop them (runc gives every sandbox its own /dev).
+    tar --delete --wildcards -f "$out/rootfs.tar" './dev/?*' && touch "$out/no-devices"
+    sha256sum "$out/rootfs.tar" | awk '{print "sha256:" $1}' >"$out/digest"
+  fi
   [ -f "$out/rootfs.tar" ] && [ -f "$out/digest" ] && return 0
   log "building the base sandbox image (debootstrap ${base_suite} minbase + python3)"
   local tmp="$cache/images/base.tmp"
@@ -92,7 +107,10 @@ build_base_image() {
     || { tail -30 "$tmp/debootstrap.log"; exit 1; }
   rm -rf "$tmp/rootfs/var/cache/apt/archives/"*.deb "$tmp/rootfs/var/lib/apt/lists/"*
   # A reproducible tarball: sorted names, fixed mtimes for the digest to be stable.
+  # No device nodes: runc gives every sandbox its own /dev, and images may not carry them.
+  rm -rf "$tmp/rootfs/dev/"*
   tar --sort=name --numeric-owner --xattrs --xattrs-include='*' -C "$tmp/rootfs" -cf "$tmp/rootfs.tar" .
+  touch "$tmp/no-devices"
   sha256sum "$tmp/rootfs.tar" | awk '{print "sha256:" $1}' >"$tmp/digest"
   rm -rf "$tmp/rootfs" "$out"
   mv "$tmp" "$out"

@@ -83,7 +83,7 @@ class SandboxView:
     exit_code: int | None
     busy: bool
     restored_from: str = ""
-    restore_timings_ms: dict[str, float] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_pb(cls, s: pb.Sandbox) -> SandboxView:

@@ -143,7 +143,7 @@ class Operations:
         except NotFound as exc:
             self.outcomes.restore_failed(e, f"{where}: {exc}", final=True)
             return
-        timings = ", ".join(f"{k} {v:.0f}" for k, v in view.restore_timings_ms.items() if v)
+        timings = ", ".join(f"{k} {v:.0f}" for k, v in view.timings_ms.items() if v)
         self.outcomes.running(
             e, S.RESTORING, f"restored on {e.node} from {e.last_snapshot_id} ({timings} ms)"
         )

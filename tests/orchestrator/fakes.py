@@ -106,7 +106,7 @@ class FakeAgent:
             raise NotFound(f"snapshot {snapshot_id!r} not found")
         view = SandboxView(
             sandbox_id, self.node, SandboxState.RUNNING, None, False, restored_from=snapshot_id,
-            restore_timings_ms={"fetch_ms": 4.0, "restore_ms": 6.0},
+            timings_ms={"fetch_ms": 4.0, "restore_ms": 6.0},
         )  # fmt: skip
         self.sandboxes[sandbox_id] = view
         return view

@@ -39,10 +39,9 @@ def make_node(tmp_path: Path, image_cache: Path, request: pytest.FixtureRequest)
         settings = AgentSettings(
             node=name,
             root=tmp_path / name,
-            image_cache=image_cache,
             backend=backend,
             docker_url=docker_url,
-            **overrides,  # type: ignore[arg-type]
+            **{"image_cache": image_cache, **overrides},  # type: ignore[arg-type]
         )
         node = Node(settings, hooks=hooks)
         nodes.append(node)

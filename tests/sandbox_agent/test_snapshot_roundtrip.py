@@ -52,7 +52,7 @@ def test_checkpoint_through_the_store(make_node: NodeFactory, store_url: str) ->
     remove_node_dirs(a)
 
     restored = b.restore_from_store("ep1-r2", "ep1-s2")
-    assert restored.record.restore_timings_ms["fetch_ms"] > 0
+    assert restored.record.timings_ms["fetch_ms"] > 0
     assert restored.record.restored_from == "ep1-s2", "the snapshot, not a staging path"
     after = wait_for_log(b, "ep1-r2", lambda t: t.count("sha ") > log.count("sha ") + 1)
     assert re.findall(r"sha (\w+)", after)[-1] == sha

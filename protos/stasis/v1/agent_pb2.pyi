@@ -66,7 +66,7 @@ class Resources(_message.Message):
     def __init__(self, cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ..., pids: _Optional[int] = ...) -> None: ...
 
 class SandboxSpec(_message.Message):
-    __slots__ = ("image", "command", "env", "cwd", "hostname", "address", "resources")
+    __slots__ = ("image", "command", "env", "cwd", "hostname", "address", "resources", "entrypoint", "has_entrypoint", "user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,9 @@ class SandboxSpec(_message.Message):
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    HAS_ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     image: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -88,11 +91,14 @@ class SandboxSpec(_message.Message):
     hostname: str
     address: str
     resources: Resources
-    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
+    entrypoint: _containers.RepeatedScalarFieldContainer[str]
+    has_entrypoint: bool
+    user: str
+    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., entrypoint: _Optional[_Iterable[str]] = ..., has_entrypoint: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "busy", "restore_timings_ms")
-    class RestoreTimingsMsEntry(_message.Message):
+    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "busy", "timings_ms")
+    class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -111,7 +117,7 @@ class Sandbox(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
-    RESTORE_TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
     id: str
     node: str
     backend: str
@@ -124,8 +130,8 @@ class Sandbox(_message.Message):
     created_at: float
     restored_from: str
     busy: bool
-    restore_timings_ms: _containers.ScalarMap[str, float]
-    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., busy: _Optional[bool] = ..., restore_timings_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    timings_ms: _containers.ScalarMap[str, float]
+    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., busy: _Optional[bool] = ..., timings_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
     __slots__ = ("sandbox_id", "spec", "files")
@@ -315,13 +321,29 @@ class NodeInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., criu_version: _Optional[str] = ..., slots: _Optional[int] = ..., memory_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., running: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ImportImageRequest(_message.Message):
-    __slots__ = ("name", "tarball", "directory", "docker_image")
+    __slots__ = ("name", "tarball", "directory", "docker_image", "reference")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TARBALL_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     DOCKER_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     tarball: str
     directory: str
     docker_image: str
-    def __init__(self, name: _Optional[str] = ..., tarball: _Optional[str] = ..., directory: _Optional[str] = ..., docker_image: _Optional[str] = ...) -> None: ...
+    reference: str
+    def __init__(self, name: _Optional[str] = ..., tarball: _Optional[str] = ..., directory: _Optional[str] = ..., docker_image: _Optional[str] = ..., reference: _Optional[str] = ...) -> None: ...
+
+class ResolveImageRequest(_message.Message):
+    __slots__ = ("reference",)
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    reference: str
+    def __init__(self, reference: _Optional[str] = ...) -> None: ...
+
+class ResolveImageResponse(_message.Message):
+    __slots__ = ("pinned", "digest")
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    pinned: str
+    digest: str
+    def __init__(self, pinned: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...

@@ -84,6 +84,11 @@ class SandboxAgentStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ImportImageRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.Image.FromString,
                 _registered_method=True)
+        self.ResolveImage = channel.unary_unary(
+                '/stasis.v1.SandboxAgent/ResolveImage',
+                request_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ResolveImageRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ResolveImageResponse.FromString,
+                _registered_method=True)
         self.RunVerifier = channel.unary_unary(
                 '/stasis.v1.SandboxAgent/RunVerifier',
                 request_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.RunVerifierRequest.SerializeToString,
@@ -153,7 +158,15 @@ class SandboxAgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ImportImage(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Make an image available on this node: a rootfs tree or tarball, a Docker image, or a pull.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveImage(self, request, context):
+        """Pin a registry reference (a tag) to the manifest digest it names now.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -217,6 +230,11 @@ def add_SandboxAgentServicer_to_server(servicer, server):
                     servicer.ImportImage,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ImportImageRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.Image.SerializeToString,
+            ),
+            'ResolveImage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveImage,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ResolveImageRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ResolveImageResponse.SerializeToString,
             ),
             'RunVerifier': grpc.unary_unary_rpc_method_handler(
                     servicer.RunVerifier,
@@ -494,6 +512,33 @@ class SandboxAgent:
             '/stasis.v1.SandboxAgent/ImportImage',
             protos_dot_stasis_dot_v1_dot_agent__pb2.ImportImageRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_agent__pb2.Image.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.SandboxAgent/ResolveImage',
+            protos_dot_stasis_dot_v1_dot_agent__pb2.ResolveImageRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_agent__pb2.ResolveImageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,92 @@
+"""What a sandbox runs: its spec laid over its image's config, by `docker run`'s rules.
+
+* argv is the entrypoint (the spec's, else the image's) followed by the command (the spec's,
+  else the image's Cmd, unless the spec replaced the entrypoint);
+* the environment is the image's Env with the spec's env over it;
+* the working directory is the spec's, else the image's WorkingDir, else /;
+* the user is the image's User (a name, uid, name:group or uid:gid, looked up in the image's
+  /etc/passwd and /etc/group), else root; HOME follows the user unless the env sets it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from sandbox_agent.errors import InvalidSpec
+from sandbox_agent.images import Image
+from sandbox_agent.spec import SandboxSpec
+
+MAX_ACCOUNT_FILE = 1 << 20
+"""/etc/passwd and /etc/group are read up to this many bytes: an image is not trusted."""
+
+
+def effective(spec: SandboxSpec, image: Image) -> SandboxSpec:
+    """The spec as it runs: argv, env, cwd and numeric user all settled."""
+    config = image.config
+    entrypoint = spec.entrypoint if spec.entrypoint is not None else config.entrypoint
+    command = spec.command or (() if spec.entrypoint is not None else config.cmd)
+    argv = (*entrypoint, *command)
+    if not argv:
+        raise InvalidSpec(
+            "command", f"image {spec.image!r} has no Entrypoint or Cmd; the spec must give a command"
+        )
+    env = dict(item.split("=", 1) for item in config.env if "=" in item)
+    env.update(spec.env)
+    uid, gid, home = _user(spec.user or config.user, image.rootfs, spec.image)
+    env.setdefault("HOME", home)
+    cwd = spec.cwd or config.working_dir or "/"
+    return replace(spec, command=argv, entrypoint=None, env=env, cwd=cwd, user=f"{uid}:{gid}")
+
+
+def _read(rootfs: Path, relative: str) -> str:
+    """A file of the image, never following a symlink (it could point at the node's own files)."""
+    fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        parts = relative.strip("/").split("/")
+        for part in parts[:-1]:
+            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+        with os.fdopen(file_fd, "rb") as f:
+            return f.read(MAX_ACCOUNT_FILE).decode(errors="replace")
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return ""
+        raise
+    finally:
+        os.close(fd)
+
+
+def _entries(text: str) -> list[list[str]]:
+    return [line.split(":") for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def _user(user: str, rootfs: Path, image: str) -> tuple[int, int, str]:
+    if not user:
+        return 0, 0, "/root"
+    name, _, group = user.partition(":")
+    passwd = _entries(_read(rootfs, "etc/passwd"))
+    entry = next((e for e in passwd if len(e) >= 7 and (e[0] == name or e[2] == name)), None)
+    if entry is not None:
+        uid, gid, home = int(entry[2]), int(entry[3]), entry[5] or "/"
+    elif name.isdigit():
+        uid, gid, home = int(name), 0, "/"
+    else:
+        raise InvalidSpec("user", f"image {image!r} names user {name!r}, which its /etc/passwd does not have")
+    if group:
+        if group.isdigit():
+            gid = int(group)
+        else:
+            found = next(
+                (e for e in _entries(_read(rootfs, "etc/group")) if len(e) >= 3 and e[0] == group), None
+            )
+            if found is None:
+                raise InvalidSpec(
+                    "user", f"image {image!r} names group {group!r}, which its /etc/group does not have"
+                )
+            gid = int(found[2])
+    return uid, gid, home
