@@ -10,11 +10,10 @@
 
 from __future__ import annotations
 
-import errno
-import os
 from dataclasses import replace
 from pathlib import Path
 
+from sandbox_agent import confined
 from sandbox_agent.errors import InvalidSpec
 from sandbox_agent.images import Image
 from sandbox_agent.spec import SandboxSpec
@@ -42,23 +41,8 @@ def effective(spec: SandboxSpec, image: Image) -> SandboxSpec:
 
 
 def _read(rootfs: Path, relative: str) -> str:
-    """A file of the image, never following a symlink (it could point at the node's own files)."""
-    fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        parts = relative.strip("/").split("/")
-        for part in parts[:-1]:
-            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-        file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
-        with os.fdopen(file_fd, "rb") as f:
-            return f.read(MAX_ACCOUNT_FILE).decode(errors="replace")
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            return ""
-        raise
-    finally:
-        os.close(fd)
+    """A file of the image, never through a symlink (it could point at the node's own files)."""
+    return confined.read(rootfs, relative, limit=MAX_ACCOUNT_FILE)[0].decode(errors="replace")
 
 
 def _entries(text: str) -> list[list[str]]:
@@ -70,7 +54,10 @@ def _user(user: str, rootfs: Path, image: str) -> tuple[int, int, str]:
         return 0, 0, "/root"
     name, _, group = user.partition(":")
     passwd = _entries(_read(rootfs, "etc/passwd"))
-    entry = next((e for e in passwd if len(e) >= 7 and (e[0] == name or e[2] == name)), None)
+    entry = next(
+        (e for e in passwd if len(e) >= 7 and e[2].isdigit() and e[3].isdigit() and name in (e[0], e[2])),
+        None,
+    )
     if entry is not None:
         uid, gid, home = int(entry[2]), int(entry[3]), entry[5] or "/"
     elif name.isdigit():
@@ -82,7 +69,12 @@ def _user(user: str, rootfs: Path, image: str) -> tuple[int, int, str]:
             gid = int(group)
         else:
             found = next(
-                (e for e in _entries(_read(rootfs, "etc/group")) if len(e) >= 3 and e[0] == group), None
+                (
+                    e
+                    for e in _entries(_read(rootfs, "etc/group"))
+                    if len(e) >= 3 and e[0] == group and e[2].isdigit()
+                ),
+                None,
             )
             if found is None:
                 raise InvalidSpec(

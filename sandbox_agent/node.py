@@ -7,6 +7,8 @@ import logging
 import os
 import shutil
 import signal as signals
+import tarfile
+import tempfile
 import threading
 import time
 import uuid
@@ -16,7 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandbox_agent import _command, launch, network, oci, overlay
+from sandbox_agent import _command, confined, launch, network, oci, overlay
 from sandbox_agent import checkpoint as ckpt
 from sandbox_agent.backend import EXIT_CODE, HARNESS_LOG, Backend, SandboxLayout
 from sandbox_agent.errors import (
@@ -39,7 +41,7 @@ from sandbox_agent.spec import (
     validate_files,
     validate_id,
 )
-from snapshots import Manifest, SnapshotMeta, SnapshotStore
+from snapshots import Manifest, SnapshotMeta, SnapshotNotFound, SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -460,6 +462,7 @@ class Node:
             with timeline.phase(Phase.RESTORE):
                 self.backend.restore(record, layout, local, checkpoint)
             record.timings_ms = timeline.timings_ms()
+            record.log_start = _read_log(self.backend.upper_dir(record, layout), 0, None)[1]
             record.save(layout.record)
         return self._status(record)
 
@@ -564,16 +567,53 @@ class Node:
         return out
 
     def harness_log(self, sandbox_id: str, tail_bytes: int = 65536) -> bytes:
+        """The end of the harness's log (all its runs: it lives in the writable layer)."""
+        return self.log_page(sandbox_id, tail_bytes)[0]
+
+    def log_page(
+        self, sandbox_id: str, tail_bytes: int = 65536, offset: int | None = None
+    ) -> tuple[bytes, int]:
+        """The last `tail_bytes` of the harness's log, or up to MAX_LOG_READ from `offset`; and its size."""
         record = self._record(sandbox_id)
-        path = self.backend.upper_dir(record, self._layout(sandbox_id)) / HARNESS_LOG.lstrip("/")
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, path.stat().st_size - tail_bytes))
-                return f.read()
-        except FileNotFoundError:
-            return b""
+        return _read_log(self.backend.upper_dir(record, self._layout(sandbox_id)), tail_bytes, offset)
+
+    def snapshot_log(
+        self, snapshot_id: str, tail_bytes: int = 65536, offset: int | None = None
+    ) -> tuple[bytes, int]:
+        """The harness's log as a committed snapshot holds it, read from the snapshot's layer."""
+        validate_id("snapshot_id", snapshot_id)
+        with tempfile.TemporaryDirectory(prefix=".log-", dir=self.settings.root) as tmp:
+            layer = Path(tmp) / ckpt.LAYER
+            try:
+                self._require_store().read_file(snapshot_id, ckpt.LAYER, layer)
+            except SnapshotNotFound:
+                raise NotFound(f"snapshot {snapshot_id} does not exist") from None
+            except FileNotFoundError:
+                return b"", 0
+            tree = Path(tmp) / "log"
+            tree.mkdir()
+            with tarfile.open(layer) as tar:
+                member = next((m for m in tar if m.name.removeprefix("./") == HARNESS_LOG.lstrip("/")), None)
+                if member is None or not member.isreg():
+                    return b"", 0
+                source = tar.extractfile(member)
+                assert source is not None
+                with open(tree / "harness.log", "wb") as out:
+                    shutil.copyfileobj(source, out)
+            return _read_log(tree, tail_bytes, offset, name="harness.log")
 
     def delete_all(self) -> None:
         """Delete every sandbox of this node: for tests and decommissioning."""
         for status in self.list():
             self.delete(status.record.id)
+
+
+MAX_LOG_READ = 4 << 20
+"""The most one log read returns; a reader pages on with the offset."""
+
+
+def _read_log(root: Path, tail_bytes: int, offset: int | None, name: str = HARNESS_LOG) -> tuple[bytes, int]:
+    if offset is None:
+        _, size = confined.read(root, name, limit=0)
+        return confined.read(root, name, max(0, size - tail_bytes), min(tail_bytes, MAX_LOG_READ))
+    return confined.read(root, name, offset, MAX_LOG_READ)

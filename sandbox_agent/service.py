@@ -128,6 +128,7 @@ def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
         created_at=rec.created_at,
         restored_from=rec.restored_from,
         timings_ms=rec.timings_ms,
+        log_start=rec.log_start,
         busy=status.busy,
     )
 
@@ -256,8 +257,13 @@ class AgentService(pb_grpc.SandboxAgentServicer):
     def GetHarnessLog(
         self, request: pb.GetHarnessLogRequest, context: grpc.ServicerContext
     ) -> pb.GetHarnessLogResponse:
-        content = self.node.harness_log(request.sandbox_id, request.tail_bytes or 65536)
-        return pb.GetHarnessLogResponse(content=content)
+        offset = request.offset if request.from_offset else None
+        tail = request.tail_bytes or 65536
+        if request.snapshot_id:
+            content, size = self.node.snapshot_log(request.snapshot_id, tail, offset)
+        else:
+            content, size = self.node.log_page(request.sandbox_id, tail, offset)
+        return pb.GetHarnessLogResponse(content=content, size=size)
 
     @_rpc
     def GetNodeInfo(self, request: pb.GetNodeInfoRequest, context: grpc.ServicerContext) -> pb.NodeInfo:

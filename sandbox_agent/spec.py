@@ -144,7 +144,9 @@ class SandboxRecord:
     restored_from: str = ""
     """The snapshot id, or checkpoint directory, this sandbox was restored from."""
     timings_ms: dict[str, float] = field(default_factory=dict)
-    """For a restored sandbox: milliseconds per restore phase (`phases.Phase`)."""
+    """Milliseconds per phase of making this sandbox (`phases.Phase`): pull, and a restore's."""
+    log_start: int = 0
+    """Where this sandbox's own output begins in the harness log (earlier runs wrote the rest)."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -253,6 +253,18 @@ class SnapshotStore:
                 raise
         return manifest
 
+    def read_file(self, snapshot_id: str, path: str, dest: str | os.PathLike[str]) -> None:
+        """Write one regular file of a snapshot to dest, verifying every chunk of it; SnapshotNotFound
+        if there is no such snapshot, FileNotFoundError if it has no such file."""
+        with self._lock(LockKind.SHARED, f"read {snapshot_id}"):
+            manifest = self.manifest(snapshot_id)
+            entry = next((e for e in manifest.entries if e.path == path and e.kind is EntryKind.FILE), None)
+            if entry is None:
+                raise FileNotFoundError(f"snapshot {snapshot_id} has no file {path}")
+            with open(dest, "wb") as f:
+                f.truncate(entry.size)
+            self._chunks.restore_files(snapshot_id, [(entry, Path(dest))])
+
     # -- history and housekeeping -------------------------------------------------------------
 
     def episodes(self) -> list[str]:

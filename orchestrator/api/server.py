@@ -53,7 +53,9 @@ class Orchestrator:
                 ("grpc.max_send_message_length", 64 << 20),
             ],
         )
-        service = StasisService(self.control, self.store, self.snapshots, self.ledger)
+        service = StasisService(
+            self.control, self.store, self.snapshots, self.ledger, settings.import_registry
+        )
         pb_grpc.add_StasisServicer_to_server(service, self.server)
         pb_grpc.add_NodeRegistryServicer_to_server(RegistryService(self.control), self.server)
         self.health = health.HealthServicer()

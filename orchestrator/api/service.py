@@ -21,9 +21,9 @@ from orchestrator.domain import (
     Episode,
     EpisodeSpec,
     EpisodeState,
+    ImageRecord,
     InvalidArgument,
     NodeRecord,
-    NodeState,
     NotFound,
     SnapshotRecord,
 )
@@ -68,7 +68,15 @@ def branch_to_pb(b: Branch) -> pb.TrajectoryBranch:
 
 
 class StasisService(pb_grpc.StasisServicer):
-    def __init__(self, control: Control, store: StateStore, snapshots: SnapshotStore, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        control: Control,
+        store: StateStore,
+        snapshots: SnapshotStore,
+        ledger: Ledger,
+        import_registry: str = "",
+    ) -> None:
+        self.import_registry = import_registry
         self.control = control
         self.store = store
         self.snapshots = snapshots
@@ -81,8 +89,7 @@ class StasisService(pb_grpc.StasisServicer):
     def SubmitEpisode(self, request: pb.SubmitEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
-        spec = self._with_defaults(wire.decode(request.spec, EpisodeSpec).validate())
-        self._check_image(spec.image)
+        spec = self._pin_images(self._with_defaults(wire.decode(request.spec, EpisodeSpec).validate()))
         episode = self.store.submit(spec, request.request_id, self.control.pool_of_addresses)
         self.control.wake()
         return episode_to_pb(episode, time.time())
@@ -99,13 +106,13 @@ class StasisService(pb_grpc.StasisServicer):
             ),
         )
 
-    def _check_image(self, image: str) -> None:
-        nodes = [n for n in self.store.nodes() if n.state != NodeState.LOST]
-        if nodes and not any(n.has_image(image) for n in nodes):
-            known = sorted({name for n in nodes for names in n.images.values() for name in names})
-            raise InvalidArgument(
-                "spec.image", f"{image!r} is not cached on any node; known images: {', '.join(known)}"
-            )
+    def _pin_images(self, spec: EpisodeSpec) -> EpisodeSpec:
+        """The spec with its images pinned (see `control.images`): every run uses the same bytes."""
+        images = self.control.images
+        reward = spec.reward
+        if reward is not None and reward.image:
+            reward = replace(reward, image=images.pin(reward.image, "spec.reward.image"))
+        return replace(spec, image=images.pin(spec.image, "spec.image"), reward=reward)
 
     @rpc
     def GetEpisode(self, request: pb.GetEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
@@ -216,6 +223,36 @@ class StasisService(pb_grpc.StasisServicer):
     @rpc
     def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext) -> pb.ListNodesResponse:
         return pb.ListNodesResponse(nodes=[self._node(n) for n in self.store.nodes()])
+
+    def _named_image(self, image: ImageRecord) -> pb.NamedImage:
+        return wire.encode(image, pb.NamedImage, nodes=self.control.images.caching(image))
+
+    @rpc
+    def ImportImage(
+        self, request: pb.ImportNamedImageRequest, context: grpc.ServicerContext
+    ) -> pb.NamedImage:
+        name = required("name", request.name)
+        image = self.control.images.import_image(
+            name, required("reference", request.reference), request.source
+        )
+        return self._named_image(image)
+
+    @rpc
+    def ListImages(
+        self, request: pb.ListImagesRequest, context: grpc.ServicerContext
+    ) -> pb.ListImagesResponse:
+        return pb.ListImagesResponse(
+            images=[self._named_image(i) for i in self.store.images()], import_registry=self.import_registry
+        )
+
+    @rpc
+    def RemoveImage(self, request: pb.RemoveImageRequest, context: grpc.ServicerContext) -> pb.NamedImage:
+        return self._named_image(self.control.images.remove(required("name", request.name)))
+
+    @rpc
+    def GetEpisodeLog(self, request: pb.GetEpisodeLogRequest, context: grpc.ServicerContext) -> pb.EpisodeLog:
+        page = self.control.logs.page(required("episode_id", request.episode_id), request.run, request.offset)
+        return wire.encode(page, pb.EpisodeLog)
 
     @rpc
     def ExportSnapshot(

@@ -18,6 +18,8 @@ class OrchestratorSettings:
     """gRPC address of the public API and the node registry."""
     snapshot_store: str = ""
     """Snapshot store URL shared with every agent; empty means file://<state_dir>/snapshots."""
+    import_registry: str = ""
+    """host:port of the registry `stasis image import` pushes local sources to; empty = none."""
     control: ControlSettings = field(default_factory=ControlSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
 

@@ -100,6 +100,7 @@ class Commands:
                 state_dir=Path(a.state_dir),
                 listen=a.listen,
                 snapshot_store=a.snapshot_store,
+                import_registry=a.import_registry,
                 control=ControlSettings(
                     node_lost_after_s=a.node_lost_after,
                     gc_keep_last=a.gc_keep_last,
@@ -304,4 +305,33 @@ class Commands:
         with self.client() as c:
             node = c.uncordon(self.args.node)
         print(f"{node.name} {node.state}", file=self.out)
+        return 0
+
+    def image(self) -> int:
+        with self.client() as c:
+            action = self.args.image_command
+            if action == "import":
+                image = c.import_image(self.args.name, self.args.source, self.progress)
+                nodes = ", ".join(image.nodes) or "no node yet"
+                print(f"{image.name} {image.digest} {_size(image.size_bytes)} on {nodes}", file=self.out)
+            elif action == "rm":
+                print(f"{c.remove_image(self.args.name).name} removed", file=self.out)
+            else:
+                items = c.images()
+                if self.args.output in ("json", "yaml"):
+                    _dump({"items": [i.to_json() for i in items]}, self.args.output, self.out)
+                    return 0
+                rows = [["NAME", "DIGEST", "SIZE", "NODES", "SOURCE"]]
+                for i in items:
+                    rows.append(
+                        [i.name, i.digest[:19], _size(i.size_bytes), ",".join(i.nodes) or "-", i.source]
+                    )
+                _table(rows, self.out)
+        return 0
+
+    def logs(self) -> int:
+        with self.client() as c:
+            for chunk in c.logs(self.args.id, run=self.args.run, follow=self.args.follow):
+                self.out.write(chunk.decode(errors="replace"))
+                self.out.flush()
         return 0

@@ -4,6 +4,8 @@ own root and name, sharing nothing with the others but the snapshot store."""
 
 from __future__ import annotations
 
+import ctypes
+import json
 import logging
 import signal
 import socket
@@ -43,6 +45,8 @@ class LocalSettings:
     gateway_port: int = 0
     """Port of the gateway on 169.254.1.1; 0 picks a free one."""
     node_lost_after_s: float = 10.0
+    shared_image_cache: bool = True
+    """Nodes on one machine share the read-only image trees; off, each node pulls its own."""
 
 
 class AgentProcess:
@@ -85,8 +89,7 @@ def agent_command(settings: LocalSettings, name: str, orchestrator: str, gateway
         sys.executable, "-m", "sandbox_agent",
         "--node", name,
         "--root", str(state_dir / "nodes" / name),
-        # Nodes on one machine share the read-only image trees instead of importing them each.
-        "--image-cache", str(state_dir / "images"),
+        "--image-cache", str(state_dir / "images" if settings.shared_image_cache else state_dir / "nodes" / name / "images"),
         "--listen", "127.0.0.1:0",
         "--orchestrator", orchestrator,
         "--snapshot-store", f"file://{state_dir / 'snapshots'}",
@@ -98,6 +101,54 @@ def agent_command(settings: LocalSettings, name: str, orchestrator: str, gateway
     ]  # fmt: skip
 
 
+class LocalRegistry:
+    """The stack's OCI registry (Debian's docker-registry) on loopback, for `stasis image import`.
+    Nodes pull from it over plain HTTP, as they may from any loopback registry."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 30) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = {
+            "version": 0.1,
+            "log": {"level": "warn"},
+            "storage": {
+                "filesystem": {"rootdirectory": str(self.root / "data")},
+                "delete": {"enabled": True},
+            },
+            "http": {"addr": self.host},
+        }
+        (self.root / "config.yml").write_text(json.dumps(config))  # JSON is YAML
+        log_path = self.root / "registry.log"
+        with open(log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                ["docker-registry", "serve", str(self.root / "config.yml")],
+                stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise StasisError(f"the image registry did not start; see {log_path}:\n{_tail(log_path)}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
 class LocalStack:
     def __init__(self, settings: LocalSettings) -> None:
         self.settings = settings
@@ -105,6 +156,7 @@ class LocalStack:
         self.orchestrator: Orchestrator | None = None
         self.model: ReferenceModelServer | None = None
         self.agents: dict[str, AgentProcess] = {}
+        self.registry = LocalRegistry(self.state_dir / "registry")
 
     @property
     def address(self) -> str:
@@ -123,11 +175,14 @@ class LocalStack:
             upstream = self.model.url
             progress(f"reference model serving {upstream}")
         gateway_port = s.gateway_port or _free_port()
+        self.registry.start()
+        progress(f"image registry at {self.registry.host} for `stasis image import`")
         self.orchestrator = Orchestrator(
             OrchestratorSettings(
                 state_dir=self.state_dir,
                 listen=s.listen,
                 snapshot_store=self.store_url,
+                import_registry=self.registry.host,
                 control=ControlSettings(node_lost_after_s=s.node_lost_after_s),
                 gateway=GatewaySettings(
                     listen=f"{GATEWAY_IP}:{gateway_port}", port=gateway_port, upstream=upstream
@@ -173,6 +228,12 @@ class LocalStack:
             self.orchestrator.stop()
         if self.model is not None:
             self.model.stop()
+        self.registry.stop()
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: the kernel sends it SIGTERM when `stasis up` dies, however it dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:

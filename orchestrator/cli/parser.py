@@ -46,6 +46,11 @@ def parser() -> argparse.ArgumentParser:
     srv.add_argument("--listen", default=env("STASIS_LISTEN", "0.0.0.0:7070"))
     srv.add_argument("--state-dir", default=env("STASIS_STATE_DIR", "/var/lib/stasis"))
     srv.add_argument("--snapshot-store", default=env("STASIS_SNAPSHOT_STORE", ""))
+    srv.add_argument(
+        "--import-registry",
+        default=env("STASIS_IMPORT_REGISTRY", ""),
+        help="host:port of the registry `stasis image import` pushes local sources to",
+    )
     srv.add_argument("--node-lost-after", type=float, default=float(env("STASIS_NODE_LOST_AFTER", "10")))
     srv.add_argument("--gateway-listen", default=env("STASIS_GATEWAY_LISTEN", ""))
     srv.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
@@ -126,4 +131,23 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=float, default=600)
     u = sub.add_parser("uncordon", help="let a drained node take episodes again")
     u.add_argument("node")
+
+    lg = sub.add_parser("logs", help="a harness's output across all its runs, as kubectl logs")
+    lg.add_argument("id")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the episode ends")
+    lg.add_argument("--run", type=int, default=0, help="only this run (1 is the first); default all")
+
+    im = sub.add_parser("image", help="images by name: import, ls, rm")
+    im_sub = im.add_subparsers(dest="image_command", required=True, metavar="ACTION")
+    imp = im_sub.add_parser("import", help="make an image available to every node under NAME")
+    imp.add_argument("name")
+    imp.add_argument(
+        "source",
+        help="a directory (a root filesystem or an OCI layout), an OCI-layout or docker-archive "
+        "tarball, docker://IMAGE from the local Docker engine, or a registry reference host/repo:tag",
+    )
+    ls = im_sub.add_parser("ls", help="name, digest, size and the nodes that cache each image")
+    ls.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    rm = im_sub.add_parser("rm", help="remove an image name (episodes that use it keep their bytes)")
+    rm.add_argument("name")
     return p

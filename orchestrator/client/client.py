@@ -20,9 +20,11 @@ import grpc
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from orchestrator import wire
+from orchestrator.client.imagesource import is_registry_reference, push
 from orchestrator.client.records import (
     EpisodeInfo,
     EventInfo,
+    NamedImageInfo,
     NodeInfo,
     SnapshotInfo,
     TrajectoryInfo,
@@ -257,6 +259,55 @@ class StasisClient:
     def uncordon(self, node: str) -> NodeInfo:
         request = pb.UncordonNodeRequest(node=node, request_id=str(uuid.uuid4()))
         return _node(self._call(self._stub.UncordonNode, request))
+
+    def logs(
+        self, episode_id: str, run: int = 0, follow: bool = False, poll_s: float = 0.5
+    ) -> Iterator[bytes]:
+        """The harness's output across its runs (or run `run`), in order; with `follow`, also
+        what it writes from now on, until the episode ends."""
+        offset = 0
+        while True:
+            request = pb.GetEpisodeLogRequest(episode_id=episode_id, run=run, offset=offset)
+            page = self._call(self._stub.GetEpisodeLog, request)
+            if page.content:
+                yield page.content
+            offset = page.next_offset
+            if page.content and not page.complete:
+                continue  # more is there already
+            if page.complete or not follow:
+                return
+            time.sleep(poll_s)
+
+    # -- images -----------------------------------------------------------------------------
+
+    def import_image(
+        self, name: str, source: str, progress: Callable[[str], None] = lambda _: None
+    ) -> NamedImageInfo:
+        """Make SOURCE (see `imagesource`) available to every node as `name`: a local source is
+        pushed to the cluster's import registry, then the orchestrator pins it and the nodes pull it."""
+        if is_registry_reference(source):
+            reference = source
+        else:
+            registry = self._call(self._stub.ListImages, pb.ListImagesRequest()).import_registry
+            if not registry:
+                raise FailedPrecondition(
+                    "this Stasis has no import registry (orchestrator --import-registry): push the "
+                    "image to a registry the nodes reach and import it as host/repo:tag"
+                )
+            reference = push(source, registry, f"stasis/{name}", progress)
+        progress(f"the nodes are pulling {reference}")
+        request = pb.ImportNamedImageRequest(name=name, reference=reference, source=source)
+        with self._translated():
+            return wire.decode(self._stub.ImportImage(request, timeout=3600), NamedImageInfo)
+
+    def images(self) -> list[NamedImageInfo]:
+        response = self._call(self._stub.ListImages, pb.ListImagesRequest())
+        return [wire.decode(i, NamedImageInfo) for i in response.images]
+
+    def remove_image(self, name: str) -> NamedImageInfo:
+        return wire.decode(
+            self._call(self._stub.RemoveImage, pb.RemoveImageRequest(name=name)), NamedImageInfo
+        )
 
 
 def _episode(m: pb.Episode) -> EpisodeInfo:

@@ -82,6 +82,19 @@ class ImageInfo(_Plain):
 
 
 @dataclass(frozen=True)
+class NamedImageInfo(_Plain):
+    """An image in the catalogue (`stasis image ls`)."""
+
+    name: str
+    reference: str
+    digest: str
+    size_bytes: int
+    source: str
+    created_at: float
+    nodes: list[str]
+
+
+@dataclass(frozen=True)
 class NodeInfo(_Plain):
     name: str
     state: str

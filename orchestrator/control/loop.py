@@ -3,7 +3,8 @@ node reports, asks the scheduler what to do, and hands the work to operations.
 
 `Control` also wires the loop's parts together; each part is a class of its own:
 `Work` (operations in flight), `Membership` (nodes), `Operations` (start, restore, checkpoint,
-finish), `Settlement` (intents left without an operation), `Commands` (user requests) and
+finish), `Settlement` (intents left without an operation), `Commands` (user requests), `Images`
+(pinning and the image catalogue), `Logs` (harness output across runs) and
 `collect_snapshots` (retention).
 """
 
@@ -15,6 +16,8 @@ import time
 
 from orchestrator.control import scheduler
 from orchestrator.control.commands import Commands
+from orchestrator.control.images import Images
+from orchestrator.control.logs import Logs
 from orchestrator.control.membership import ACTIVE, Membership
 from orchestrator.control.node_agent import AgentPool, NodeAgents, SandboxState
 from orchestrator.control.operations import (
@@ -70,6 +73,8 @@ class Control:
         )  # fmt: skip
         self.settle = Settlement(store, self.agents, self.operations, self.outcomes)
         self.commands = Commands(store, self.work, self.members, self.operations, self.wake)
+        self.images = Images(store, self.agents)
+        self.logs = Logs(store, self.agents)
 
     # -- lifecycle --------------------------------------------------------------------------
 

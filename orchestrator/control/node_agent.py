@@ -84,6 +84,8 @@ class SandboxView:
     busy: bool
     restored_from: str = ""
     timings_ms: dict[str, float] = field(default_factory=dict)
+    log_start: int = 0
+    """Where this sandbox's own output begins in the harness log."""
 
     @classmethod
     def from_pb(cls, s: pb.Sandbox) -> SandboxView:
@@ -122,8 +124,23 @@ class VerifierOutcome:
     duration_ms: float
 
 
+@dataclass(frozen=True)
+class ImageView:
+    """An image as a node caches it."""
+
+    digest: str
+    names: list[str]
+    size_bytes: int
+
+
 class NodeAgent(Protocol):
     """What the control loop asks of one node's agent."""
+
+    def resolve_image(self, reference: str) -> str:
+        """The reference pinned to the manifest digest it names now (host/repo@sha256:...)."""
+
+    def pull_image(self, reference: str, name: str) -> ImageView:
+        """Fetch an image into the node's cache (only the layers it lacks), also under `name`."""
 
     def create(
         self, sandbox_id: str, spec: EpisodeSpec, *, address: str, hostname: str, env: dict[str, str]
@@ -141,6 +158,17 @@ class NodeAgent(Protocol):
     def run_verifier(
         self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
     ) -> VerifierOutcome: ...
+
+    def harness_log(
+        self,
+        sandbox_id: str = "",
+        *,
+        snapshot_id: str = "",
+        offset: int | None = None,
+        tail_bytes: int = 65536,
+    ) -> tuple[bytes, int]:
+        """A page of the harness log of a sandbox or of a committed snapshot, and the log's size:
+        the last `tail_bytes`, or what follows `offset`."""
 
 
 class NodeAgents(Protocol):
@@ -198,8 +226,9 @@ class AgentClient:
             spec=pb.SandboxSpec(
                 image=spec.image,
                 command=list(spec.command),
+                entrypoint=list(spec.entrypoint or ()),
+                has_entrypoint=spec.entrypoint is not None,
                 env={**spec.env, **env},
-                cwd="/",
                 hostname=hostname,
                 address=address,
                 resources=pb.Resources(cpus=spec.resources.cpus, memory_mb=spec.resources.memory_mb),
@@ -207,6 +236,14 @@ class AgentClient:
             files=spec.files,
         )
         return SandboxView.from_pb(self._call("create", self._stub.CreateSandbox, request))
+
+    def resolve_image(self, reference: str) -> str:
+        request = pb.ResolveImageRequest(reference=reference)
+        return self._call("resolve image", self._stub.ResolveImage, request, 180).pinned
+
+    def pull_image(self, reference: str, name: str) -> ImageView:
+        request = pb.ImportImageRequest(name=name, reference=reference)
+        return wire.decode(self._call("pull image", self._stub.ImportImage, request), ImageView)
 
     def checkpoint(
         self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
@@ -259,6 +296,21 @@ class AgentClient:
             log=r.log,
             duration_ms=r.duration_ms,
         )
+
+    def harness_log(
+        self,
+        sandbox_id: str = "",
+        *,
+        snapshot_id: str = "",
+        offset: int | None = None,
+        tail_bytes: int = 65536,
+    ) -> tuple[bytes, int]:
+        request = pb.GetHarnessLogRequest(
+            sandbox_id=sandbox_id, snapshot_id=snapshot_id, tail_bytes=tail_bytes,
+            from_offset=offset is not None, offset=offset or 0,
+        )  # fmt: skip
+        r = self._call("log", self._stub.GetHarnessLog, request, 120)
+        return r.content, r.size
 
 
 class AgentPool:

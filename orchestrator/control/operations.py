@@ -48,6 +48,9 @@ EnvHook = Callable[[Episode], dict[str, str]]
 """Environment a sandbox gets beside its spec's (the gateway's address and the episode's key)."""
 
 
+KEPT_LOG_BYTES = 4 << 20
+
+
 def default_finish(episode: Episode, exit_code: int | None) -> tuple[EpisodeState, str, float | None]:
     if exit_code == 0:
         return S.SUCCEEDED, "harness exited with code 0", None
@@ -97,7 +100,9 @@ class Operations:
     def start(self, e: Episode) -> None:
         env = {"STASIS_EPISODE_ID": e.id, **self._env(e)}
         try:
-            self.agents.get(e.node).create(e.sandbox_id, e.spec, address=e.address, hostname=e.id, env=env)
+            view = self.agents.get(e.node).create(
+                e.sandbox_id, e.spec, address=e.address, hostname=e.id, env=env
+            )
         except TemporaryError as exc:
             self.outcomes.start_failed(e, str(exc), final=False, exc=exc)
             return
@@ -106,7 +111,11 @@ class Operations:
             final = isinstance(exc, NotFound | SpecRefused) or e.attempts + 1 >= self.settings.max_attempts
             self.outcomes.start_failed(e, str(exc), final=final)
             return
-        self.outcomes.running(e, S.PENDING, f"started on {e.node}")
+        pulled = view.timings_ms.get("pull_ms", 0.0)
+        self.outcomes.running(
+            e, S.PENDING, f"started on {e.node}" + (f" (pulled {e.spec.image} in {pulled:.0f} ms)" if pulled else ""),
+            log_offsets=e.with_run_log(e.runs, 0, fresh=True),
+        )  # fmt: skip
 
     # restore -------------------------------------------------------------------------------
 
@@ -145,8 +154,9 @@ class Operations:
             return
         timings = ", ".join(f"{k} {v:.0f}" for k, v in view.timings_ms.items() if v)
         self.outcomes.running(
-            e, S.RESTORING, f"restored on {e.node} from {e.last_snapshot_id} ({timings} ms)"
-        )
+            e, S.RESTORING, f"restored on {e.node} from {e.last_snapshot_id} ({timings} ms)",
+            log_offsets=e.with_run_log(e.runs, view.log_start, fresh=False),
+        )  # fmt: skip
 
     def _fall_back(self, e: Episode, problem: str) -> bool:
         """A corrupt snapshot never replaces a good one: resume from its parent instead."""
@@ -228,10 +238,20 @@ class Operations:
             return
         except PermanentError as exc:
             state, reason, reward = S.FAILED, str(exc), None
+        self._keep_log(e)
         self.outcomes.transition_or_cleanup(
             e, state, reason, expect=(S.RUNNING,), exit_code=exit_code, reward=reward
         )
         self.members.delete_quietly(e.node, e.sandbox_id)
+
+    def _keep_log(self, e: Episode) -> None:
+        """The harness log outlives the sandbox, up to its last KEPT_LOG_BYTES."""
+        try:
+            content, size = self.agents.get(e.node).harness_log(e.sandbox_id, tail_bytes=KEPT_LOG_BYTES)
+        except StasisError as exc:
+            log.warning("the log of %s is lost with its sandbox: %s", e.id, exc)
+            return
+        self.store.put_log(e.id, size - len(content), content)
 
     def fail_run(self, e: Episode, reason: str) -> None:
         self.outcomes.transition_or_cleanup(e, S.FAILED, reason, expect=(S.RUNNING,))

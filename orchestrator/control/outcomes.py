@@ -53,10 +53,11 @@ class Outcomes:
             if e.node and e.sandbox_id:
                 self.members.delete_quietly(e.node, e.sandbox_id)
 
-    def running(self, e: Episode, expect: EpisodeState, reason: str) -> None:
+    def running(self, e: Episode, expect: EpisodeState, reason: str, **changes: Any) -> None:
         self.transition_or_cleanup(
-            e, S.RUNNING, reason, expect=(expect,), run_started_at=time.time(), attempts=0, not_before=0.0
-        )
+            e, S.RUNNING, reason, expect=(expect,), run_started_at=time.time(), attempts=0, not_before=0.0,
+            **changes,
+        )  # fmt: skip
 
     def start_failed(self, e: Episode, problem: str, *, final: bool, exc: Exception | None = None) -> None:
         if final:

@@ -2,8 +2,9 @@
 
 Decisions, in order of precedence:
 1. drain: every running episode on a draining node is checkpointed;
-2. placement: waiting episodes (highest priority first, then the one waiting longest) go to the
-   fitting node that already caches their image, with the most free slots, then memory;
+2. placement: waiting episodes (highest priority first, then the one waiting longest) go to a
+   fitting node that caches their image (or, for a registry image, any fitting node, which pulls
+   it; one that caches it first), with the most free slots, then memory;
 3. priority: a waiting episode that fits nowhere preempts the lowest-priority, longest-running
    episode whose node would then fit it;
 4. time slice: while episodes still wait, runs past their slice are checkpointed and requeued,
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from orchestrator.domain import Episode, EpisodeState, NodeRecord, NodeState, Reason
+from orchestrator.domain import Episode, EpisodeState, NodeRecord, NodeState, Reason, is_reference
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,11 @@ def occupies_node(e: Episode) -> bool:
 
 
 def usable_for(e: Episode, node: NodeRecord) -> bool:
-    return (not e.pinned_node or e.pinned_node == node.name) and node.has_image(e.spec.image)
+    """A node may take the episode if it caches the image or can pull it from a registry."""
+    image = e.spec.image
+    return (not e.pinned_node or e.pinned_node == node.name) and (
+        node.has_image(image) or is_reference(image)
+    )
 
 
 def plan(
@@ -115,7 +120,9 @@ def plan(
         if not fitting:
             unplaced.append(e)
             continue
-        best = min(fitting, key=lambda r: (-r.slots, -r.memory_mb, r.node.name))
+        best = min(
+            fitting, key=lambda r: (not r.node.has_image(e.spec.image), -r.slots, -r.memory_mb, r.node.name)
+        )
         best.take(e)
         waited = now - e.queued_at
         if e.state == EpisodeState.PREEMPTED:

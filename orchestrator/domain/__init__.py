@@ -1,5 +1,5 @@
 """The control plane's domain: episodes and their specs, states and events, nodes, snapshot
-records, ids, errors, and the plain-data codec for them.
+records, images, ids, errors, and the plain-data codec for them.
 
 Owns the words every other room speaks. Imports nothing else of Stasis: no protobuf, no gRPC,
 no storage.
@@ -15,6 +15,7 @@ from orchestrator.domain.errors import (
     StasisError,
     TemporaryError,
 )
+from orchestrator.domain.image import ImageRecord, check_name, is_pinned, is_reference
 from orchestrator.domain.node import NodeRecord, NodeState
 from orchestrator.domain.snapshot import SnapshotRecord
 from orchestrator.domain.spec import EpisodeSpec, Limits, Preemption, Resources, RewardSpec
@@ -28,6 +29,7 @@ __all__ = [
     "EpisodeState",
     "Event",
     "FailedPrecondition",
+    "ImageRecord",
     "InvalidArgument",
     "Limits",
     "NodeRecord",
@@ -41,4 +43,7 @@ __all__ = [
     "SnapshotRecord",
     "StasisError",
     "TemporaryError",
+    "check_name",
+    "is_pinned",
+    "is_reference",
 ]

@@ -93,6 +93,15 @@ class Episode:
     """After a failed attempt, the scheduler leaves the episode alone until then."""
     attempts: int = 0
     """Consecutive failed start/restore attempts."""
+    log_offsets: tuple[int, ...] = ()
+    """Where each run's output begins in the harness log (index run - 1); -1 for a run whose
+    output is gone (the episode started over after it)."""
+
+    def with_run_log(self, run: int, start: int, *, fresh: bool) -> tuple[int, ...]:
+        """`log_offsets` once run `run` began at byte `start`; a fresh start begins a new log."""
+        earlier = self.log_offsets[: run - 1]
+        earlier = (*earlier, *(start,) * (run - 1 - len(earlier)))  # runs that never ran wrote nothing
+        return (*((-1,) * len(earlier) if fresh else earlier), start)
 
     @property
     def priority(self) -> int:

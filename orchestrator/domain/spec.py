@@ -1,4 +1,4 @@
-"""What an episode asks for: image, command, files, resources, limits, preemption and reward.
+"""What an episode asks for: image, entrypoint and command, files, resources, limits, preemption and reward.
 
 Every default is defined here once, in the dataclass; parsers leave out what a user left out.
 `EpisodeSpec.validate` runs once, where a spec enters the system (the public API).
@@ -16,6 +16,7 @@ _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
 MAX_FILES_BYTES = 16 << 20
 """All spec files together travel in one gRPC message and one database row."""
 ARGV = {"shape": "a list of strings (argv), e.g. [python3, agent.py]"}
+IMAGE = "an image name such as 'base', a digest sha256:<hex>, or a registry reference host/repo:tag"
 FILES = {"shape": "a mapping of absolute paths to contents"}
 
 
@@ -57,8 +58,13 @@ class RewardSpec:
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    image: str = field(metadata={"shape": "an image name such as 'base', or sha256:<hex>"})
-    command: tuple[str, ...] = field(metadata=ARGV)
+    image: str = field(metadata={"shape": IMAGE})
+    """A name cached on the nodes ('base', or one `stasis image import` made), a digest, or a
+    registry reference host[:port]/repo:tag or …@sha256:<hex>. A tag is pinned to its digest at submit."""
+    command: tuple[str, ...] = field(default=(), metadata=ARGV)
+    """Replaces the image's Cmd, as `docker run IMAGE COMMAND…` does; empty keeps it."""
+    entrypoint: tuple[str, ...] | None = field(default=None, metadata=ARGV)
+    """Replaces the image's Entrypoint, as `docker run --entrypoint` does ([] removes it)."""
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict, metadata=FILES)
     """Placed in the sandbox's writable layer before the command starts."""
@@ -71,8 +77,11 @@ class EpisodeSpec:
     def validate(self) -> EpisodeSpec:
         """Check every field; the error names the first bad one as `spec.<path>`."""
         if not isinstance(self.image, str) or not self.image.strip():
-            raise InvalidArgument("spec.image", "is required (an image name such as 'base', or sha256:<hex>)")
-        _argv("spec.command", self.command)
+            raise InvalidArgument("spec.image", f"is required ({IMAGE})")
+        if self.command:
+            _argv("spec.command", self.command)
+        if self.entrypoint:
+            _argv("spec.entrypoint", self.entrypoint)
         for key, value in self.env.items():
             if not _ENV_KEY.match(key):
                 raise InvalidArgument(f"spec.env.{key}", "is not a valid environment variable name")

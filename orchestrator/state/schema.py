@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     updated_at REAL NOT NULL,
     finished_at REAL NOT NULL DEFAULT 0,
     not_before REAL NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 0
+    attempts INTEGER NOT NULL DEFAULT 0,
+    log_offsets TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
 CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;
@@ -72,6 +73,19 @@ CREATE TABLE IF NOT EXISTS nodes (
     images TEXT NOT NULL,
     labels TEXT NOT NULL,
     registered_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS images (
+    name TEXT PRIMARY KEY,
+    reference TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS logs (
+    episode_id TEXT PRIMARY KEY,
+    start INTEGER NOT NULL,
+    content BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT PRIMARY KEY,

@@ -28,6 +28,7 @@ from orchestrator.domain import (
     EpisodeState,
     Event,
     FailedPrecondition,
+    ImageRecord,
     InvalidArgument,
     NodeRecord,
     NodeState,
@@ -42,7 +43,7 @@ from orchestrator.state.schema import SCHEMA
 _EPISODE_COLUMNS = (
     "node", "sandbox_id", "runs", "run_started_at", "run_seconds", "queued_at", "held", "pinned_node",
     "snapshots", "last_snapshot_id", "restored_from", "pending_snapshot_id", "pending_reason", "last_autosave_at",
-    "exit_code", "reward", "finished_at", "not_before", "attempts", "reason", "updated_at",
+    "exit_code", "reward", "finished_at", "not_before", "attempts", "reason", "updated_at", "log_offsets",
 )  # fmt: skip
 _EPISODE_FIELDS = tuple(f.name for f in dataclasses.fields(Episode))
 _SNAPSHOT_FIELDS = tuple(f.name for f in dataclasses.fields(SnapshotRecord))
@@ -75,6 +76,7 @@ class SqliteStateStore:
         values["spec"] = codec.decode(EpisodeSpec, json.loads(row["spec"]), "spec")
         values["state"] = EpisodeState(row["state"])
         values["held"] = bool(row["held"])
+        values["log_offsets"] = tuple(json.loads(row["log_offsets"]))
         return Episode(**values)
 
     def _free_address(self, db: sqlite3.Connection, pool: ipaddress.IPv4Network) -> str:
@@ -155,7 +157,10 @@ class SqliteStateStore:
             raise ValueError(f"not episode fields: {sorted(unknown)}")
         if not changes:
             return
-        values = [int(v) if isinstance(v, bool) else v for v in changes.values()]
+        values = [
+            int(v) if isinstance(v, bool) else json.dumps(v) if isinstance(v, tuple) else v
+            for v in changes.values()
+        ]
         db.execute(
             f"UPDATE episodes SET {', '.join(f'{k} = ?' for k in changes)} WHERE id = ?",
             (*values, episode_id),
@@ -324,6 +329,46 @@ class SqliteStateStore:
     def update_node_images(self, name: str, images: dict[str, list[str]]) -> None:
         with self._tx() as db:
             db.execute("UPDATE nodes SET images = ? WHERE name = ?", (json.dumps(images), name))
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def put_log(self, episode_id: str, start: int, content: bytes) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO logs VALUES (?,?,?)", (episode_id, start, content))
+
+    def log(self, episode_id: str) -> tuple[int, bytes] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT start, content FROM logs WHERE episode_id = ?", (episode_id,)
+            ).fetchone()
+        return (int(row["start"]), bytes(row["content"])) if row is not None else None
+
+    # -- images -----------------------------------------------------------------------------
+
+    def put_image(self, image: ImageRecord) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?)",
+                (image.name, image.reference, image.digest, image.size_bytes, image.source, image.created_at),
+            )
+
+    def images(self) -> list[ImageRecord]:
+        with self._lock:
+            return [ImageRecord(**r) for r in self._db.execute("SELECT * FROM images ORDER BY name")]
+
+    def image(self, name: str) -> ImageRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM images WHERE name = ?", (name,)).fetchone()
+        return ImageRecord(**row) if row is not None else None
+
+    def delete_image(self, name: str) -> ImageRecord:
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM images WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                known = ", ".join(r["name"] for r in db.execute("SELECT name FROM images")) or "none"
+                raise NotFound(f"image {name!r} was not imported; imported images: {known}")
+            db.execute("DELETE FROM images WHERE name = ?", (name,))
+            return ImageRecord(**row)
 
     def nodes(self) -> list[NodeRecord]:
         with self._lock:

@@ -155,11 +155,11 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
 
 
 def cli(
-    address: str, *args: str, check: bool = True, timeout: float = 300
+    address: str, *args: str, check: bool = True, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run the installed `stasis` program, as a user in a second shell would."""
-    env = {**os.environ, "STASIS_ADDR": address}
-    result = subprocess.run([STASIS, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    environ = {**os.environ, "STASIS_ADDR": address, **(env or {})}
+    result = subprocess.run([STASIS, *args], capture_output=True, text=True, env=environ, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"stasis {' '.join(args)} failed ({result.returncode}): {result.stderr}")
     return result

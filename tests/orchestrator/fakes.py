@@ -18,10 +18,12 @@ from pathlib import Path
 from orchestrator.control import (
     AgentUnavailable,
     CheckpointOutcome,
+    ImageView,
     SandboxState,
     SandboxView,
     SnapshotDamaged,
     SnapshotRequest,
+    SpecRefused,
     VerifierOutcome,
 )
 from orchestrator.domain import EpisodeSpec, NotFound, StasisError
@@ -32,7 +34,7 @@ class FakeAgent:
     """One node's agent, as records. `fail[method]` makes the next call of that method raise;
     `commit_then_fail` makes a checkpoint commit its snapshot and then lose the reply."""
 
-    def __init__(self, node: str, snapshots: SnapshotStore) -> None:
+    def __init__(self, node: str, snapshots: SnapshotStore, logs: dict[str, bytes] | None = None) -> None:
         self.node = node
         self.snapshots = snapshots
         self.sandboxes: dict[str, SandboxView] = {}
@@ -41,6 +43,10 @@ class FakeAgent:
         self.fail: dict[str, StasisError] = {}
         self.commit_then_fail: StasisError | None = None
         self.corrupt: set[str] = set()
+        self.registry: dict[str, str] = {}
+        self.pulled: list[str] = []
+        self.logs: dict[str, bytes] = logs if logs is not None else {}
+        """Harness logs by sandbox or snapshot id (shared by the nodes, as a snapshot store is)."""
         self.calls: list[tuple[str, str]] = []
         self._lock = threading.Lock()
 
@@ -50,6 +56,18 @@ class FakeAgent:
             exc = self.fail.pop(method, None)
         if exc is not None:
             raise exc
+
+    def resolve_image(self, reference: str) -> str:
+        """A registry of the test's making: `registry` maps each tag it knows to a digest."""
+        self._enter("resolve_image", reference)
+        if reference not in self.registry:
+            raise SpecRefused(self.node, f"image {reference!r}: manifest unknown")
+        return reference.rsplit(":", 1)[0] + "@" + self.registry[reference]
+
+    def pull_image(self, reference: str, name: str) -> ImageView:
+        self._enter("pull_image", reference)
+        self.pulled.append(reference)
+        return ImageView(digest="sha256:" + "c" * 64, names=[name, reference], size_bytes=4096)
 
     def create(
         self, sandbox_id: str, spec: EpisodeSpec, *, address: str, hostname: str, env: dict[str, str]
@@ -84,6 +102,7 @@ class FakeAgent:
                     timings_ms={"dump_ms": 12.5},
                 ),
             )
+        self.logs[snapshot.snapshot_id] = self.logs.get(sandbox_id, b"")
         if not leave_running:
             del self.sandboxes[sandbox_id]
         if self.commit_then_fail is not None:
@@ -104,9 +123,10 @@ class FakeAgent:
             raise SnapshotDamaged(self.node, f"snapshot {snapshot_id!r}: chunk does not match its hash")
         if not self.snapshots.exists(snapshot_id):
             raise NotFound(f"snapshot {snapshot_id!r} not found")
+        self.logs[sandbox_id] = self.logs.get(snapshot_id, b"")
         view = SandboxView(
             sandbox_id, self.node, SandboxState.RUNNING, None, False, restored_from=snapshot_id,
-            timings_ms={"fetch_ms": 4.0, "restore_ms": 6.0},
+            timings_ms={"fetch_ms": 4.0, "restore_ms": 6.0}, log_start=len(self.logs[sandbox_id]),
         )  # fmt: skip
         self.sandboxes[sandbox_id] = view
         return view
@@ -125,6 +145,18 @@ class FakeAgent:
         self._enter("run_verifier", sandbox_id)
         return VerifierOutcome(exit_code=0, timed_out=False, log=b"1.0\n", duration_ms=1.0)
 
+    def harness_log(
+        self,
+        sandbox_id: str = "",
+        *,
+        snapshot_id: str = "",
+        offset: int | None = None,
+        tail_bytes: int = 65536,
+    ) -> tuple[bytes, int]:
+        self._enter("harness_log", sandbox_id or snapshot_id)
+        log = self.logs.get(sandbox_id or snapshot_id, b"")
+        return (log[offset:] if offset is not None else log[-tail_bytes:]), len(log)
+
     def exit(self, sandbox_id: str, code: int) -> None:
         """The harness in a sandbox exits."""
         self.sandboxes[sandbox_id] = replace(
@@ -141,9 +173,10 @@ class FakeAgents:
     def __init__(self, snapshots: SnapshotStore) -> None:
         self.snapshots = snapshots
         self.agents: dict[str, FakeAgent] = {}
+        self.logs: dict[str, bytes] = {}
 
     def set(self, node: str, address: str) -> None:
-        self.agents.setdefault(node, FakeAgent(node, self.snapshots))
+        self.agents.setdefault(node, FakeAgent(node, self.snapshots, self.logs))
 
     def get(self, node: str) -> FakeAgent:
         if node not in self.agents:

@@ -44,7 +44,7 @@ def _spec(**changes: object) -> pb.EpisodeSpec:
 
 
 MALFORMED = [
-    (_spec(command=[]), "spec.command"),
+    (_spec(entrypoint=[""], has_entrypoint=True), "spec.entrypoint[0]"),
     (_spec(command=[""]), "spec.command[0]"),
     (_spec(image=""), "spec.image"),
     (_spec(image="no-such-image"), "spec.image"),

@@ -60,7 +60,8 @@ def test_plain_data_round_trips_binary_files_and_defaults_come_from_the_dataclas
 @pytest.mark.parametrize(
     ("data", "field", "words"),
     [
-        ({"image": "base"}, "spec.command", "is required; it must be a list of strings (argv)"),
+        ({"command": ["true"]}, "spec.image", "is required"),
+        ({"image": "base", "entrypoint": "sh"}, "spec.entrypoint", "not 'sh'"),
         ({"image": "base", "command": "run"}, "spec.command", "not 'run'"),
         ({"image": "base", "command": ["a", 3]}, "spec.command[1]", "must be a string, not 3"),
         (

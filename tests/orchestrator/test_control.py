@@ -13,7 +13,17 @@ import pytest
 
 from orchestrator.control import AgentUnavailable, Control, ControlSettings, SpecRefused
 from orchestrator.control.retention import collect_snapshots
-from orchestrator.domain import EpisodeSpec, EpisodeState, NodeRecord, NodeState, Preemption, Reason, ids
+from orchestrator.domain import (
+    EpisodeSpec,
+    EpisodeState,
+    InvalidArgument,
+    NodeRecord,
+    NodeState,
+    NotFound,
+    Preemption,
+    Reason,
+    ids,
+)
 from orchestrator.state import SqliteStateStore
 from snapshots import SnapshotStore
 from tests.orchestrator.fakes import FakeAgent, FakeAgents
@@ -209,7 +219,9 @@ def test_a_checkpoint_intent_left_by_a_crash_is_carried_out_by_the_next_orchestr
     episode_id = first.running()
     node = first.store.get(episode_id).node
     agents = first.agents
-    # The intent commits, and the orchestrator dies before the request leaves.
+    # The node drains; the intent commits, and the orchestrator dies before the request leaves.
+    # (Draining, the node cannot take the episode back, so it stays PREEMPTED for the check.)
+    first.store.set_node_state(node, NodeState.DRAINING, "drain")
     first.store.transition(
         episode_id, S.CHECKPOINTING, "drain: node is draining", expect=(S.RUNNING,),
         pending_snapshot_id=ids.snapshot_id(episode_id, 1), pending_reason="drain",
@@ -238,3 +250,79 @@ def test_retention_keeps_the_last_snapshots_of_a_live_episode(loop: Loop) -> Non
     kept = [r.id for r in loop.store.snapshots(episode_id) if loop.snapshots.exists(r.id)]
     assert kept == [ids.snapshot_id(episode_id, 4), ids.snapshot_id(episode_id, 5)]
     assert len(loop.store.snapshots(episode_id)) == 5, "records stay as history"
+
+
+@pytest.mark.timeout(30)
+def test_a_tag_is_pinned_once_at_submit_and_a_node_without_the_image_pulls_it(loop: Loop) -> None:
+    tag, digest = "127.0.0.1:5000/team/harness:v1", "sha256:" + "d" * 64
+    for name in ("node-1", "node-2"):
+        loop.node(name).registry[tag] = digest
+    pinned = loop.control.images.pin(tag, "spec.image")
+    assert pinned == f"127.0.0.1:5000/team/harness@{digest}"
+    episode_id = loop.running(replace(SPEC, image=pinned))
+    e = loop.store.get(episode_id)
+    assert loop.node(e.node).specs[e.sandbox_id].image == pinned, "the node is asked for the pinned bytes"
+    loop.node("node-1").registry[tag] = "sha256:" + "e" * 64  # the tag moves on: the episode does not
+    assert loop.store.get(episode_id).spec.image == pinned
+
+    with pytest.raises(InvalidArgument) as err:
+        loop.control.images.pin("127.0.0.1:5000/team/nothing:v1", "spec.image")
+    assert (
+        err.value.field == "spec.image"
+        and "team/nothing" in str(err.value)
+        and "manifest unknown" in str(err.value)
+    )
+    with pytest.raises(
+        InvalidArgument, match=r"spec.image: 'nope' is not cached on any node.*known images: base"
+    ):
+        loop.control.images.pin("nope", "spec.image")
+
+
+@pytest.mark.timeout(30)
+def test_an_imported_image_is_pulled_on_every_node_and_its_name_pins_it(loop: Loop) -> None:
+    tag, digest = "127.0.0.1:5000/stasis/tools:latest", "sha256:" + "f" * 64
+    for name in ("node-1", "node-2"):
+        loop.node(name).registry[tag] = digest
+    record = loop.control.images.import_image("tools", tag, "docker://tools:latest")
+    assert (
+        record.reference == f"127.0.0.1:5000/stasis/tools@{digest}"
+        and record.source == "docker://tools:latest"
+    )
+    assert all(loop.node(n).pulled == [record.reference] for n in ("node-1", "node-2"))
+    assert loop.control.images.caching(record) == ["node-1", "node-2"]
+    assert loop.control.images.pin("tools", "spec.image") == record.reference
+    with pytest.raises(InvalidArgument, match=r"^name: 'Bad Name' is not an image name"):
+        loop.control.images.import_image("Bad Name", tag, "")
+    loop.node("node-2").fail["pull_image"] = SpecRefused("node-2", f"image {tag!r}: unauthorized")
+    with pytest.raises(InvalidArgument, match=r"unauthorized"):
+        loop.control.images.import_image("other", tag, "")
+    assert [i.name for i in loop.store.images()] == ["tools"], "a failed import catalogues nothing"
+    loop.control.images.remove("tools")
+    with pytest.raises(NotFound, match=r"image 'tools' was not imported"):
+        loop.control.images.remove("tools")
+
+
+@pytest.mark.timeout(30)
+def test_logs_read_each_run_in_order_from_wherever_the_log_is_now(loop: Loop) -> None:
+    episode_id = loop.running()
+    first = loop.store.get(episode_id)
+    loop.agents.logs[first.sandbox_id] = b"run one\n"
+    assert loop.control.logs.page(episode_id).content == b"run one\n", "read from the live sandbox"
+    loop.control.commands.preempt(episode_id, "by hand")
+    loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
+    page = loop.control.logs.page(episode_id)
+    assert (page.content, page.complete) == (b"run one\n", False), "read from the snapshot; more will come"
+    loop.control.commands.resume(episode_id, "")
+    loop.until("RUNNING again", lambda: loop.state(episode_id) == S.RUNNING)
+    second = loop.store.get(episode_id)
+    assert second.log_offsets == (0, len(b"run one\n"))
+    loop.agents.logs[second.sandbox_id] += b"run two\n"
+    loop.node(second.node).exit(second.sandbox_id, 0)
+    loop.until("SUCCEEDED", lambda: loop.state(episode_id) == S.SUCCEEDED)
+    del loop.agents.logs[second.sandbox_id]  # the sandbox is gone: the kept log answers
+    assert loop.control.logs.page(episode_id).content == b"run one\nrun two\n"
+    one, two = loop.control.logs.page(episode_id, run=1), loop.control.logs.page(episode_id, run=2)
+    assert (one.content, one.complete, two.content, two.complete) == (b"run one\n", True, b"run two\n", True)
+    assert loop.control.logs.page(episode_id, run=2, offset=4).content == b"two\n"
+    with pytest.raises(InvalidArgument, match=r"^run: episode .* has had 2 run\(s\)"):
+        loop.control.logs.page(episode_id, run=3)

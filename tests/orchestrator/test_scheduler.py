@@ -66,6 +66,18 @@ def test_placement_fills_the_freest_node_that_has_the_image() -> None:
     ]
 
 
+def test_a_registry_image_goes_where_it_is_cached_else_anywhere_it_fits() -> None:
+    ref = "127.0.0.1:5000/team/harness@sha256:" + "a" * 64
+    cached = [node("a", slots=2), node("b", slots=5), node("c", slots=1, images=(ref,))]
+    (first,) = scheduler.plan([episode("e1", image=ref)], cached, NOW)
+    assert isinstance(first, scheduler.Start) and first.node == "c", "the node that caches it, though fuller"
+    (second,) = scheduler.plan([episode("e2", image=ref)], cached[:2], NOW)
+    assert isinstance(second, scheduler.Start) and second.node == "b", (
+        "no node caches it: the freest pulls it"
+    )
+    assert scheduler.plan([episode("e3", image="unpullable-name")], cached, NOW) == []
+
+
 def test_memory_and_pinning_are_respected() -> None:
     nodes = [node("a", slots=4, memory_mb=1000), node("b", slots=4)]
     big = episode("big", memory_mb=2000)

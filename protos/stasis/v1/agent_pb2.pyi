@@ -97,7 +97,7 @@ class SandboxSpec(_message.Message):
     def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., entrypoint: _Optional[_Iterable[str]] = ..., has_entrypoint: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "busy", "timings_ms")
+    __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "busy", "timings_ms", "log_start")
     class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,7 @@ class Sandbox(_message.Message):
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_FIELD_NUMBER: _ClassVar[int]
     id: str
     node: str
     backend: str
@@ -131,7 +132,8 @@ class Sandbox(_message.Message):
     restored_from: str
     busy: bool
     timings_ms: _containers.ScalarMap[str, float]
-    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., busy: _Optional[bool] = ..., timings_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    log_start: int
+    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., image_digest: _Optional[str] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., created_at: _Optional[float] = ..., restored_from: _Optional[str] = ..., busy: _Optional[bool] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., log_start: _Optional[int] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
     __slots__ = ("sandbox_id", "spec", "files")
@@ -266,18 +268,26 @@ class ListSandboxesResponse(_message.Message):
     def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ...) -> None: ...
 
 class GetHarnessLogRequest(_message.Message):
-    __slots__ = ("sandbox_id", "tail_bytes")
+    __slots__ = ("sandbox_id", "tail_bytes", "from_offset", "offset", "snapshot_id")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     tail_bytes: int
-    def __init__(self, sandbox_id: _Optional[str] = ..., tail_bytes: _Optional[int] = ...) -> None: ...
+    from_offset: bool
+    offset: int
+    snapshot_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., tail_bytes: _Optional[int] = ..., from_offset: _Optional[bool] = ..., offset: _Optional[int] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
 
 class GetHarnessLogResponse(_message.Message):
-    __slots__ = ("content",)
+    __slots__ = ("content", "size")
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
     content: bytes
-    def __init__(self, content: _Optional[bytes] = ...) -> None: ...
+    size: int
+    def __init__(self, content: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
 
 class GetNodeInfoRequest(_message.Message):
     __slots__ = ()

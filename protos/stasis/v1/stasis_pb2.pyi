@@ -86,7 +86,7 @@ class RewardSpec(_message.Message):
     def __init__(self, command: _Optional[_Iterable[str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., image: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class EpisodeSpec(_message.Message):
-    __slots__ = ("image", "command", "env", "files", "resources", "limits", "preemption", "labels", "reward")
+    __slots__ = ("image", "command", "env", "files", "resources", "limits", "preemption", "labels", "reward", "entrypoint", "has_entrypoint")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,8 @@ class EpisodeSpec(_message.Message):
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    HAS_ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     image: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -126,7 +128,9 @@ class EpisodeSpec(_message.Message):
     preemption: Preemption
     labels: _containers.ScalarMap[str, str]
     reward: RewardSpec
-    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., resources: _Optional[_Union[EpisodeResources, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., preemption: _Optional[_Union[Preemption, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., reward: _Optional[_Union[RewardSpec, _Mapping]] = ...) -> None: ...
+    entrypoint: _containers.RepeatedScalarFieldContainer[str]
+    has_entrypoint: bool
+    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., resources: _Optional[_Union[EpisodeResources, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., preemption: _Optional[_Union[Preemption, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., reward: _Optional[_Union[RewardSpec, _Mapping]] = ..., entrypoint: _Optional[_Iterable[str]] = ..., has_entrypoint: _Optional[bool] = ...) -> None: ...
 
 class Episode(_message.Message):
     __slots__ = ("id", "spec", "state", "reason", "node", "sandbox_id", "address", "snapshots", "last_snapshot_id", "has_reward", "reward", "has_exit_code", "exit_code", "submitted_at", "updated_at", "finished_at", "run_seconds", "runs", "held", "pinned_node")
@@ -378,6 +382,72 @@ class Node(_message.Message):
     episodes: _containers.RepeatedScalarFieldContainer[str]
     labels: _containers.ScalarMap[str, str]
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., backend: _Optional[str] = ..., slots: _Optional[int] = ..., slots_used: _Optional[int] = ..., memory_mb: _Optional[int] = ..., memory_used_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_agent_pb2.Image, _Mapping]]] = ..., last_heartbeat: _Optional[float] = ..., episodes: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NamedImage(_message.Message):
+    __slots__ = ("name", "reference", "digest", "size_bytes", "source", "created_at", "nodes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reference: str
+    digest: str
+    size_bytes: int
+    source: str
+    created_at: float
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., reference: _Optional[str] = ..., digest: _Optional[str] = ..., size_bytes: _Optional[int] = ..., source: _Optional[str] = ..., created_at: _Optional[float] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ImportNamedImageRequest(_message.Message):
+    __slots__ = ("name", "reference", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reference: str
+    source: str
+    def __init__(self, name: _Optional[str] = ..., reference: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class ListImagesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListImagesResponse(_message.Message):
+    __slots__ = ("images", "import_registry")
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    IMPORT_REGISTRY_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedCompositeFieldContainer[NamedImage]
+    import_registry: str
+    def __init__(self, images: _Optional[_Iterable[_Union[NamedImage, _Mapping]]] = ..., import_registry: _Optional[str] = ...) -> None: ...
+
+class RemoveImageRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetEpisodeLogRequest(_message.Message):
+    __slots__ = ("episode_id", "run", "offset")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    run: int
+    offset: int
+    def __init__(self, episode_id: _Optional[str] = ..., run: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class EpisodeLog(_message.Message):
+    __slots__ = ("content", "next_offset", "complete")
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    content: bytes
+    next_offset: int
+    complete: bool
+    def __init__(self, content: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

@@ -99,6 +99,26 @@ class StasisStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.UncordonNodeRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Node.FromString,
                 _registered_method=True)
+        self.ImportImage = channel.unary_unary(
+                '/stasis.v1.Stasis/ImportImage',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ImportNamedImageRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.NamedImage.FromString,
+                _registered_method=True)
+        self.ListImages = channel.unary_unary(
+                '/stasis.v1.Stasis/ListImages',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListImagesRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListImagesResponse.FromString,
+                _registered_method=True)
+        self.GetEpisodeLog = channel.unary_unary(
+                '/stasis.v1.Stasis/GetEpisodeLog',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.GetEpisodeLogRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.EpisodeLog.FromString,
+                _registered_method=True)
+        self.RemoveImage = channel.unary_unary(
+                '/stasis.v1.Stasis/RemoveImage',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.RemoveImageRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.NamedImage.FromString,
+                _registered_method=True)
         self.GetTrajectory = channel.unary_unary(
                 '/stasis.v1.Stasis/GetTrajectory',
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.GetTrajectoryRequest.SerializeToString,
@@ -195,6 +215,32 @@ class StasisServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ImportImage(self, request, context):
+        """Catalogue an image under a name: pinned, and pulled on every ready node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListImages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetEpisodeLog(self, request, context):
+        """A harness's output across all its runs (or one run), from an offset; page on with next_offset.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveImage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetTrajectory(self, request, context):
         """An episode's recorded turns: the main branch as aligned arrays, other branches on request.
         """
@@ -276,6 +322,26 @@ def add_StasisServicer_to_server(servicer, server):
                     servicer.UncordonNode,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.UncordonNodeRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Node.SerializeToString,
+            ),
+            'ImportImage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportImage,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ImportNamedImageRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.NamedImage.SerializeToString,
+            ),
+            'ListImages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListImages,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListImagesRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListImagesResponse.SerializeToString,
+            ),
+            'GetEpisodeLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEpisodeLog,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.GetEpisodeLogRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.EpisodeLog.SerializeToString,
+            ),
+            'RemoveImage': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveImage,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.RemoveImageRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.NamedImage.SerializeToString,
             ),
             'GetTrajectory': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTrajectory,
@@ -639,6 +705,114 @@ class Stasis:
             '/stasis.v1.Stasis/UncordonNode',
             protos_dot_stasis_dot_v1_dot_stasis__pb2.UncordonNodeRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_stasis__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.Stasis/ImportImage',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ImportNamedImageRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.NamedImage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListImages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.Stasis/ListImages',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ListImagesRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ListImagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEpisodeLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.Stasis/GetEpisodeLog',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.GetEpisodeLogRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.EpisodeLog.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.Stasis/RemoveImage',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.RemoveImageRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.NamedImage.FromString,
             options,
             channel_credentials,
             insecure,
