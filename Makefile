@@ -28,6 +28,7 @@ check-protos:
 
 bench: setup
 	$(PY) benchmarks/runtime_checkpoint.py
+	$(PY) benchmarks/image_pull.py
 
 clean-state:
 	rm -rf $(STATE_DIR)

@@ -86,6 +86,9 @@ class Commands:
             backend=a.backend,
             upstream=a.upstream,
             gateway_port=a.gateway_port,
+            registry_auth_file=Path(a.registry_auth_file) if a.registry_auth_file else None,
+            registry_certs=Path(a.registry_certs) if a.registry_certs else None,
+            insecure_registries=tuple(a.insecure_registry),
         )
         return run_foreground(settings, self.out)
 

@@ -45,6 +45,12 @@ class LocalSettings:
     gateway_port: int = 0
     """Port of the gateway on 169.254.1.1; 0 picks a free one."""
     node_lost_after_s: float = 10.0
+    registry_auth_file: Path | None = None
+    """A docker config.json with registry credentials, for the agents (skopeo) only."""
+    registry_certs: Path | None = None
+    """A directory of <host[:port]>/ca.crt for registries with a private CA."""
+    insecure_registries: tuple[str, ...] = ()
+    """Registries the agents may reach over plain HTTP (loopback ones always may)."""
     shared_image_cache: bool = True
     """Nodes on one machine share the read-only image trees; off, each node pulls its own."""
 
@@ -98,6 +104,9 @@ def agent_command(settings: LocalSettings, name: str, orchestrator: str, gateway
         "--backend", settings.backend,
         "--exit-with-parent",  # an agent must not outlive a `stasis up` that was killed outright
         *(["--allow-port", str(gateway_port)] if gateway_port else []),
+        *(["--registry-auth-file", str(settings.registry_auth_file)] if settings.registry_auth_file else []),
+        *(["--registry-certs", str(settings.registry_certs)] if settings.registry_certs else []),
+        *(arg for host in settings.insecure_registries for arg in ("--insecure-registry", host)),
     ]  # fmt: skip
 
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from orchestrator.client import DEFAULT_ADDR
 
 PROG = "stasis"
+
+
+def _docker_config() -> str:
+    path = Path.home() / ".docker" / "config.json"
+    return str(path) if path.is_file() else ""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -31,6 +37,19 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--backend", choices=("runc", "docker"), default="runc")
     up.add_argument(
         "--upstream", default="", help="OpenAI-compatible model server (default: the reference model)"
+    )
+    up.add_argument(
+        "--registry-auth-file",
+        default=os.environ.get("REGISTRY_AUTH_FILE") or _docker_config(),
+        help="docker config.json with the credentials of harness image registries, for the agents only "
+        "(default: $REGISTRY_AUTH_FILE, else ~/.docker/config.json if there is one)",
+    )
+    up.add_argument("--registry-certs", default="", help="directory of <host[:port]>/ca.crt for private CAs")
+    up.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        help="host[:port] reached over plain HTTP (repeatable)",
     )
     up.add_argument(
         "--gateway-port",

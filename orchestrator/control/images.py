@@ -13,6 +13,7 @@ registry) fails the submit with the registry's words and changes nothing.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator.control.node_agent import AgentRefused, NodeAgents
 from orchestrator.domain import (
@@ -89,12 +90,13 @@ class Images:
         nodes = self._ready()
         if not nodes:
             raise TemporaryError("no node is ready to pull the image", delay=2)
-        views = []
-        for node in nodes:
-            try:
-                views.append(self.agents.get(node.name).pull_image(pinned, name))
-            except AgentRefused as exc:
-                raise InvalidArgument("reference", str(exc)) from None
+        # The nodes pull at once; each fetches only the layers it lacks.
+        with ThreadPoolExecutor(max_workers=min(8, len(nodes)), thread_name_prefix="pull") as pool:
+            pulls = [pool.submit(self.agents.get(n.name).pull_image, pinned, name) for n in nodes]
+        try:
+            views = [p.result() for p in pulls]
+        except AgentRefused as exc:
+            raise InvalidArgument("reference", str(exc)) from None
         record = ImageRecord(
             name=name, reference=pinned, digest=views[0].digest, size_bytes=views[0].size_bytes,
             source=source or reference, created_at=time.time(),

@@ -311,3 +311,41 @@ def test_release_named_stasis_is_not_doubled(chart: Chart) -> None:
     find(manifests, "Service", "stasis")
     agent = container(find(manifests, "DaemonSet", "stasis-agent"), "agent")
     assert f"stasis.{NAMESPACE}.svc:7070" in agent["args"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_registry_credentials_reach_the_agent_and_nothing_else(chart: Chart) -> None:
+    """A dockerconfigjson Secret, private CAs and insecure registries become agent flags and
+    read-only mounts the real agent parses; the orchestrator learns the import registry."""
+    ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    manifests = chart.render(
+        "reference-model-values.yaml",
+        sets={
+            "agent.registry.authSecret": "harness-registry",
+            "agent.registry.caCertificates": {"registry.internal:5000": ca},
+            "agent.registry.insecure": ["mirror.internal:5001"],
+            "orchestrator.importRegistry": "registry.internal:5000",
+        },
+    )
+    daemonset = find(manifests, "DaemonSet", AGENT)
+    agent = container(daemonset, "agent")
+    expanded = [a.replace("$(NODE_NAME)", "node-a").replace("$(POD_IP)", "10.0.0.7") for a in agent["args"]]
+    settings = agent_main.settings_from_args(expanded)
+    assert str(settings.registry_auth_file) == "/etc/stasis/registry-auth/config.json"
+    assert str(settings.registry_certs) == "/etc/stasis/registry-certs"
+    assert settings.insecure_registries == ("mirror.internal:5001",)
+    volumes, mounts = by_name(pod_spec(daemonset)["volumes"]), by_name(agent["volumeMounts"])
+    assert volumes["registry-auth"]["secret"] == {
+        "secretName": "harness-registry",
+        "items": [{"key": ".dockerconfigjson", "path": "config.json"}],
+    }
+    assert mounts["registry-auth"]["readOnly"] is True and mounts["registry-certs"]["readOnly"] is True
+    certs = find(manifests, "ConfigMap", f"{FULLNAME}-registry-certs")
+    (item,) = volumes["registry-certs"]["configMap"]["items"]
+    assert item["path"] == "registry.internal:5000/ca.crt" and certs["data"][item["key"]] == ca
+    for other in (m for m in manifests if m["kind"] in ("Deployment",)):
+        for c in pod_spec(other)["containers"]:
+            assert "registry-auth" not in str(c.get("volumeMounts", [])), "only the agent holds credentials"
+    orchestrator = container(find(manifests, "Deployment", FULLNAME), "orchestrator")
+    args = orchestrator["args"]
+    assert args[args.index("--import-registry") + 1] == "registry.internal:5000"
