@@ -29,6 +29,8 @@ _BLOCK = 1 << 20
 class Sizes:
     criu_bytes: int
     layer_bytes: int
+    log_bytes: int = 0
+    """The harness log's size at the freeze: where a restored run's output begins."""
 
 
 @dataclass(frozen=True)

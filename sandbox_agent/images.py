@@ -167,9 +167,14 @@ class ImageCache:
             source=str(directory),
         )
 
-    def pull(self, ref: str, access: RegistryAccess, name: str = "") -> Image:
+    def pull(
+        self, ref: str, access: RegistryAccess, name: str = "", progress: oci.Progress | None = None
+    ) -> Image:
         """Fetch an image from a registry or an archive (see `oci`) unless it is cached, and
-        unpack it. The cache keeps it under `name` and under `ref` itself."""
+        unpack it. The cache keeps it under `name` and under `ref` itself. `progress` hears
+        `waiting` (for another import into this cache), the fetched bytes, then `unpacking`."""
+        report = progress or (lambda _: None)
+        report(oci.PullProgress("waiting"))
         with self.importing():
             try:
                 image = self.resolve(ref)
@@ -178,10 +183,15 @@ class ImageCache:
                 return self.resolve(ref)
             except NotFound:
                 pass
-            fetched = oci.fetch(ref, self.root / "oci", access)
+            fetched = oci.fetch(ref, self.root / "oci", access, progress)
+
+            def unpack(dest: Path) -> None:
+                report(oci.PullProgress("unpacking", fetched.size_bytes, fetched.size_bytes))
+                oci.unpack(fetched, dest)
+
             try:
                 return self._import(
-                    lambda dest: oci.unpack(fetched, dest),
+                    unpack,
                     name,
                     source=ref,
                     config=fetched.config,

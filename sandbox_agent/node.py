@@ -359,9 +359,9 @@ class Node:
                 with timeline.phase(Phase.DUMP):
                     self.backend.dump(record, layout, staging / ckpt.CRIU_DIR)
                 with timeline.phase(Phase.LAYER):
-                    layer_bytes = overlay.export_layer(
-                        self.backend.upper_dir(record, layout), staging / ckpt.LAYER
-                    )
+                    upper = self.backend.upper_dir(record, layout)
+                    layer_bytes = overlay.export_layer(upper, staging / ckpt.LAYER)
+                    log_bytes = _read_log(upper, 0, None)[1]
                 if leave_running:
                     self.backend.thaw(record, layout)
                     timeline.record(Phase.FROZEN, frozen_at)
@@ -381,6 +381,7 @@ class Node:
                         sizes=ckpt.Sizes(
                             criu_bytes=sum(p.stat().st_size for p in (staging / ckpt.CRIU_DIR).iterdir()),
                             layer_bytes=layer_bytes,
+                            log_bytes=log_bytes,
                         ),
                         oci_spec=self.backend.oci_spec(record, layout),
                         directory=staging,
@@ -462,7 +463,11 @@ class Node:
             with timeline.phase(Phase.RESTORE):
                 self.backend.restore(record, layout, local, checkpoint)
             record.timings_ms = timeline.timings_ms()
-            record.log_start = _read_log(self.backend.upper_dir(record, layout), 0, None)[1]
+            # What the restored process writes from its first instant on belongs to this run.
+            # (Checkpoints older than `log_bytes` are measured now, a little late.)
+            record.log_start = (
+                checkpoint.sizes.log_bytes or _read_log(self.backend.upper_dir(record, layout), 0, None)[1]
+            )
             record.save(layout.record)
         return self._status(record)
 

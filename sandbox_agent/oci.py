@@ -21,9 +21,10 @@ import ipaddress
 import json
 import re
 import tarfile
+import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,76 @@ def resolve(ref: str, access: RegistryAccess) -> str:
 
 
 @dataclass(frozen=True)
+class PullProgress:
+    """Where one pull is: `waiting` for the cache, `fetching` (bytes of the image's blobs on the
+    node, those it already held included; `bytes_total` is 0 when unknown), then `unpacking`."""
+
+    phase: str
+    bytes_done: int = 0
+    bytes_total: int = 0
+
+
+Progress = Callable[[PullProgress], None]
+
+PROGRESS_INTERVAL_S = 0.5
+
+
+def _blob_sizes(source: str, parsed: Reference | None, access: RegistryAccess) -> dict[str, int]:
+    """The manifest's config and layer sizes by digest; empty when the reference names an index
+    or the manifest cannot be read (the copy then reports the registry's error)."""
+    argv = ["skopeo", "inspect", "--raw", *_flags(parsed, access, "--"), source]
+    try:
+        manifest = json.loads(_command.run(argv, what="reading a manifest", timeout=120).stdout)
+        blobs = [manifest["config"], *manifest["layers"]]
+        return {str(b["digest"]): int(b["size"]) for b in blobs}
+    except (CommandFailed, ValueError, KeyError, TypeError):
+        return {}
+
+
+@contextmanager
+def _watched(layout: Path, sizes: dict[str, int], progress: Progress) -> Iterator[None]:
+    """Report the bytes skopeo has written into the layout every PROGRESS_INTERVAL_S: blobs it
+    already held count as done, new files (its `oci-put-blob*` temporaries, then the renamed
+    blobs) by their size so far."""
+    (layout / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    held = sum(size for digest, size in sizes.items() if _present(layout, digest))
+    before = {p for p in layout.rglob("*") if p.is_file()}
+    total = sum(sizes.values())
+    stop = threading.Event()
+
+    def written() -> int:
+        fresh = 0
+        for p in layout.rglob("*"):
+            try:
+                if p not in before and p.is_file() and p.name != "index.json":
+                    fresh += p.stat().st_size
+            except FileNotFoundError:
+                pass  # a temporary renamed under our feet
+        return fresh
+
+    def report() -> None:
+        while not stop.wait(PROGRESS_INTERVAL_S):
+            progress(PullProgress("fetching", min(held + written(), total or 1 << 62), total))
+
+    progress(PullProgress("fetching", held, total))
+    watcher = threading.Thread(target=report, name="pull-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+    progress(PullProgress("fetching", total or held + written(), total))
+
+
+def _present(layout: Path, digest: str) -> bool:
+    try:
+        return _blob(layout, digest).is_file()
+    except ImageRejected:
+        return False
+
+
+@dataclass(frozen=True)
 class Fetched:
     """An image in the node's OCI layout, under a tag of its own, checked and ready to unpack."""
 
@@ -217,17 +288,30 @@ def _json_blob(layout: Path, digest: str, ref: str) -> dict[str, Any]:
     return data
 
 
-def fetch(ref: str, layout: Path, access: RegistryAccess) -> Fetched:
+def fetch(ref: str, layout: Path, access: RegistryAccess, progress: Progress | None = None) -> Fetched:
     """Copy an image into the layout (skopeo checks every blob against its digest) and check its
     layers. The caller unpacks it and then `forget`s the tag."""
     source, parsed = _source(ref)
     tag = f"pull-{uuid.uuid4().hex[:12]}"
+    watch = (
+        _watched(layout, _blob_sizes(source, parsed, access), progress)
+        if progress is not None
+        else nullcontext()
+    )
     try:
-        _command.run(
-            ["skopeo", "copy", "--quiet", *_flags(parsed, access, "--src-"), source, f"oci:{layout}:{tag}"],
-            what=f"pulling image {ref}",
-            timeout=3600,
-        )
+        with watch:
+            _command.run(
+                [
+                    "skopeo",
+                    "copy",
+                    "--quiet",
+                    *_flags(parsed, access, "--src-"),
+                    source,
+                    f"oci:{layout}:{tag}",
+                ],
+                what=f"pulling image {ref}",
+                timeout=3600,
+            )
     except CommandFailed as exc:
         raise _refused(ref, exc) from None
     index = json.loads((layout / "index.json").read_text())

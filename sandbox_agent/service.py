@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import signal as signals
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from protos.relay import relay
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
 from protos.status import snapshot_status
@@ -64,17 +66,33 @@ def status_code(exc: AgentError | SnapshotError) -> grpc.StatusCode:
 
 
 def _rpc(method: F) -> F:
+    """Map agent and snapshot errors to status codes, for unary and server-streaming methods."""
+
+    def abort(self: AgentService, context: grpc.ServicerContext, exc: AgentError | SnapshotError) -> None:
+        code = status_code(exc)
+        if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
+            log.error("%s failed: %s", method.__name__, exc)
+        context.abort(code, f"node {self.node.name}: {exc}")
+
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def stream(self: AgentService, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from method(self, request, context)
+            except (AgentError, SnapshotError) as exc:
+                abort(self, context, exc)
+
+        return stream  # type: ignore[return-value]
+
     @functools.wraps(method)
-    def wrapper(self: AgentService, request: Any, context: grpc.ServicerContext) -> Any:
+    def unary(self: AgentService, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
         except (AgentError, SnapshotError) as exc:
-            code = status_code(exc)
-            if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
-                log.error("%s failed: %s", method.__name__, exc)
-            context.abort(code, f"node {self.node.name}: {exc}")
+            abort(self, context, exc)
 
-    return wrapper  # type: ignore[return-value]
+    return unary  # type: ignore[return-value]
 
 
 def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:
@@ -298,11 +316,33 @@ class AgentService(pb_grpc.SandboxAgentServicer):
 
             docker_url = self.node.settings.docker_url
             image = import_docker_image(self.node.images, request.docker_image, request.name, docker_url)
-        elif source == "reference":
-            image = self.node.images.pull(request.reference, self.node.registry, request.name)
         else:
-            raise InvalidSpec("source", "one of tarball, directory, docker_image or reference is required")
+            raise InvalidSpec("source", "one of tarball, directory or docker_image is required")
         return image_to_pb(image)
+
+    @_rpc
+    def PullImage(
+        self, request: pb.PullImageRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.PullProgress]:
+        reference = request.reference
+        if not oci.is_pullable(reference):
+            raise InvalidSpec(
+                "reference",
+                f"{reference!r} is not a registry reference (host[:port]/repo:tag or @sha256:...) "
+                f"or a {', '.join(oci.TRANSPORTS)} source",
+            )
+        image = yield from relay(
+            lambda report: self.node.images.pull(
+                reference,
+                self.node.registry,
+                request.name,
+                lambda p: report(
+                    pb.PullProgress(phase=p.phase, bytes_done=p.bytes_done, bytes_total=p.bytes_total)
+                ),
+            ),
+            name=f"pull-{self.node.name}",
+        )
+        yield pb.PullProgress(phase="done", image=image_to_pb(image))
 
     @_rpc
     def ResolveImage(

@@ -29,6 +29,7 @@ from orchestrator.domain import (
 )
 from orchestrator.gateway import Branch, Ledger
 from orchestrator.state import StateStore
+from protos.relay import relay
 from protos.stasis.v1 import agent_pb2 as apb
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
@@ -230,12 +231,15 @@ class StasisService(pb_grpc.StasisServicer):
     @rpc
     def ImportImage(
         self, request: pb.ImportNamedImageRequest, context: grpc.ServicerContext
-    ) -> pb.NamedImage:
-        name = required("name", request.name)
-        image = self.control.images.import_image(
-            name, required("reference", request.reference), request.source
+    ) -> Iterator[pb.ImportProgress]:
+        name, reference = required("name", request.name), required("reference", request.reference)
+        image = yield from relay(
+            lambda report: self.control.images.import_image(
+                name, reference, request.source, lambda p: report(wire.encode(p, pb.ImportProgress))
+            ),
+            name="import",
         )
-        return self._named_image(image)
+        yield pb.ImportProgress(phase="imported", image=self._named_image(image))
 
     @rpc
     def ListImages(

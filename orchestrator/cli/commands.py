@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.cli.progress import PullBoard, human_size
 from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file
 from orchestrator.domain import EpisodeState, StasisError
 
@@ -29,15 +30,6 @@ def _age(since: float, now: float) -> str:
     if s < 172800:
         return f"{s // 3600}h"
     return f"{s // 86400}d"
-
-
-def _size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
-        size /= 1024
-    return f"{n}B"
 
 
 def _table(rows: Sequence[Sequence[str]], out: Any) -> None:
@@ -215,7 +207,7 @@ class Commands:
         rows = [["ID", "PARENT", "NODE", "REASON", "AGE", "STORED", "NEW", "DEDUP"]]
         for s in items:
             dedup = f"{s.logical_bytes / s.stored_bytes:.1f}x" if s.stored_bytes else "-"
-            stored = _size(s.stored_bytes) + ("" if s.available else " (collected)")
+            stored = human_size(s.stored_bytes) + ("" if s.available else " (collected)")
             rows.append(
                 [
                     s.id,
@@ -224,7 +216,7 @@ class Commands:
                     s.reason,
                     _age(s.created_at, now),
                     stored,
-                    _size(s.new_bytes),
+                    human_size(s.new_bytes),
                     dedup,
                 ]
             )
@@ -236,7 +228,7 @@ class Commands:
         with self.client() as c:
             size = c.export_snapshot(self.args.snapshot_id, dest)
         print(
-            f"{dest} ({_size(size)}): config.dump, spec.dump, checkpoint/, rootfs-diff.tar, deleted.files",
+            f"{dest} ({human_size(size)}): config.dump, spec.dump, checkpoint/, rootfs-diff.tar, deleted.files",
             file=self.out,
         )
         return 0
@@ -314,9 +306,13 @@ class Commands:
         with self.client() as c:
             action = self.args.image_command
             if action == "import":
-                image = c.import_image(self.args.name, self.args.source, self.progress)
+                board = PullBoard(self.err)
+                try:
+                    image = c.import_image(self.args.name, self.args.source, self.progress, board)
+                finally:
+                    board.close()
                 nodes = ", ".join(image.nodes) or "no node yet"
-                print(f"{image.name} {image.digest} {_size(image.size_bytes)} on {nodes}", file=self.out)
+                print(f"{image.name} {image.digest} {human_size(image.size_bytes)} on {nodes}", file=self.out)
             elif action == "rm":
                 print(f"{c.remove_image(self.args.name).name} removed", file=self.out)
             else:
@@ -327,7 +323,7 @@ class Commands:
                 rows = [["NAME", "DIGEST", "SIZE", "NODES", "SOURCE"]]
                 for i in items:
                     rows.append(
-                        [i.name, i.digest[:19], _size(i.size_bytes), ",".join(i.nodes) or "-", i.source]
+                        [i.name, i.digest[:19], human_size(i.size_bytes), ",".join(i.nodes) or "-", i.source]
                     )
                 _table(rows, self.out)
         return 0

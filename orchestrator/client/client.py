@@ -37,6 +37,7 @@ from orchestrator.domain import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PullStatus,
     StasisError,
     TemporaryError,
 )
@@ -281,10 +282,15 @@ class StasisClient:
     # -- images -----------------------------------------------------------------------------
 
     def import_image(
-        self, name: str, source: str, progress: Callable[[str], None] = lambda _: None
+        self,
+        name: str,
+        source: str,
+        progress: Callable[[str], None] = lambda _: None,
+        pulls: Callable[[PullStatus], None] = lambda _: None,
     ) -> NamedImageInfo:
         """Make SOURCE (see `imagesource`) available to every node as `name`: a local source is
-        pushed to the cluster's import registry, then the orchestrator pins it and the nodes pull it."""
+        pushed to the cluster's import registry, then the orchestrator pins it and the nodes pull
+        it. `progress` hears the push's lines; `pulls` hears each node's pull as it goes."""
         if is_registry_reference(source):
             reference = source
         else:
@@ -298,7 +304,11 @@ class StasisClient:
         progress(f"the nodes are pulling {reference}")
         request = pb.ImportNamedImageRequest(name=name, reference=reference, source=source)
         with self._translated():
-            return wire.decode(self._stub.ImportImage(request, timeout=3600), NamedImageInfo)
+            for m in self._stub.ImportImage(request, timeout=3600):
+                if m.HasField("image"):
+                    return wire.decode(m.image, NamedImageInfo)
+                pulls(wire.decode(m, PullStatus))
+        raise TemporaryError(f"Stasis at {self.address} ended the import of {name!r} without an image")
 
     def images(self) -> list[NamedImageInfo]:
         response = self._call(self._stub.ListImages, pb.ListImagesRequest())

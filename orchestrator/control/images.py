@@ -13,14 +13,16 @@ registry) fails the submit with the registry's words and changes nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from orchestrator.control.node_agent import AgentRefused, NodeAgents
+from orchestrator.control.node_agent import AgentRefused, ImageView, NodeAgents
 from orchestrator.domain import (
     ImageRecord,
     InvalidArgument,
     NodeRecord,
     NodeState,
+    PullStatus,
     TemporaryError,
     check_name,
     is_reference,
@@ -79,8 +81,15 @@ class Images:
 
     # the catalogue -------------------------------------------------------------------------
 
-    def import_image(self, name: str, reference: str, source: str) -> ImageRecord:
+    def import_image(
+        self,
+        name: str,
+        reference: str,
+        source: str,
+        progress: Callable[[PullStatus], None] = lambda _: None,
+    ) -> ImageRecord:
         """Pin `reference` and pull it on every ready node under `name`; then catalogue it.
+        `progress` hears each node's pull as it goes (from the nodes' threads).
 
         A node that fails the pull fails the import with its error; the catalogue is unchanged."""
         check_name(name)
@@ -90,9 +99,15 @@ class Images:
         nodes = self._ready()
         if not nodes:
             raise TemporaryError("no node is ready to pull the image", delay=2)
+
+        def pull(node: str) -> ImageView:
+            view = self.agents.get(node).pull_image(pinned, name, progress)
+            progress(PullStatus(node, "done"))
+            return view
+
         # The nodes pull at once; each fetches only the layers it lacks.
         with ThreadPoolExecutor(max_workers=min(8, len(nodes)), thread_name_prefix="pull") as pool:
-            pulls = [pool.submit(self.agents.get(n.name).pull_image, pinned, name) for n in nodes]
+            pulls = [pool.submit(pull, n.name) for n in nodes]
         try:
             views = [p.result() for p in pulls]
         except AgentRefused as exc:

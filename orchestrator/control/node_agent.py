@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from orchestrator import wire
-from orchestrator.domain import EpisodeSpec, NotFound, PermanentError, TemporaryError
+from orchestrator.domain import EpisodeSpec, NotFound, PermanentError, PullStatus, TemporaryError
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
 
@@ -139,8 +139,11 @@ class NodeAgent(Protocol):
     def resolve_image(self, reference: str) -> str:
         """The reference pinned to the manifest digest it names now (host/repo@sha256:...)."""
 
-    def pull_image(self, reference: str, name: str) -> ImageView:
-        """Fetch an image into the node's cache (only the layers it lacks), also under `name`."""
+    def pull_image(
+        self, reference: str, name: str, progress: Callable[[PullStatus], None] | None = None
+    ) -> ImageView:
+        """Fetch an image into the node's cache (only the layers it lacks), also under `name`;
+        `progress` hears how far it has got."""
 
     def create(
         self, sandbox_id: str, spec: EpisodeSpec, *, address: str, hostname: str, env: dict[str, str]
@@ -241,9 +244,17 @@ class AgentClient:
         request = pb.ResolveImageRequest(reference=reference)
         return self._call("resolve image", self._stub.ResolveImage, request, 180).pinned
 
-    def pull_image(self, reference: str, name: str) -> ImageView:
-        request = pb.ImportImageRequest(name=name, reference=reference)
-        return wire.decode(self._call("pull image", self._stub.ImportImage, request), ImageView)
+    def pull_image(
+        self, reference: str, name: str, progress: Callable[[PullStatus], None] | None = None
+    ) -> ImageView:
+        request = pb.PullImageRequest(name=name, reference=reference)
+        with self._errors("pull image"):
+            for m in self._stub.PullImage(request, timeout=3600):
+                if m.HasField("image"):
+                    return wire.decode(m.image, ImageView)
+                if progress is not None:
+                    progress(PullStatus(self.node, m.phase, m.bytes_done, m.bytes_total))
+        raise AgentUnavailable(f"node {self.node} ended its pull of {reference} without an image", delay=2)
 
     def checkpoint(
         self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool

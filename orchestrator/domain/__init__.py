@@ -15,7 +15,7 @@ from orchestrator.domain.errors import (
     StasisError,
     TemporaryError,
 )
-from orchestrator.domain.image import ImageRecord, check_name, is_pinned, is_reference
+from orchestrator.domain.image import ImageRecord, PullStatus, check_name, is_pinned, is_reference
 from orchestrator.domain.node import NodeRecord, NodeState
 from orchestrator.domain.snapshot import SnapshotRecord
 from orchestrator.domain.spec import EpisodeSpec, Limits, Preemption, Resources, RewardSpec
@@ -37,6 +37,7 @@ __all__ = [
     "NotFound",
     "PermanentError",
     "Preemption",
+    "PullStatus",
     "Reason",
     "Resources",
     "RewardSpec",

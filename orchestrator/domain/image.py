@@ -49,3 +49,15 @@ class ImageRecord:
     source: str
     """What it was imported from (a directory, an archive, docker://IMAGE)."""
     created_at: float
+
+
+@dataclass(frozen=True)
+class PullStatus:
+    """How far one node's pull of an image has got: `waiting` for its cache, `fetching`
+    (`bytes_done` of `bytes_total` blob bytes on the node; total 0 when unknown), `unpacking`,
+    `done`."""
+
+    node: str
+    phase: str
+    bytes_done: int = 0
+    bytes_total: int = 0

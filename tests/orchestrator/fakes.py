@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ from orchestrator.control import (
     SpecRefused,
     VerifierOutcome,
 )
-from orchestrator.domain import EpisodeSpec, NotFound, StasisError
+from orchestrator.domain import EpisodeSpec, NotFound, PullStatus, StasisError
 from snapshots import SnapshotMeta, SnapshotStore
 
 
@@ -64,8 +65,12 @@ class FakeAgent:
             raise SpecRefused(self.node, f"image {reference!r}: manifest unknown")
         return reference.rsplit(":", 1)[0] + "@" + self.registry[reference]
 
-    def pull_image(self, reference: str, name: str) -> ImageView:
+    def pull_image(
+        self, reference: str, name: str, progress: Callable[[PullStatus], None] | None = None
+    ) -> ImageView:
         self._enter("pull_image", reference)
+        for done in (0, 4096) if progress else ():
+            progress(PullStatus(self.node, "fetching", done, 4096))  # type: ignore[misc]
         self.pulled.append(reference)
         return ImageView(digest="sha256:" + "c" * 64, names=[name, reference], size_bytes=4096)
 

@@ -21,6 +21,7 @@ from orchestrator.domain import (
     NodeState,
     NotFound,
     Preemption,
+    PullStatus,
     Reason,
     ids,
 )
@@ -283,7 +284,12 @@ def test_an_imported_image_is_pulled_on_every_node_and_its_name_pins_it(loop: Lo
     tag, digest = "127.0.0.1:5000/stasis/tools:latest", "sha256:" + "f" * 64
     for name in ("node-1", "node-2"):
         loop.node(name).registry[tag] = digest
-    record = loop.control.images.import_image("tools", tag, "docker://tools:latest")
+    heard: list[PullStatus] = []
+    record = loop.control.images.import_image("tools", tag, "docker://tools:latest", heard.append)
+    for name in ("node-1", "node-2"):
+        assert [(p.phase, p.bytes_done) for p in heard if p.node == name] == [
+            ("fetching", 0), ("fetching", 4096), ("done", 0),
+        ], "each node's pull is heard as it goes, and its end"  # fmt: skip
     assert (
         record.reference == f"127.0.0.1:5000/stasis/tools@{digest}"
         and record.source == "docker://tools:latest"

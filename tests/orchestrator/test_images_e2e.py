@@ -179,6 +179,8 @@ def test_stasis_image_import_takes_every_kind_of_source_and_the_same_tree_gets_o
             result = cli(stack.address, "image", "import", name, source, env=env)
             assert result.stdout.startswith(f"{name} sha256:"), result.stdout + result.stderr
             assert "pushing" in result.stderr, "progress goes to stderr"
+            assert all(f"{n}: fetching" in result.stderr for n in ("node-1", "node-2")), result.stderr
+            assert all(f"{n}: done" in result.stderr for n in ("node-1", "node-2")), result.stderr
             digests[name] = result.stdout.split()[1]
     finally:
         subprocess.run(["docker", "-H", dockerd, "rmi", "-f", "stasis-test/tool:1"], capture_output=True)

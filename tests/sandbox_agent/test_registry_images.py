@@ -4,14 +4,18 @@ checkpointed on one node and restored on another that pulls the image for the re
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
-from sandbox_agent import ImageRejected, NotFound, SandboxSpec, SandboxState
+from protos.stasis.v1 import agent_pb2 as pb
+from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
+from sandbox_agent import ImageRejected, NotFound, SandboxSpec, SandboxState, serve
 from sandbox_agent.oci import Reference, RegistryAccess, resolve
 from tests.oci_images import harness_image, member, with_layer
 from tests.registry import Registry
@@ -67,6 +71,40 @@ def test_a_registry_image_runs_as_its_config_says_and_restores_on_a_node_that_pu
     assert restored.state == SandboxState.RUNNING and restored.record.timings_ms["pull_ms"] > 0
     after = wait_for_log(b, "img-2", lambda t: t.count("tick") > log.count("tick") + 3)
     assert after.count("uid=1000") == 1, "the process went on; it did not start again"
+
+
+@pytest.mark.timeout(120)
+def test_a_pull_over_grpc_streams_its_bytes_then_the_image(
+    make_node: NodeFactory, registry: Registry, tmp_path: Path
+) -> None:
+    server, port = serve(make_node("node-p", image_cache=tmp_path / "images"), "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.SandboxAgentStub(channel)
+
+            def pull(tag: str) -> Iterator[pb.PullProgress]:
+                request = pb.PullImageRequest(name=f"p-{tag}", reference=f"{registry.host}/stasis/{tag}:1")
+                return stub.PullImage(request, timeout=100)  # type: ignore[no-any-return]
+
+            first = list(pull("harness"))
+            fetching = [m for m in first if m.phase == "fetching"]
+            assert [m.phase for m in first if m.phase != "fetching"] == ["waiting", "unpacking", "done"]
+            assert fetching[-1].bytes_done == fetching[-1].bytes_total > 0, "every blob's bytes, then 100%"
+            assert all(a.bytes_done <= b.bytes_done for a, b in itertools.pairwise(fetching))
+            assert "p-harness" in first[-1].image.names and first[-1].image.digest.startswith("sha256:")
+            assert [m.phase for m in pull("harness")] == ["waiting", "done"], "a cached image is not fetched"
+
+            # The same layers plus a bad one: what the node holds counts from the first report on,
+            # and the refusal ends the stream with the layer's error.
+            heard: list[pb.PullProgress] = []
+            with pytest.raises(grpc.RpcError) as err:
+                for m in pull("dotdot"):
+                    heard.append(m)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "'..' path component" in str(err.value.details())
+            assert heard[1].phase == "fetching" and heard[1].bytes_done >= fetching[-1].bytes_total // 2
+    finally:
+        server.stop(None)
 
 
 @pytest.mark.timeout(180)

@@ -88,6 +88,10 @@ def test_status_codes(
         == grpc.StatusCode.FAILED_PRECONDITION
     )
     assert _code(lambda: a.ImportImage(pb.ImportImageRequest(name="x"))) == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as pull:
+        list(a.PullImage(pb.PullImageRequest(reference="base")))
+    assert pull.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "reference: 'base' is not a registry reference" in str(pull.value.details())
     with pytest.raises(grpc.RpcError) as err:
         a.Kill(pb.KillRequest(sandbox_id="ghost"))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND

@@ -331,18 +331,36 @@ class NodeInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., criu_version: _Optional[str] = ..., slots: _Optional[int] = ..., memory_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., running: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ImportImageRequest(_message.Message):
-    __slots__ = ("name", "tarball", "directory", "docker_image", "reference")
+    __slots__ = ("name", "tarball", "directory", "docker_image")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TARBALL_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     DOCKER_IMAGE_FIELD_NUMBER: _ClassVar[int]
-    REFERENCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     tarball: str
     directory: str
     docker_image: str
+    def __init__(self, name: _Optional[str] = ..., tarball: _Optional[str] = ..., directory: _Optional[str] = ..., docker_image: _Optional[str] = ...) -> None: ...
+
+class PullImageRequest(_message.Message):
+    __slots__ = ("name", "reference")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
     reference: str
-    def __init__(self, name: _Optional[str] = ..., tarball: _Optional[str] = ..., directory: _Optional[str] = ..., docker_image: _Optional[str] = ..., reference: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., reference: _Optional[str] = ...) -> None: ...
+
+class PullProgress(_message.Message):
+    __slots__ = ("phase", "bytes_done", "bytes_total", "image")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    bytes_done: int
+    bytes_total: int
+    image: Image
+    def __init__(self, phase: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., image: _Optional[_Union[Image, _Mapping]] = ...) -> None: ...
 
 class ResolveImageRequest(_message.Message):
     __slots__ = ("reference",)

@@ -84,6 +84,11 @@ class SandboxAgentStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ImportImageRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.Image.FromString,
                 _registered_method=True)
+        self.PullImage = channel.unary_stream(
+                '/stasis.v1.SandboxAgent/PullImage',
+                request_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.PullImageRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.PullProgress.FromString,
+                _registered_method=True)
         self.ResolveImage = channel.unary_unary(
                 '/stasis.v1.SandboxAgent/ResolveImage',
                 request_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ResolveImageRequest.SerializeToString,
@@ -158,7 +163,15 @@ class SandboxAgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ImportImage(self, request, context):
-        """Make an image available on this node: a rootfs tree or tarball, a Docker image, or a pull.
+        """Make an image available on this node from a rootfs tree or tarball, or a Docker image.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullImage(self, request, context):
+        """Pull an image into this node's cache (only the blobs it lacks), reporting as it goes; the
+        last message carries the image.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -230,6 +243,11 @@ def add_SandboxAgentServicer_to_server(servicer, server):
                     servicer.ImportImage,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.ImportImageRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.Image.SerializeToString,
+            ),
+            'PullImage': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullImage,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_agent__pb2.PullImageRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_agent__pb2.PullProgress.SerializeToString,
             ),
             'ResolveImage': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveImage,
@@ -512,6 +530,33 @@ class SandboxAgent:
             '/stasis.v1.SandboxAgent/ImportImage',
             protos_dot_stasis_dot_v1_dot_agent__pb2.ImportImageRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_agent__pb2.Image.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/stasis.v1.SandboxAgent/PullImage',
+            protos_dot_stasis_dot_v1_dot_agent__pb2.PullImageRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_agent__pb2.PullProgress.FromString,
             options,
             channel_credentials,
             insecure,

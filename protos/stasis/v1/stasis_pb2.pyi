@@ -411,6 +411,20 @@ class ImportNamedImageRequest(_message.Message):
     source: str
     def __init__(self, name: _Optional[str] = ..., reference: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
+class ImportProgress(_message.Message):
+    __slots__ = ("node", "phase", "bytes_done", "bytes_total", "image")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    phase: str
+    bytes_done: int
+    bytes_total: int
+    image: NamedImage
+    def __init__(self, node: _Optional[str] = ..., phase: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., image: _Optional[_Union[NamedImage, _Mapping]] = ...) -> None: ...
+
 class ListImagesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -99,10 +99,10 @@ class StasisStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.UncordonNodeRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Node.FromString,
                 _registered_method=True)
-        self.ImportImage = channel.unary_unary(
+        self.ImportImage = channel.unary_stream(
                 '/stasis.v1.Stasis/ImportImage',
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ImportNamedImageRequest.SerializeToString,
-                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.NamedImage.FromString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ImportProgress.FromString,
                 _registered_method=True)
         self.ListImages = channel.unary_unary(
                 '/stasis.v1.Stasis/ListImages',
@@ -216,7 +216,8 @@ class StasisServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ImportImage(self, request, context):
-        """Catalogue an image under a name: pinned, and pulled on every ready node.
+        """Catalogue an image under a name: pinned, and pulled on every ready node. Streams each
+        node's progress as it goes, then the catalogued image.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -323,10 +324,10 @@ def add_StasisServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.UncordonNodeRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Node.SerializeToString,
             ),
-            'ImportImage': grpc.unary_unary_rpc_method_handler(
+            'ImportImage': grpc.unary_stream_rpc_method_handler(
                     servicer.ImportImage,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ImportNamedImageRequest.FromString,
-                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.NamedImage.SerializeToString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ImportProgress.SerializeToString,
             ),
             'ListImages': grpc.unary_unary_rpc_method_handler(
                     servicer.ListImages,
@@ -726,12 +727,12 @@ class Stasis:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/stasis.v1.Stasis/ImportImage',
             protos_dot_stasis_dot_v1_dot_stasis__pb2.ImportNamedImageRequest.SerializeToString,
-            protos_dot_stasis_dot_v1_dot_stasis__pb2.NamedImage.FromString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ImportProgress.FromString,
             options,
             channel_credentials,
             insecure,
