@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,6 +14,8 @@ STATE_DIR = "/.stasis"
 """In-sandbox folder for the harness log and exit code; it is in the writable layer, so it travels."""
 HARNESS_LOG = f"{STATE_DIR}/harness.log"
 EXIT_CODE = f"{STATE_DIR}/exit-code"
+GRADED_MOUNT = "/episode"
+"""Where a verifier sees the graded episode's final filesystem."""
 
 # CRIU cannot dump a descriptor of a host file, so the harness's stdio must point at files
 # inside the sandbox; the shell stays as PID 1 to record the harness's exit code.
@@ -67,10 +68,11 @@ class Backend(Protocol):
         layout: SandboxLayout,
         image: Image,
         files: dict[str, bytes],
-        read_only_layers: Sequence[Path] = (),
+        graded: Path | None = None,
     ) -> None:
-        """Build the container with its rootfs and files, without starting it. Read-only layers
-        (another sandbox's writable layer, for a verifier) sit between the image and the new layer."""
+        """Build the container with its rootfs and files, without starting it. `graded` (a
+        verifier's view of an exited sandbox's final tree) is mounted at GRADED_MOUNT read-only,
+        nosuid, nodev and noexec: data to read, never code to run."""
 
     def start(self, record: SandboxRecord, layout: SandboxLayout) -> None: ...
 

@@ -13,7 +13,7 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
@@ -153,12 +153,10 @@ class DockerBackend:
         layout: SandboxLayout,
         image: Image,
         files: dict[str, bytes],
-        read_only_layers: Sequence[Path] = (),
+        graded: Path | None = None,
     ) -> None:
-        if read_only_layers:
-            raise FailedPrecondition(
-                "the docker backend cannot stack another sandbox's layer; use runc for verifiers"
-            )
+        if graded is not None:
+            raise FailedPrecondition("the docker backend cannot run verifiers; use runc")
         container = self._create(record, image)
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:

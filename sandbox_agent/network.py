@@ -108,8 +108,18 @@ def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
             host_side = veth_name(node, sandbox_id)
             peer = "stp" + host_side[len(VETH_PREFIX) :]
             _ip("link", "add", host_side, "mtu", str(mtu), "type", "veth", "peer", "name", peer)
+            _disable_ipv6(host_side)
             _ip("link", "set", peer, "netns", ns)
             _ip("-n", ns, "link", "set", peer, "name", "eth0")
+        # No IPv6 at all, loopback included: IPv4 to the gateway is the only way out.
+        if Path("/proc/sys/net/ipv6").exists():
+            links = ["all", "default", *(["eth0"] if address else [])]
+            settings = [f"net.ipv6.conf.{link}.disable_ipv6=1" for link in links]
+            _command.run(
+                ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", *settings],
+                what="disabling IPv6 in the sandbox's netns",
+            )
+        if address:
             _ip("-n", ns, "addr", "add", f"{address}/32", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "route", "add", GATEWAY_IP, "dev", "eth0", "scope", "link")
@@ -121,6 +131,12 @@ def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
         destroy(node, sandbox_id)
         raise
     return NETNS_DIR / ns
+
+
+def _disable_ipv6(link: str) -> None:
+    conf = Path(f"/proc/sys/net/ipv6/conf/{link}/disable_ipv6")
+    if conf.exists():  # absent when the host runs without IPv6
+        conf.write_text("1")
 
 
 def destroy(node: str, sandbox_id: str) -> None:

@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -225,10 +225,11 @@ class Node:
         state, pid = self.backend.status(record, layout)
         exit_code = None
         if state == SandboxState.EXITED:
-            code_file = self.backend.upper_dir(record, layout) / EXIT_CODE.lstrip("/")
+            # The harness owns this file: it may be a symlink, a fifo or endless; read a few bytes.
+            code = confined.read(self.backend.upper_dir(record, layout), EXIT_CODE, limit=16)[0]
             try:
-                exit_code = int(code_file.read_text().strip())
-            except (OSError, ValueError):
+                exit_code = int(code.strip())
+            except ValueError:
                 exit_code = None
         with self._lock:
             busy = record.id in self._busy
@@ -247,7 +248,7 @@ class Node:
         sandbox_id: str,
         spec: SandboxSpec,
         files: dict[str, bytes],
-        read_only_layers: Sequence[Path] = (),
+        graded: Path | None = None,
     ) -> SandboxRecord:
         """Validate, build and start a fresh sandbox; nothing of it remains if any step fails."""
         spec = spec.validated()
@@ -265,7 +266,7 @@ class Node:
             timings_ms=timeline.timings_ms(),
         )
         with self._new_sandbox(sandbox_id, record) as layout:
-            self.backend.create(record, layout, image, files, read_only_layers)
+            self.backend.create(record, layout, image, files, graded)
             self.backend.start(record, layout)
         return record
 
@@ -494,12 +495,14 @@ class Node:
         image: str = "",
         timeout_s: float = 600,
     ) -> VerifierResult:
-        """Run a grading command in a fresh sandbox over an exited sandbox's final layer.
+        """Run a grading command in a fresh sandbox that sees an exited sandbox's final tree.
 
-        The exited sandbox's writable layer becomes a read-only layer of the verifier, so the
-        verifier sees every file the harness left and can change none of them. The verifier's
-        own files (hidden tests, reference answers) never existed in the graded sandbox, and it
-        has no network.
+        The verifier's root is a trusted image alone: `image` (the reward image) or the graded
+        episode's own image, pristine. Every program, library and interpreter it runs comes from
+        there. The harness's final tree (its writable layer over its image) is mounted at
+        GRADED_MOUNT read-only and noexec: data the grader reads, never on its PATH. The
+        verifier's own files (hidden tests, reference answers) never existed in the graded
+        sandbox, and it has no network.
         """
         record = self._record(sandbox_id)
         if not isinstance(self.backend, RuncBackend):
@@ -518,14 +521,21 @@ class Node:
                 )
             # The graded layer must not be an upper dir of a live mount while it is a lower one.
             self.backend.destroy(record, layout)
+            graded = layout.dir / "graded"
+            overlay.mount_read_only([layout.upper, self.images.resolve(record.image_digest).rootfs], graded)
             spec = SandboxSpec(
-                image=image or record.spec.image,
+                image=image or record.image_digest,
                 command=command,
+                entrypoint=(),  # the command runs as given, whatever the image's entrypoint
                 hostname="verifier",
                 resources=record.spec.resources,
             )
             started = time.monotonic()
-            vrecord = self._start(verifier_id, spec, files, read_only_layers=[layout.upper])
+            try:
+                vrecord = self._start(verifier_id, spec, files, graded=graded)
+            except BaseException:
+                overlay.unmount(graded)
+                raise
             try:
                 status = self._status(vrecord)
                 while status.state != SandboxState.EXITED and time.monotonic() - started < timeout_s:
@@ -542,7 +552,10 @@ class Node:
                     duration_ms=_ms(time.monotonic() - started),
                 )
             finally:
-                self._teardown(vrecord, self._layout(verifier_id))
+                try:
+                    self._teardown(vrecord, self._layout(verifier_id))
+                finally:
+                    overlay.unmount(graded)
 
     def kill(self, sandbox_id: str, signal: int = signals.SIGKILL) -> SandboxStatus:
         if signal not in signals.valid_signals() or signal == 0:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from sandbox_agent import _command
+from sandbox_agent import _command, confined
 from sandbox_agent.errors import CheckpointCorrupt, InvalidSpec
 
 # These xattrs name the source node's lower filesystem (file handles, fs uuid); a layer
@@ -32,6 +32,16 @@ def mount(lowers: Sequence[Path], upper: Path, work: Path, target: Path) -> None
         ],
         what=f"mounting overlay at {target}",
     )
+
+
+def mount_read_only(lowers: Sequence[Path], target: Path) -> None:
+    """Mount lower dirs (the first topmost) as one read-only tree: an overlay without an upper."""
+    target.mkdir(parents=True, exist_ok=True)
+    _command.run(
+        ["mount", "-t", "overlay", "overlay", "-o",
+         f"ro,lowerdir={':'.join(str(p) for p in lowers)}", str(target)],
+        what=f"mounting a read-only overlay at {target}",
+    )  # fmt: skip
 
 
 def is_mounted(target: Path) -> bool:
@@ -81,14 +91,11 @@ def sandbox_path(field: str, path: str) -> PurePosixPath:
 
 
 def place_files(rootfs: Path, files: dict[str, bytes]) -> None:
-    """Write spec files through the mounted rootfs, so they land in the writable layer."""
+    """Write spec files through the mounted rootfs, so they land in the writable layer. No
+    symlink on the way is followed: one in the image must not point the write at the host."""
     for path, content in files.items():
         rel = sandbox_path(f"files[{path}]", path).relative_to("/")
-        target = rootfs / rel
-        # Resolve inside the rootfs: a symlink in the image must not point the write at the host.
-        parent = Path(os.path.realpath(rootfs / rel.parent, strict=False))
-        if parent != rootfs and rootfs not in parent.parents:
-            raise InvalidSpec(f"files[{path}]", "resolves outside the sandbox through a symlink")
-        parent.mkdir(parents=True, exist_ok=True)
-        target = parent / rel.name
-        target.write_bytes(content)
+        try:
+            confined.write(rootfs, str(rel), content)
+        except confined.Escapes as exc:
+            raise InvalidSpec(f"files[{path}]", f"cannot be written: in the image, {exc}") from None

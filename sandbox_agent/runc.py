@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal as signals
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sandbox_agent import _command, network, overlay
-from sandbox_agent.backend import STATE_DIR, SandboxLayout, wrapped_command
+from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import CommandFailed
 from sandbox_agent.images import Image
@@ -109,14 +108,16 @@ class RuncBackend:
         }
 
     def _write_bundle(
-        self,
-        record: SandboxRecord,
-        layout: SandboxLayout,
-        image: Image,
-        read_only_layers: Sequence[Path] = (),
+        self, record: SandboxRecord, layout: SandboxLayout, image: Image, graded: Path | None = None
     ) -> None:
-        overlay.mount([*read_only_layers, image.rootfs], layout.upper, layout.work, layout.rootfs)
-        (layout.bundle / "config.json").write_text(json.dumps(self.oci_spec(record, layout), indent=1))
+        overlay.mount([image.rootfs], layout.upper, layout.work, layout.rootfs)
+        spec = self.oci_spec(record, layout)
+        if graded is not None:
+            spec["mounts"] = [*spec["mounts"], {
+                "destination": GRADED_MOUNT, "type": "bind", "source": str(graded),
+                "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
+            }]  # fmt: skip
+        (layout.bundle / "config.json").write_text(json.dumps(spec, indent=1))
 
     def create(
         self,
@@ -124,9 +125,9 @@ class RuncBackend:
         layout: SandboxLayout,
         image: Image,
         files: dict[str, bytes],
-        read_only_layers: Sequence[Path] = (),
+        graded: Path | None = None,
     ) -> None:
-        self._write_bundle(record, layout, image, read_only_layers)
+        self._write_bundle(record, layout, image, graded)
         state = layout.rootfs / STATE_DIR.lstrip("/")
         state.mkdir(exist_ok=True)
         os.chown(state, *record.spec.ids)  # the harness writes its log and exit code as its own user

@@ -1,8 +1,10 @@
 """Rewards come from outside the sandbox: after the harness exits, a verifier sandbox on the same
-node sees the episode's final layer read-only plus files the episode never saw, and prints the
-reward as the last line of its output."""
+node, rooted in a trusted image, reads the episode's final tree at /episode (read-only, noexec)
+beside files the episode never saw, and prints the reward as the last line of its output."""
 
 from __future__ import annotations
+
+import math
 
 from orchestrator.control.node_agent import NodeAgents
 from orchestrator.control.operations import default_finish
@@ -11,14 +13,17 @@ from orchestrator.gateway import Ledger, Verification
 
 
 def parse_reward(log: bytes) -> float:
-    """The verifier's last non-empty output line, as a float."""
+    """The verifier's last non-empty output line, as a finite float."""
     lines = [line.strip() for line in log.decode(errors="replace").splitlines() if line.strip()]
     if not lines:
         raise ValueError("the verifier printed nothing; its last line must be the reward")
     try:
-        return float(lines[-1])
+        reward = float(lines[-1])
     except ValueError:
         raise ValueError(f"the verifier's last line {lines[-1][:120]!r} is not a number") from None
+    if not math.isfinite(reward):
+        raise ValueError(f"the verifier's last line {lines[-1][:120]!r} is not a finite number")
+    return reward
 
 
 class Verifier:

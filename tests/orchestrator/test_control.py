@@ -4,6 +4,7 @@ exercised by the end-to-end tests)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -13,6 +14,7 @@ import pytest
 
 from orchestrator.control import AgentUnavailable, Control, ControlSettings, SpecRefused
 from orchestrator.control.retention import collect_snapshots
+from orchestrator.control.verifier import parse_reward
 from orchestrator.domain import (
     EpisodeSpec,
     EpisodeState,
@@ -332,3 +334,21 @@ def test_logs_read_each_run_in_order_from_wherever_the_log_is_now(loop: Loop) ->
     assert loop.control.logs.page(episode_id, run=2, offset=4).content == b"two\n"
     with pytest.raises(InvalidArgument, match=r"^run: episode .* has had 2 run\(s\)"):
         loop.control.logs.page(episode_id, run=3)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("log", "words"),
+    [
+        (b"ok\nnan\n", "'nan' is not a finite number"),
+        (b"inf\n", "'inf' is not a finite number"),
+        (b"-Infinity\n\n", "'-Infinity' is not a finite number"),
+        (b"1e400\n", "'1e400' is not a finite number"),
+        (b"one\n", "'one' is not a number"),
+        (b"\n \n", "printed nothing"),
+    ],
+)
+def test_a_reward_that_is_not_a_finite_number_is_refused(log: bytes, words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        parse_reward(log)
+    assert parse_reward(b"noise\n0.25\n") == 0.25

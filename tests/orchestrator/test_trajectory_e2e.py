@@ -25,7 +25,7 @@ from tests.orchestrator.conftest import REPO, cli, import_image, wait_until
 HARNESS = (REPO / "examples" / "harness" / "agent.py").read_bytes()
 GRADER = b"""\
 import json, os
-progress = json.load(open("/work/progress.json"))
+progress = json.load(open("/episode/work/progress.json"))
 print("turns=%d status=%s" % (progress["turn"], progress["status"]))
 print(1.0 if progress["status"] == "answered" else 0.0)
 """
@@ -185,7 +185,9 @@ def test_request_in_flight_at_freeze_is_served_from_the_ledger(
                 "image": "base",
                 "command": ["python3", "-c", IN_FLIGHT],
                 # The reward is the sha of the bytes the harness finally received, read back by the verifier.
-                "reward": {"command": ["sh", "-c", "grep ^sha /.stasis/harness.log | tail -1; echo 1"]},
+                "reward": {
+                    "command": ["sh", "-c", "grep ^sha /episode/.stasis/harness.log | tail -1; echo 1"]
+                },
             }
             episode = c.submit(spec)
             first = c.wait(episode.id, ["RUNNING"], timeout_s=60).node
@@ -261,7 +263,7 @@ def test_official_openai_sdk_harness_survives_three_preemptions(
                 "image": "openai",
                 "command": ["python3", "-c", OPENAI_HARNESS],
                 # The verifier reads the harness's log: the SDK's own output, then the reward.
-                "reward": {"command": ["sh", "-c", "grep -c ^turn /.stasis/harness.log"]},
+                "reward": {"command": ["sh", "-c", "grep -c ^turn /episode/.stasis/harness.log"]},
             }
         )
         node = c.wait(episode.id, ["RUNNING"], timeout_s=60).node
@@ -322,13 +324,13 @@ def test_sandbox_reaches_only_the_gateway_and_never_sees_reward_files(
             # The neighbour's server is up: the node itself reaches it.
             wait_until(lambda: _connects(neighbour_address, 9000), 30, "the neighbour's server")
             targets.append(f"{neighbour_address}:9000")
-            grader = "import os\nprint('saw harness output:', os.path.exists('/work-result'))\nprint(0.5)\n"
+            grader = "import os\nprint('saw harness output:', os.path.exists('/episode/work-result'))\nprint(0.5)\n"
             episode = c.submit(
                 {
                     "image": "base",
                     "command": ["python3", "-c", ISOLATION, *targets],
                     "reward": {
-                        "command": ["sh", "-c", "cat /.stasis/harness.log; python3 /grader/grade.py"],
+                        "command": ["sh", "-c", "cat /episode/.stasis/harness.log; python3 /grader/grade.py"],
                         "files": {"/grader/grade.py": grader},
                     },
                 }

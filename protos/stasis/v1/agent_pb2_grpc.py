@@ -185,7 +185,7 @@ class SandboxAgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RunVerifier(self, request, context):
-        """Grade an exited sandbox: a verifier sandbox sees its final layer read-only plus its own files.
+        """Grade an exited sandbox: a verifier rooted in a trusted image reads its final tree at /episode.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

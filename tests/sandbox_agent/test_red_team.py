@@ -1,0 +1,187 @@
+"""Hostile harnesses against the node: each attack here is one a reward-maximising agent tries.
+Every attempt fails, and the node goes on working.
+
+* The reward: a trojaned interpreter and shell, `sitecustomize`, a forged last line in its own
+  log, planted grader files. The verifier runs from the pristine image and reads the harness's
+  tree at /episode, read-only and noexec.
+* Paths the agent follows as host root: a symlink where a grader file goes, an exit-code file
+  that is a symlink to /dev/zero or endless.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox_agent import InvalidSpec, SandboxSpec, SandboxState, confined, network
+from tests.sandbox_agent.conftest import NodeFactory
+
+# Runs as root in the base image; it leaves a wrong answer and tries to make any grader print 1000.
+FORGER = """set -e
+mkdir -p /work /grader /usr/local/lib/python3.11/dist-packages
+echo 41 > /work/answer.txt
+real=$(readlink -f /usr/bin/python3)
+rm /usr/bin/python3
+printf '#!/bin/dash\\n%s "$@"\\necho 1000.0\\n' "$real" > /usr/bin/python3
+chmod 755 /usr/bin/python3
+rm /bin/sh
+printf '#!/bin/dash\\n/bin/dash "$@"\\necho 1000.0\\n' > /bin/sh
+chmod 755 /bin/sh
+for d in /usr/lib/python3/dist-packages /usr/local/lib/python3.11/dist-packages; do
+  printf 'import atexit\\natexit.register(lambda: print(1000.0))\\n' > $d/sitecustomize.py
+done
+ln -s {target} /grader/grade.py
+mkdir -p /episode && echo 1000.0 > /episode/reward
+echo 1000.0
+"""
+
+GRADER = """import os, subprocess
+answer = open("/episode/work/answer.txt").read().strip()
+print("answer:", answer)
+print(subprocess.run(["sh", "-c", "echo shell from the image"], capture_output=True, text=True).stdout.strip())
+try:
+    subprocess.run(["/episode/usr/bin/python3", "-c", "print(1000.0)"], capture_output=True)
+    print("the graded tree is executable")
+except PermissionError:
+    print("the graded tree is noexec")
+try:
+    open("/episode/work/answer.txt", "w").write("42")
+    print("the graded tree is writable")
+except OSError:
+    print("the graded tree is read-only")
+print(1.0 if answer == "42" else 0.0)
+"""
+
+
+def _wait_exited(node: object, sandbox_id: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while node.get(sandbox_id).state != SandboxState.EXITED:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"{sandbox_id} did not exit"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+def test_a_forging_harness_gets_the_honest_grade(make_node: NodeFactory, tmp_path: Path) -> None:
+    node = make_node("node-a")
+    target = tmp_path / "host-file"
+    target.write_text("untouched\n")
+    node.create(
+        "forger", SandboxSpec(image="base", command=("/bin/dash", "-c", FORGER.format(target=target)))
+    )
+    _wait_exited(node, "forger")
+    assert node.get("forger").exit_code == 0, node.harness_log("forger", 4096)
+
+    result = node.run_verifier(
+        "forger", ("python3", "/grader/grade.py"), {"/grader/grade.py": GRADER.encode()}
+    )
+    log = result.log.decode()
+    assert result.exit_code == 0 and not result.timed_out, log
+    assert log.strip().splitlines() == [
+        "answer: 41",
+        "shell from the image",
+        "the graded tree is noexec",
+        "the graded tree is read-only",
+        "0.0",
+    ], log
+    assert target.read_text() == "untouched\n", "the planted symlink was not followed on the host"
+
+
+@pytest.mark.timeout(60)
+def test_exit_code_and_log_files_that_are_symlinks_read_as_nothing(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    node = make_node("node-a")
+    secret = tmp_path / "node-secret"
+    secret.write_text("the node's own file\n")
+    # The wrapper then writes the exit code through the symlink, inside the sandbox, into /dev/zero.
+    plant = (
+        f"ln -sf /dev/zero /.stasis/exit-code; rm /.stasis/harness.log; ln -s {secret} /.stasis/harness.log"
+    )
+    node.create("planted", SandboxSpec(image="base", command=("sh", "-c", plant)))
+    node.create("after", SandboxSpec(image="base", command=("sh", "-c", "exec sleep 0.5")))
+    _wait_exited(node, "planted")
+    started = time.monotonic()
+    assert node.get("planted").exit_code is None
+    assert node.harness_log("planted", 1 << 20) == b"", "the node's file is not read through the link"
+    assert time.monotonic() - started < 5, "the reads are bounded"
+    _wait_exited(node, "after")
+    assert node.get("after").exit_code == 0, "the node goes on working"
+
+
+@pytest.mark.timeout(10)
+def test_confined_writes_replace_the_last_component_and_refuse_symlinked_directories(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "victim").write_text("host\n")
+    (root / "grader").mkdir()
+    (root / "grader" / "grade.py").symlink_to(outside / "victim")
+    confined.write(root, "grader/grade.py", b"print(0)\n")
+    assert (root / "grader" / "grade.py").read_bytes() == b"print(0)\n"
+    assert not (root / "grader" / "grade.py").is_symlink()
+    assert (outside / "victim").read_text() == "host\n"
+
+    (root / "tests").symlink_to(outside)
+    with pytest.raises(confined.Escapes, match=r"/tests is not a directory"):
+        confined.write(root, "tests/hidden.py", b"x")
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+    confined.write(root, "new/deep/file", b"y")
+    assert (root / "new" / "deep" / "file").read_bytes() == b"y"
+
+
+@pytest.mark.timeout(60)
+def test_spec_files_never_follow_an_image_symlink_to_the_host(make_node: NodeFactory, tmp_path: Path) -> None:
+    node = make_node("node-a")
+    # Debian's base image has /lib -> usr/lib, a relative symlink: resolved on the host it would
+    # stay inside, but no symlink on the path is followed at all.
+    with pytest.raises(InvalidSpec, match=r"files\[/lib/hidden\].*/lib is not a directory"):
+        node.create("files", SandboxSpec(image="base", command=("true",)), {"/lib/hidden": b"x"})
+    assert [s.record.id for s in node.list()] == [], "the refused sandbox left nothing"
+
+
+IPV6_PROBE = """import os, socket, sys
+inet6 = open("/proc/net/if_inet6").read().split() if os.path.exists("/proc/net/if_inet6") else []
+print("inet6 addresses:", len(inet6))
+port = int(sys.argv[1])
+for host in sys.argv[2:]:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        print("reached", host)
+    except OSError as exc:
+        print("no way to", host, type(exc).__name__)
+"""
+
+
+def _host_inet6() -> list[str]:
+    """The host's own IPv6 addresses, loopback included, link-local left out (they need a scope)."""
+    found = ["::1"]
+    for line in Path("/proc/net/if_inet6").read_text().splitlines():
+        raw, scope = line.split()[0], line.split()[3]
+        if scope == "00" and raw != "0" * 31 + "1":
+            found.append(":".join(raw[i : i + 4] for i in range(0, 32, 4)))
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_a_sandbox_has_no_ipv6_to_the_node_or_anywhere(make_node: NodeFactory) -> None:
+    node = make_node("node-a")
+    server = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    try:
+        port, targets = server.getsockname()[1], _host_inet6()
+        node.create(
+            "v6",
+            SandboxSpec(
+                image="base", command=("python3", "-c", IPV6_PROBE, str(port), *targets), address="10.205.0.2"
+            ),
+        )
+        _wait_exited(node, "v6")
+        log = node.harness_log("v6", 1 << 16).decode()
+        assert "inet6 addresses: 0" in log, log
+        assert all(f"no way to {t}" in log for t in targets) and "reached" not in log, log
+        host_side = Path(f"/proc/sys/net/ipv6/conf/{network.veth_name('node-a', 'v6')}/disable_ipv6")
+        assert host_side.read_text().strip() == "1", "the node's end of the veth has no IPv6 either"
+    finally:
+        server.close()
