@@ -171,7 +171,11 @@ def main() -> None:
     def gateway(tmp: str, upstream: str) -> tuple[Gateway, Ledger]:
         ledger = Ledger(Path(tmp) / "ledger.db")
         g = Gateway(
-            GatewaySettings(listen="127.0.0.1:0", upstream=upstream), ledger, episodes.get, lambda e: 0.0
+            GatewaySettings(listen="127.0.0.1:0", upstream=upstream),
+            ledger,
+            episodes.get,
+            lambda e: 0.0,
+            lambda e, peer: True,  # the harnesses here are the live runs
         )
         return g.start(), ledger
 

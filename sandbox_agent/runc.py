@@ -8,7 +8,7 @@ import signal as signals
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import _command, network, overlay
+from sandbox_agent import _command, network, overlay, seccomp
 from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import CommandFailed
@@ -18,12 +18,12 @@ from sandbox_agent.spec import SandboxRecord, SandboxState
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PARENT = "stasis"
 
-# Docker's default capability set without NET_RAW: enough for a harness to install packages
-# and chown files, not enough to forge packets.
+# Docker's default capability set without NET_RAW (no forged packets), MKNOD (the devices
+# cgroup refuses every node anyway), SETFCAP (no file capabilities to hand out) and AUDIT_WRITE:
+# enough for a harness to install packages, chown files and switch users.
 CAPABILITIES = [
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
-    "CAP_KILL", "CAP_AUDIT_WRITE",
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID",
+    "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
 ]  # fmt: skip
 
 _MOUNTS: list[dict[str, Any]] = [
@@ -37,8 +37,9 @@ _MOUNTS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 _MASKED_PATHS = [
-    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+    "/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+    "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
 ]  # fmt: skip
 
 
@@ -102,6 +103,7 @@ class RuncBackend:
                 },
                 "cgroupsPath": self._cgroups_path(record),
                 "namespaces": namespaces,
+                "seccomp": seccomp.profile(),
                 "maskedPaths": _MASKED_PATHS,
                 "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
             },

@@ -14,9 +14,10 @@ from grpc_reflection.v1alpha import reflection
 from orchestrator.api.registry import RegistryService
 from orchestrator.api.service import StasisService
 from orchestrator.api.settings import OrchestratorSettings
+from orchestrator.api.streams import API_WORKERS
 from orchestrator.control import AgentPool, Control, Verifier
-from orchestrator.domain import Episode, FailedPrecondition
-from orchestrator.gateway import Gateway, Ledger
+from orchestrator.domain import Episode, FailedPrecondition, NotFound
+from orchestrator.gateway import Gateway, Ledger, live_peer
 from orchestrator.state import SqliteStateStore
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
@@ -47,7 +48,7 @@ class Orchestrator:
         self.gateway: Gateway | None = None
         self.watcher: Any = None
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="api"),
+            futures.ThreadPoolExecutor(max_workers=API_WORKERS, thread_name_prefix="api"),
             options=[
                 ("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20),
@@ -96,6 +97,14 @@ class Orchestrator:
         record = next((r for r in self.store.snapshots(e.id) if r.id == e.restored_from), None)
         return record.created_at if record is not None else 0.0
 
+    def live_from(self, e: Episode, peer: str) -> bool:
+        """Whether a gateway connection from `peer` can be the episode's current run."""
+        try:
+            node_address = self.store.node(e.node).address if e.node else ""
+        except NotFound:
+            node_address = ""
+        return live_peer(e, peer, node_address)
+
     def start(self, *, gateway: bool = True) -> Orchestrator:
         self.server.start()
         self.control.start()
@@ -113,7 +122,7 @@ class Orchestrator:
         g = self.settings.gateway
         if not g.upstream:
             raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
-        self.gateway = Gateway(g, self.ledger, self.store.by_token, self.resumed_at).start()
+        self.gateway = Gateway(g, self.ledger, self.store.by_token, self.resumed_at, self.live_from).start()
         log.info("gateway listening on %s, forwarding to %s", g.listen, g.upstream)
         return self.gateway
 

@@ -4,6 +4,7 @@ as they enter the system; errors map to status codes in `status`."""
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -14,6 +15,7 @@ import grpc
 
 from orchestrator import wire
 from orchestrator.api.status import required, rpc
+from orchestrator.api.streams import StreamSlots, bounded
 from orchestrator.control import Control
 from orchestrator.control.scheduler import occupies_node
 from orchestrator.domain import (
@@ -76,8 +78,12 @@ class StasisService(pb_grpc.StasisServicer):
         snapshots: SnapshotStore,
         ledger: Ledger,
         import_registry: str = "",
+        streams: StreamSlots | None = None,
     ) -> None:
         self.import_registry = import_registry
+        self.streams = streams or StreamSlots()
+        self._claims = threading.Lock()
+        """Held from checking a request id to remembering it (the commands under it are quick)."""
         self.control = control
         self.store = store
         self.snapshots = snapshots
@@ -129,6 +135,7 @@ class StasisService(pb_grpc.StasisServicer):
         return pb.ListEpisodesResponse(episodes=[episode_to_pb(e, now) for e in episodes])
 
     @rpc
+    @bounded
     def WatchEpisodes(
         self, request: pb.WatchEpisodesRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.EpisodeEvent]:
@@ -159,13 +166,16 @@ class StasisService(pb_grpc.StasisServicer):
         self, request_id: str, method: str, payload: dict[str, str], action: Callable[[], R]
     ) -> R | None:
         """Run action unless a request with this id already did (then None); a failed action
-        leaves the id unused, so its retry fails the same way."""
-        if request_id and self.store.known_request(request_id, method, payload) is not None:
-            return None
-        result = action()
-        if request_id:
+        leaves the id unused, so its retry fails the same way. The id is claimed with its
+        action: concurrent retries wait, then find it done."""
+        if not request_id:
+            return action()
+        with self._claims:
+            if self.store.known_request(request_id, method, payload) is not None:
+                return None
+            result = action()
             self.store.remember_request(request_id, method, payload, next(iter(payload.values())))
-        return result
+            return result
 
     def _episode_change(
         self, request_id: str, method: str, payload: dict[str, str], action: Callable[[], Episode]
@@ -229,6 +239,7 @@ class StasisService(pb_grpc.StasisServicer):
         return wire.encode(image, pb.NamedImage, nodes=self.control.images.caching(image))
 
     @rpc
+    @bounded
     def ImportImage(
         self, request: pb.ImportNamedImageRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ImportProgress]:
@@ -259,6 +270,7 @@ class StasisService(pb_grpc.StasisServicer):
         return wire.encode(page, pb.EpisodeLog)
 
     @rpc
+    @bounded
     def ExportSnapshot(
         self, request: pb.ExportSnapshotRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ArchiveChunk]:
@@ -311,6 +323,7 @@ class StasisService(pb_grpc.StasisServicer):
         return self._trajectory(episode, request.include_branches)
 
     @rpc
+    @bounded
     def StreamTrajectories(
         self, request: pb.StreamTrajectoriesRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.Trajectory]:

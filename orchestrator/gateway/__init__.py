@@ -9,7 +9,7 @@ loop or the API.
 from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.gateway.ledger import Branch, Ledger, Turn, Verification
 from orchestrator.gateway.protocols import GatewayError
-from orchestrator.gateway.server import PROTOCOLS, Gateway
+from orchestrator.gateway.server import PROTOCOLS, Gateway, live_peer
 from orchestrator.gateway.settings import GATEWAY_IP, GatewaySettings
 from orchestrator.gateway.upstream import Upstream
 
@@ -25,4 +25,5 @@ __all__ = [
     "Turn",
     "Upstream",
     "Verification",
+    "live_peer",
 ]

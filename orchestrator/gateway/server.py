@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from orchestrator.domain import Episode
+from orchestrator.domain import Episode, EpisodeState
 from orchestrator.gateway.generation import Generation, UpstreamFault
 from orchestrator.gateway.ledger import Ledger
 from orchestrator.gateway.ledger import Turn as RecordedTurn
@@ -135,6 +135,16 @@ class _GroupCommit:
                     future.set_exception(value)
 
 
+def live_peer(e: Episode, peer: str, node_address: str) -> bool:
+    """Whether a connection from `peer` can come from the episode's live run: from the sandbox's
+    own address (the gateway on its node's host), or from the node it is placed on, whose agent
+    relays the gateway (`node_address` is that agent's host:port). A preempted episode has no
+    live run; any other sandbox with its key is a stale one."""
+    if e.state == EpisodeState.PREEMPTED or not e.node or not peer:
+        return False
+    return peer == e.address or peer == node_address.rsplit(":", 1)[0].strip("[]")
+
+
 class Gateway:
     """Serves every harness protocol for every episode's sandbox."""
 
@@ -144,6 +154,7 @@ class Gateway:
         ledger: Ledger,
         episodes: Callable[[str], Episode | None],
         resumed_at: Callable[[Episode], float],
+        live_from: Callable[[Episode, str], bool],
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -151,6 +162,9 @@ class Gateway:
         """The episode a gateway key belongs to."""
         self.resumed_at = resumed_at
         """When the snapshot the episode's current run came from froze it; 0 for a fresh start."""
+        self.live_from = live_from
+        """Whether a connection from this peer address can be the episode's live run. A stale
+        sandbox (on a node declared lost, or thawed after its episode moved) cannot: 409."""
         self.upstream = Upstream(settings)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-state")
         self._ledger = _GroupCommit(ledger)
@@ -202,23 +216,29 @@ class Gateway:
 
     # -- the front door ---------------------------------------------------------------------
 
-    def _episode(self, token: str) -> tuple[Episode, float] | None:
+    def _episode(self, token: str, peer: str) -> tuple[Episode, float, bool] | None:
         episode = self.episodes(token)
-        return (episode, self.resumed_at(episode)) if episode is not None else None
+        if episode is None:
+            return None
+        return episode, self.resumed_at(episode), self.live_from(episode, peer)
 
     async def _authenticate(self, request: web.Request) -> tuple[Episode, float]:
         """The episode whose key the request carries, and when its current run's snapshot froze it."""
         auth = request.headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
         token = token or request.headers.get("x-api-key", "").strip()
-        found = await self._call(self._episode, token) if token else None
+        found = await self._call(self._episode, token, request.remote or "") if token else None
         if found is None:
             raise GatewayError(401, "missing or unknown API key: use this sandbox's OPENAI_API_KEY or ANTHROPIC_API_KEY",
                                "authentication_error")  # fmt: skip
-        episode = found[0]
+        episode, resumed_at, live = found
         if episode.state.terminal:
             raise GatewayError(403, f"episode {episode.id} has ended ({episode.state})", "permission_error")
-        return found
+        if not live:
+            raise GatewayError(409, f"episode {episode.id} is {episode.state} on {episode.node or 'no node'}; "
+                               f"this connection ({request.remote}) is not its live run, and nothing is recorded",
+                               "conflict_error")  # fmt: skip
+        return episode, resumed_at
 
     async def _json(self, request: web.Request) -> tuple[bytes, dict[str, Any]]:
         limit = self.settings.max_body_bytes

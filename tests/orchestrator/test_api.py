@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator import FailedPrecondition, InvalidArgument, NotFound, StasisClient
+from orchestrator.api.streams import API_WORKERS, MAX_STREAMS
 from orchestrator.cli.local import LocalStack
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+from tests.orchestrator.conftest import wait_until
 from tests.orchestrator.programs import counter_spec
 
 
@@ -146,6 +150,17 @@ def test_request_ids_make_changes_idempotent(api: tuple[pb_grpc.StasisStub, Stas
     cancel = pb.CancelEpisodeRequest(episode_id=first.id, request_id="cancel-1")
     assert stub.CancelEpisode(cancel).state == pb.EPISODE_STATE_CANCELLED
     assert stub.CancelEpisode(cancel).state == pb.EPISODE_STATE_CANCELLED  # a retry, not an error
+    # Retries that race each other: one preempts, the others find it done.
+    second = client.submit(counter_spec(100000))
+    client.wait(second.id, ["RUNNING"], timeout_s=60)
+    racing = pb.PreemptEpisodeRequest(episode_id=second.id, request_id="preempt-race")
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        replies = list(pool.map(lambda _: stub.PreemptEpisode(racing), range(6)))
+    assert len(replies) == 6 and {r.id for r in replies} == {second.id}
+    client.wait(second.id, ["PREEMPTED"], timeout_s=60)
+    frozen = [e for e in client.events(second.id) if e.to_state == "CHECKPOINTING"]
+    assert len(frozen) == 1, frozen
+    client.cancel(second.id)
     # A request that failed leaves its id unused: the retry fails the same way.
     refused = pb.PreemptEpisodeRequest(episode_id=first.id, request_id="preempt-1")
     for _ in range(2):
@@ -168,3 +183,42 @@ def test_watch_streams_transitions_live(api: tuple[pb_grpc.StasisStub, StasisCli
             health_pb2.HealthCheckRequest(service="stasis.v1.Stasis")
         )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.timeout(90)
+def test_long_streams_never_take_the_threads_heartbeats_need(
+    api: tuple[pb_grpc.StasisStub, StasisClient],
+) -> None:
+    stub, client = api
+    quiet = pb.WatchEpisodesRequest(since_seq=1 << 60)  # no event to send: each stream just waits
+    watches = [stub.WatchEpisodes(quiet) for _ in range(MAX_STREAMS)]
+    try:
+
+        def refused() -> bool:
+            try:  # a stream that got a slot waits for events: its deadline ends it
+                next(stub.WatchEpisodes(quiet, timeout=2))
+            except grpc.RpcError as exc:
+                return exc.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[no-any-return]
+            return False
+
+        wait_until(refused, 30, "the stream after the last slot to be refused")
+        request = pb.StreamTrajectoriesRequest(since_seq=1 << 60)
+        code, details = _status(lambda: next(stub.StreamTrajectories(request, timeout=10)))
+        assert code == grpc.StatusCode.UNAVAILABLE and f"{MAX_STREAMS} streams are open" in details
+        # The node agent's heartbeats keep landing while every slot is held.
+        held_since = time.time()
+        wait_until(lambda: client.nodes()[0].last_heartbeat > held_since + 1, 30, "a heartbeat")
+        assert client.nodes()[0].state == "READY"
+        for _ in range(API_WORKERS - MAX_STREAMS + 4):  # more short calls than spare threads, one by one
+            assert client.get(client.submit({"image": "base", "command": ["true"]}).id).id
+    finally:
+        for w in watches:
+            w.cancel()
+
+    def served() -> bool:
+        try:
+            return next(stub.WatchEpisodes(pb.WatchEpisodesRequest(), timeout=5)) is not None
+        except grpc.RpcError:
+            return False
+
+    wait_until(served, 30, "a stream to be served once slots are free")

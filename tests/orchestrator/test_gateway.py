@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
-from orchestrator.gateway import Gateway, GatewaySettings, Ledger
+from orchestrator.gateway import Gateway, GatewaySettings, Ledger, live_peer
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 
 PARAMETERS = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
@@ -50,9 +50,16 @@ class World:
         return f"http://127.0.0.1:{self.gateway.port}"
 
     def post(
-        self, body: Any, token: str = "tok-1", path: str = "/v1/chat/completions", raw: bytes | None = None
+        self,
+        body: Any,
+        token: str = "tok-1",
+        path: str = "/v1/chat/completions",
+        raw: bytes | None = None,
+        source: str = "127.0.0.1",
     ) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.gateway.port, timeout=30)
+        conn = http.client.HTTPConnection(
+            "127.0.0.1", self.gateway.port, timeout=30, source_address=(source, 0)
+        )
         data = raw if raw is not None else json.dumps(body).encode()
         conn.request(
             "POST", path, data, {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -75,8 +82,12 @@ class World:
 
 def _episode(episode_id: str, token: str, state: EpisodeState = EpisodeState.RUNNING) -> Episode:
     spec = EpisodeSpec(image="base", command=("true",))
-    return Episode(id=episode_id, spec=spec, state=state, reason="", submitted_at=0, updated_at=0, address="",
-                   token=token, runs=1)  # fmt: skip
+    return Episode(id=episode_id, spec=spec, state=state, reason="", submitted_at=0, updated_at=0,
+                   address="10.209.0.2", token=token, runs=1, node="node-1")  # fmt: skip
+
+
+NODES = {"node-1": "127.0.0.1:7071", "node-2": "127.0.0.2:7071"}
+"""Where each node's agent listens: its connections to the gateway come from that host."""
 
 
 def _world(tmp_path: Path, upstream: str, model: ReferenceModelServer, **settings: Any) -> World:
@@ -91,6 +102,7 @@ def _world(tmp_path: Path, upstream: str, model: ReferenceModelServer, **setting
         ledger,
         lambda token: next((e for e in episodes.values() if e.token == token), None),
         lambda e: resumed.get(e.id, 0.0),
+        lambda e, peer: live_peer(e, peer, NODES.get(e.node, "")),
     ).start()
     return World(gateway, ledger, model, episodes, resumed)
 
@@ -465,6 +477,8 @@ def test_refusals_use_each_protocols_error_shape_and_record_nothing(world: World
     try:
         status, body = small.post(_chat({"role": "user", "content": "x" * 2000}))
         assert status == 413 and json.loads(body)["error"]["type"] == "request_too_large"
+        status, _ = small.post(_chat({"role": "user", "content": "x" * 2000}), token="nobody")
+        assert status == 401, "the key is checked before the body is read"
     finally:
         small.gateway.stop()
         small.ledger.close()
@@ -479,3 +493,18 @@ def test_refusals_use_each_protocols_error_shape_and_record_nothing(world: World
         cut.ledger.close()
         cutting.stop()
     assert world.ledger.turns("ep-1") == [] and world.ledger.turns("ep-done") == []
+
+
+@pytest.mark.timeout(30)
+def test_only_the_live_run_is_heard_and_a_stale_sandbox_gets_409(world: World) -> None:
+    assert world.post(_chat(USER))[0] == 200, "from node-1, where the episode runs"
+    # The episode moved to node-2 (its first node was declared lost): node-1's sandbox is stale.
+    world.episodes["ep-1"] = replace(world.episodes["ep-1"], node="node-2", runs=2)
+    status, body = world.post(_chat(USER, seed=2))
+    assert status == 409 and b"is not its live run" in body and b"conflict_error" in body, body
+    assert len(world.ledger.turns("ep-1")) == 1 and len(world.upstream_calls) == 1, "nothing recorded"
+    assert world.post(_chat(USER, seed=2), source="127.0.0.2")[0] == 200, "from node-2's relay"
+    world.episodes["ep-1"] = replace(world.episodes["ep-1"], state=EpisodeState.PREEMPTED)
+    status, body = world.post(_chat(USER, seed=3), source="127.0.0.2")
+    assert status == 409 and b"PREEMPTED" in body, "a preempted episode has no live run"
+    assert len(world.ledger.turns("ep-1")) == 2

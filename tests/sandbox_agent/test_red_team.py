@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import InvalidSpec, SandboxSpec, SandboxState, confined, network
+from sandbox_agent import InvalidSpec, Resources, SandboxSpec, SandboxState, confined, network
 from tests.sandbox_agent.conftest import NodeFactory
 
 # Runs as root in the base image; it leaves a wrong answer and tries to make any grader print 1000.
@@ -185,3 +185,50 @@ def test_a_sandbox_has_no_ipv6_to_the_node_or_anywhere(make_node: NodeFactory) -
         assert host_side.read_text().strip() == "1", "the node's end of the veth has no IPv6 either"
     finally:
         server.close()
+
+
+ESCAPES = r"""import ctypes, os, socket, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+def tried(what, result):
+    print(what, "refused" if result != 0 else "ALLOWED", os.strerror(ctypes.get_errno()) if result else "")
+tried("unshare(CLONE_NEWUSER)", libc.unshare(0x10000000))
+tried("unshare(CLONE_NEWNET)", libc.unshare(0x40000000))
+tried("mount tmpfs", libc.mount(b"none", b"/mnt", b"tmpfs", 0, None))
+tried("keyctl", 0 if libc.syscall(250, 0, -3, 0) >= 0 else -1)  # KEYCTL_GET_KEYRING_ID
+r = subprocess.run(["unshare", "-U", "-r", "true"], capture_output=True, text=True)
+print("unshare -U -r", "refused" if r.returncode else "ALLOWED", r.stderr.strip()[-60:])
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    print("raw socket ALLOWED")
+except PermissionError:
+    print("raw socket refused")
+print("threads and children still work:", subprocess.run(["sh", "-c", "echo ok"], capture_output=True, text=True).stdout.strip())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_namespaces_mounts_keyrings_and_raw_sockets_are_refused(make_node: NodeFactory) -> None:
+    node = make_node("node-a")
+    node.create("escape", SandboxSpec(image="base", command=("python3", "-c", ESCAPES)))
+    _wait_exited(node, "escape")
+    log = node.harness_log("escape", 1 << 16).decode()
+    assert "ALLOWED" not in log and log.count("refused") == 6, log
+    assert "threads and children still work: ok" in log, log
+
+
+@pytest.mark.timeout(90)
+def test_a_fork_bomb_and_a_memory_hog_fail_alone(make_node: NodeFactory) -> None:
+    node = make_node("node-a")
+    bomb = "b() { b | b & }; b; sleep 5; echo still here"
+    hog = "x = []\nwhile True:\n    x.append(bytearray(16 << 20))"
+    node.create("bomb", SandboxSpec(image="base", command=("bash", "-c", bomb), resources=Resources(pids=64)))
+    node.create(
+        "hog", SandboxSpec(image="base", command=("python3", "-c", hog), resources=Resources(memory_mb=128))
+    )
+    node.create("neighbour", SandboxSpec(image="base", command=("sh", "-c", "sleep 3; echo fine")))
+    _wait_exited(node, "hog", 60)
+    assert node.get("hog").exit_code not in (0, None), "the kernel killed the hog inside its cgroup"
+    _wait_exited(node, "neighbour", 60)
+    assert node.harness_log("neighbour", 4096).strip() == b"fine" and node.get("neighbour").exit_code == 0
+    node.kill("bomb")
+    _wait_exited(node, "bomb", 30)
