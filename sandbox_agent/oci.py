@@ -120,16 +120,25 @@ class ImageConfig:
 
     @classmethod
     def from_oci(cls, config: dict[str, Any]) -> ImageConfig:
-        c = config.get("config") or {}
+        """Read what an image's config blob says; fields of the wrong type count as unset."""
+        c = config.get("config") if isinstance(config, dict) else None
+        c = c if isinstance(c, dict) else {}
 
         def strings(key: str) -> tuple[str, ...]:
-            value = c.get(key) or []
-            return tuple(str(v) for v in value) if isinstance(value, list) else ()
+            value = c.get(key)
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            return tuple(value) if ok else ()  # type: ignore[arg-type]
 
+        def string(key: str) -> str:
+            value = c.get(key)
+            return value if isinstance(value, str) else ""
+
+        labels = c.get("Labels")
         return cls(
             entrypoint=strings("Entrypoint"), cmd=strings("Cmd"), env=strings("Env"),
-            working_dir=str(c.get("WorkingDir") or ""), user=str(c.get("User") or ""),
-            labels={str(k): str(v) for k, v in (c.get("Labels") or {}).items()},
+            working_dir=string("WorkingDir"), user=string("User"),
+            labels={k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+            if isinstance(labels, dict) else {},
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:

@@ -332,22 +332,29 @@ def import_checkpoint_archive(archive: str | os.PathLike[str], dest: str | os.Pa
     criu.mkdir(parents=True, mode=0o700)
     small: dict[str, bytes] = {}
     try:
+        seen: set[str] = set()
         for tin, member in _open_archive(source):
             name = _norm(member.name, str(source))
+            if name in seen and not member.isdir():
+                raise InvalidCheckpoint(str(source), f"{name} is in the archive twice")
+            seen.add(name)
             head, _, rest = name.partition("/")
             if head == CHECKPOINT_DIRECTORY and rest:
                 path = criu / rest
-                if member.isdir():
-                    path.mkdir(parents=True, exist_ok=True)
-                elif member.isreg():
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    with tin.extractfile(member) as src, open(path, "wb") as out:  # type: ignore[union-attr]
-                        shutil.copyfileobj(src, out, 1 << 20)
-                    os.chmod(path, member.mode & 0o7777)
-                else:
-                    raise InvalidCheckpoint(
-                        str(source), f"{name}: only files and directories belong in checkpoint/"
-                    )
+                try:
+                    if member.isdir():
+                        path.mkdir(parents=True, exist_ok=True)
+                    elif member.isreg():
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        with tin.extractfile(member) as src, open(path, "wb") as out:  # type: ignore[union-attr]
+                            shutil.copyfileobj(src, out, 1 << 20)
+                        os.chmod(path, member.mode & 0o7777)
+                    else:
+                        raise InvalidCheckpoint(
+                            str(source), f"{name}: only files and directories belong in checkpoint/"
+                        )
+                except (FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
+                    raise InvalidCheckpoint(str(source), f"{name}: {exc.strerror} in checkpoint/") from None
             elif name == ROOTFS_DIFF_TAR and member.isreg():
                 with tin.extractfile(member) as src, open(work / ROOTFS_DIFF_TAR, "wb") as out:  # type: ignore[union-attr]
                     shutil.copyfileobj(src, out, 1 << 20)
@@ -376,7 +383,9 @@ def import_checkpoint_archive(archive: str | os.PathLike[str], dest: str | os.Pa
         if STASIS_CHECKPOINT in small:
             # The agent's file inventory described the files it wrote; layer.tar was rebuilt from
             # rootfs-diff.tar, so the inventory no longer holds and is dropped.
-            original = json.loads(small[STASIS_CHECKPOINT])
+            original = _json_member(small, STASIS_CHECKPOINT, source)
+            if not isinstance(original, dict):
+                raise InvalidCheckpoint(str(source), f"{STASIS_CHECKPOINT} is not a JSON object")
             original.pop("files", None)
             checkpoint_json = json.dumps(original, indent=1).encode()
         else:

@@ -42,7 +42,12 @@ _STATE = pb.EpisodeState.DESCRIPTOR
 
 
 def episode_to_pb(e: Episode, now: float) -> pb.Episode:
-    return wire.encode(e, pb.Episode, run_seconds=e.total_run_s(now))
+    """The episode as every API answer carries it: without its gateway key and without the
+    contents of its hidden reward files (a harness that could read them would grade itself)."""
+    msg = wire.encode(e, pb.Episode, run_seconds=e.total_run_s(now))
+    if msg.spec.HasField("reward"):
+        msg.spec.reward.files.clear()
+    return msg
 
 
 def snapshot_to_pb(s: SnapshotRecord, available: bool) -> pb.Snapshot:

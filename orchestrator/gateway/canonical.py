@@ -79,13 +79,18 @@ def canonical_message(m: Any) -> dict[str, Any]:
             out[key] = str(m[key])
     calls = m.get("tool_calls") or []
     if calls:
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise ValueError("tool_calls: must be a list of objects")
+        functions = [c.get("function") or {} for c in calls]
+        if not all(isinstance(f, dict) for f in functions):
+            raise ValueError("tool_calls[].function: must be an object")
         out["tool_calls"] = [
             {
                 "id": str(c.get("id", "")),
-                "name": (c.get("function") or {}).get("name", ""),
-                "arguments": _arguments((c.get("function") or {}).get("arguments")),
+                "name": f.get("name", ""),
+                "arguments": _arguments(f.get("arguments")),
             }
-            for c in calls
+            for c, f in zip(calls, functions, strict=True)
         ]
     return out
 

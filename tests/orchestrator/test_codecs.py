@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from orchestrator import wire
+from orchestrator.api.service import episode_to_pb
 from orchestrator.client import EpisodeInfo, load_spec_file, spec_from_mapping
 from orchestrator.domain import (
     Episode,
@@ -140,3 +142,19 @@ def test_the_public_episode_carries_no_gateway_token() -> None:
         EpisodeState.RUNNING, 0, None, 5.0, SPEC,
     )  # fmt: skip
     assert info.to_json()["state"] == "RUNNING" and info.image == "base" and info.priority == 3
+
+
+@pytest.mark.timeout(10)
+def test_no_answer_carries_the_hidden_reward_files() -> None:
+    assert SPEC.reward is not None and SPEC.reward.files, "the spec under test has hidden files"
+    e = Episode(
+        id=ids.new_episode_id(), spec=SPEC, state=EpisodeState.RUNNING, reason="", submitted_at=1.0,
+        updated_at=1.0, address="10.200.0.2", token="t", node="node-1",
+    )  # fmt: skip
+    message = episode_to_pb(e, 2.0)
+    for content in SPEC.reward.files.values():
+        assert content not in message.SerializeToString()
+    info = wire.decode(message, EpisodeInfo)
+    assert info.spec.reward == replace(SPEC.reward, files={}) and info.spec.files == SPEC.files
+    plain = replace(e, spec=replace(SPEC, reward=None))
+    assert not episode_to_pb(plain, 2.0).spec.HasField("reward"), "no reward section appears"
