@@ -33,12 +33,27 @@ class SandboxLayout:
     dir: Path
 
     @property
+    def layer(self) -> Path:
+        """The writable layer's own filesystem (runc): `upper` and `work` live on it."""
+        return self.dir / "layer"
+
+    @property
+    def layer_image(self) -> Path:
+        """The sparse file that filesystem is made in."""
+        return self.dir / "layer.img"
+
+    @property
+    def graded(self) -> Path:
+        """Where a verifier of this (exited) sandbox reads its final tree from."""
+        return self.dir / "graded"
+
+    @property
     def upper(self) -> Path:
-        return self.dir / "upper"
+        return self.layer / "upper"
 
     @property
     def work(self) -> Path:
-        return self.dir / "work"
+        return self.layer / "work"
 
     @property
     def bundle(self) -> Path:

@@ -151,7 +151,7 @@ class Node:
         known = set()
         for d in self._sandboxes_dir.iterdir():
             if d.name.startswith(".") or not (d / "sandbox.json").exists():
-                shutil.rmtree(d, ignore_errors=True)
+                _remove(SandboxLayout(d))
                 continue
             known.add(d.name)
         for leftover in self.backend.remove_leftovers(known):
@@ -218,7 +218,7 @@ class Node:
             self.backend.destroy(record, layout)
         finally:
             network.destroy(self.name, record.id)
-            shutil.rmtree(layout.dir, ignore_errors=True)
+            _remove(layout)
 
     def _status(self, record: SandboxRecord) -> SandboxStatus:
         layout = self._layout(record.id)
@@ -521,7 +521,7 @@ class Node:
                 )
             # The graded layer must not be an upper dir of a live mount while it is a lower one.
             self.backend.destroy(record, layout)
-            graded = layout.dir / "graded"
+            graded = layout.graded
             overlay.mount_read_only([layout.upper, self.images.resolve(record.image_digest).rootfs], graded)
             spec = SandboxSpec(
                 image=image or record.image_digest,
@@ -624,6 +624,14 @@ class Node:
         """Delete every sandbox of this node: for tests and decommissioning."""
         for status in self.list():
             self.delete(status.record.id)
+
+
+def _remove(layout: SandboxLayout) -> None:
+    """A sandbox's directory gone, a verifier's view of it and its layer's filesystem unmounted
+    first (the loop device goes with it)."""
+    overlay.unmount(layout.graded)
+    overlay.unmount(layout.layer)
+    shutil.rmtree(layout.dir, ignore_errors=True)
 
 
 MAX_LOG_READ = 4 << 20

@@ -109,6 +109,11 @@ class RuncBackend:
             },
         }
 
+    @staticmethod
+    def _layer_disk(record: SandboxRecord, layout: SandboxLayout) -> None:
+        res = record.spec.resources
+        overlay.mount_layer_disk(layout.layer_image, layout.layer, res.disk_mb, res.inodes)
+
     def _write_bundle(
         self, record: SandboxRecord, layout: SandboxLayout, image: Image, graded: Path | None = None
     ) -> None:
@@ -129,6 +134,7 @@ class RuncBackend:
         files: dict[str, bytes],
         graded: Path | None = None,
     ) -> None:
+        self._layer_disk(record, layout)
         self._write_bundle(record, layout, image, graded)
         state = layout.rootfs / STATE_DIR.lstrip("/")
         state.mkdir(exist_ok=True)
@@ -166,6 +172,7 @@ class RuncBackend:
     def restore(
         self, record: SandboxRecord, layout: SandboxLayout, image: Image, checkpoint: Checkpoint
     ) -> None:
+        self._layer_disk(record, layout)
         overlay.import_layer(checkpoint.layer, layout.upper)
         self._write_bundle(record, layout, image)
         work = layout.criu_work / "restore"

@@ -111,6 +111,8 @@ def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:
             cpus=r.cpus if r.HasField("cpus") else defaults.cpus,
             memory_mb=r.memory_mb if r.HasField("memory_mb") else defaults.memory_mb,
             pids=r.pids if r.HasField("pids") else defaults.pids,
+            disk_mb=r.disk_mb if r.HasField("disk_mb") else defaults.disk_mb,
+            inodes=r.inodes if r.HasField("inodes") else defaults.inodes,
         ),
     )
 
@@ -127,7 +129,9 @@ def spec_to_pb(spec: SandboxSpec) -> pb.SandboxSpec:
         cwd=spec.cwd,
         hostname=spec.hostname,
         address=spec.address,
-        resources=pb.Resources(cpus=r.cpus, memory_mb=r.memory_mb, pids=r.pids),
+        resources=pb.Resources(
+            cpus=r.cpus, memory_mb=r.memory_mb, pids=r.pids, disk_mb=r.disk_mb, inodes=r.inodes
+        ),
     )
 
 

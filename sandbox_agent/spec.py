@@ -46,6 +46,11 @@ class Resources:
     same default as an episode spec's, so a sandbox made by hand matches one the orchestrator asks for."""
     pids: int = 1024
     """Process limit; stops a fork bomb in a harness's shell tool from taking the node."""
+    disk_mb: int = 10240
+    """Size of the writable layer's own filesystem (runc): a harness that fills it gets ENOSPC,
+    and the node's disk, its neighbours and their checkpoints are untouched."""
+    inodes: int = 1 << 20
+    """How many files and directories the writable layer holds."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,10 @@ class SandboxSpec:
             raise InvalidSpec("resources.memory_mb", f"{r.memory_mb} must be between 16 and 1048576")
         if not 8 <= r.pids <= 1 << 22:
             raise InvalidSpec("resources.pids", f"{r.pids} must be between 8 and 4194304")
+        if not 16 <= r.disk_mb <= 1 << 24:
+            raise InvalidSpec("resources.disk_mb", f"{r.disk_mb} must be between 16 and 16777216")
+        if not 1024 <= r.inodes <= 1 << 28:
+            raise InvalidSpec("resources.inodes", f"{r.inodes} must be between 1024 and 268435456")
         return self
 
     @property

@@ -234,7 +234,11 @@ class AgentClient:
                 env={**spec.env, **env},
                 hostname=hostname,
                 address=address,
-                resources=pb.Resources(cpus=spec.resources.cpus, memory_mb=spec.resources.memory_mb),
+                resources=pb.Resources(
+                    cpus=spec.resources.cpus,
+                    memory_mb=spec.resources.memory_mb,
+                    disk_mb=spec.resources.disk_mb,
+                ),
             ),
             files=spec.files,
         )

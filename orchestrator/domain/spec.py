@@ -26,6 +26,8 @@ class Resources:
     """CPU cores (a CFS quota)."""
     memory_mb: int = 1024
     """Hard memory limit in MiB; also what placement reserves on the node."""
+    disk_mb: int = 10240
+    """Size of the writable layer's own filesystem; a harness that fills it fails alone."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class EpisodeSpec:
             raise InvalidArgument("spec.resources.cpus", f"{r.cpus} must be > 0 and <= 256")
         if not 16 <= r.memory_mb <= 1 << 20:
             raise InvalidArgument("spec.resources.memory_mb", f"{r.memory_mb} must be between 16 and 1048576")
+        if not 16 <= r.disk_mb <= 1 << 24:
+            raise InvalidArgument("spec.resources.disk_mb", f"{r.disk_mb} must be between 16 and 16777216")
         if self.limits.max_wall_s < 0:
             raise InvalidArgument("spec.limits.max_wall_s", "must be >= 0 (0 means no limit)")
         p = self.preemption

@@ -222,7 +222,9 @@ def test_anthropic_sdk_harness_survives_three_preemptions(
             except AssertionError:
                 e = c.get(episode.id)
                 logs = sorted(
-                    (stack.state_dir / "nodes").glob(f"*/sandboxes/{e.sandbox_id}/upper/.stasis/harness.log")
+                    (stack.state_dir / "nodes").glob(
+                        f"*/sandboxes/{e.sandbox_id}/layer/upper/.stasis/harness.log"
+                    )
                 )
                 raise AssertionError(
                     (e.state, [x.reason for x in c.events(episode.id)], [p.read_text()[-3000:] for p in logs])

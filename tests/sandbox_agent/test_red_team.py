@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_agent import InvalidSpec, Resources, SandboxSpec, SandboxState, confined, network
-from tests.sandbox_agent.conftest import NodeFactory
+from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
 
 # Runs as root in the base image; it leaves a wrong answer and tries to make any grader print 1000.
 FORGER = """set -e
@@ -232,3 +232,29 @@ def test_a_fork_bomb_and_a_memory_hog_fail_alone(make_node: NodeFactory) -> None
     assert node.harness_log("neighbour", 4096).strip() == b"fine" and node.get("neighbour").exit_code == 0
     node.kill("bomb")
     _wait_exited(node, "bomb", 30)
+
+
+FILL = """dd if=/dev/zero of=/fill bs=1M count=200 2>/dev/null; bytes=$?
+rm -f /fill
+mkdir /many; i=0; while touch /many/f$i 2>/dev/null; do i=$((i+1)); done
+rm -rf /many
+echo "dd exit $bytes, files $i"; sleep 600
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_fails_its_own_sandbox_alone(make_node: NodeFactory, tmp_path: Path) -> None:
+    a, b = make_node("node-a"), make_node("node-b")
+    small = Resources(disk_mb=64, inodes=2048)
+    a.create(
+        "full", SandboxSpec(image="base", command=("sh", "-c", FILL), resources=small, address="10.205.0.3")
+    )
+    writer = "dd if=/dev/zero of=/data bs=1M count=100 2>/dev/null && echo wrote 100 MiB; sleep 600"
+    a.create("neighbour", SandboxSpec(image="base", command=("sh", "-c", writer)))
+    log = wait_for_log(a, "full", lambda t: "files" in t, 90)
+    done = log.split("dd exit ")[1].split()
+    assert done[0] != "0," and int(done[2]) < 2048, "bytes and inodes both ran out at the layer's size"
+    assert "wrote 100 MiB" in wait_for_log(a, "neighbour", lambda t: "wrote" in t, 60)
+    # The full sandbox still checkpoints and restores elsewhere, and goes on running there.
+    a.checkpoint("full", tmp_path / "ck", leave_running=False)
+    assert b.restore("full", tmp_path / "ck").state == SandboxState.RUNNING

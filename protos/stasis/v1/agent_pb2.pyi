@@ -56,14 +56,18 @@ class VerifierResult(_message.Message):
     def __init__(self, has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., log: _Optional[bytes] = ..., duration_ms: _Optional[float] = ...) -> None: ...
 
 class Resources(_message.Message):
-    __slots__ = ("cpus", "memory_mb", "pids")
+    __slots__ = ("cpus", "memory_mb", "pids", "disk_mb", "inodes")
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     PIDS_FIELD_NUMBER: _ClassVar[int]
+    DISK_MB_FIELD_NUMBER: _ClassVar[int]
+    INODES_FIELD_NUMBER: _ClassVar[int]
     cpus: float
     memory_mb: int
     pids: int
-    def __init__(self, cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ..., pids: _Optional[int] = ...) -> None: ...
+    disk_mb: int
+    inodes: int
+    def __init__(self, cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ..., pids: _Optional[int] = ..., disk_mb: _Optional[int] = ..., inodes: _Optional[int] = ...) -> None: ...
 
 class SandboxSpec(_message.Message):
     __slots__ = ("image", "command", "env", "cwd", "hostname", "address", "resources", "entrypoint", "has_entrypoint", "user")

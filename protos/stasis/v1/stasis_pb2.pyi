@@ -43,12 +43,14 @@ NODE_STATE_DRAINING: NodeState
 NODE_STATE_LOST: NodeState
 
 class EpisodeResources(_message.Message):
-    __slots__ = ("cpus", "memory_mb")
+    __slots__ = ("cpus", "memory_mb", "disk_mb")
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    DISK_MB_FIELD_NUMBER: _ClassVar[int]
     cpus: float
     memory_mb: int
-    def __init__(self, cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+    disk_mb: int
+    def __init__(self, cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ..., disk_mb: _Optional[int] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_wall_s",)
