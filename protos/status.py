@@ -1,7 +1,13 @@
 """The gRPC status code each snapshot store error crosses the wire with. The one table both
-services (the orchestrator's and the node agent's) map snapshot errors through."""
+services (the orchestrator's and the node agent's) map snapshot errors through, and the one
+wrapper both put around their handlers to turn errors into statuses."""
 
 from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import grpc
 
@@ -34,3 +40,31 @@ SNAPSHOT_STATUS: tuple[tuple[type[SnapshotError], grpc.StatusCode], ...] = (
 
 def snapshot_status(exc: SnapshotError) -> grpc.StatusCode:
     return next((code for kind, code in SNAPSHOT_STATUS if isinstance(exc, kind)), grpc.StatusCode.INTERNAL)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+Abort = Callable[[Any, grpc.ServicerContext, Any], None]
+
+
+def guarded(method: F, errors: tuple[type[BaseException], ...], abort: Abort) -> F:
+    """`method`, a unary or server-streaming handler, with any of `errors` it raises handed to
+    `abort(service, context, exc)`, which ends the call with a status."""
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def stream(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from method(self, request, context)
+            except errors as exc:
+                abort(self, context, exc)
+
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    def unary(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except errors as exc:
+            abort(self, context, exc)
+
+    return unary  # type: ignore[return-value]

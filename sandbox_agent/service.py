@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import logging
 import signal as signals
@@ -19,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from protos.relay import relay
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
-from protos.status import snapshot_status
+from protos.status import guarded, snapshot_status
 from sandbox_agent import oci
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import (
@@ -74,25 +72,7 @@ def _rpc(method: F) -> F:
             log.error("%s failed: %s", method.__name__, exc)
         context.abort(code, f"node {self.node.name}: {exc}")
 
-    if inspect.isgeneratorfunction(method):
-
-        @functools.wraps(method)
-        def stream(self: AgentService, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            try:
-                yield from method(self, request, context)
-            except (AgentError, SnapshotError) as exc:
-                abort(self, context, exc)
-
-        return stream  # type: ignore[return-value]
-
-    @functools.wraps(method)
-    def unary(self: AgentService, request: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            return method(self, request, context)
-        except (AgentError, SnapshotError) as exc:
-            abort(self, context, exc)
-
-    return unary  # type: ignore[return-value]
+    return guarded(method, (AgentError, SnapshotError), abort)
 
 
 def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -17,7 +15,7 @@ from orchestrator.domain import (
     StasisError,
     TemporaryError,
 )
-from protos.status import snapshot_status
+from protos.status import guarded, snapshot_status
 from snapshots import SnapshotError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,25 +39,7 @@ def abort(context: grpc.ServicerContext, exc: StasisError | SnapshotError) -> No
 
 def rpc(method: F) -> F:
     """Map Stasis and snapshot errors to status codes, for unary and server-streaming methods."""
-    if inspect.isgeneratorfunction(method):
-
-        @functools.wraps(method)
-        def stream(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            try:
-                yield from method(self, request, context)
-            except (StasisError, SnapshotError) as exc:
-                abort(context, exc)
-
-        return stream  # type: ignore[return-value]
-
-    @functools.wraps(method)
-    def unary(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            return method(self, request, context)
-        except (StasisError, SnapshotError) as exc:
-            abort(context, exc)
-
-    return unary  # type: ignore[return-value]
+    return guarded(method, (StasisError, SnapshotError), lambda _, context, exc: abort(context, exc))
 
 
 def required(field: str, value: str) -> str:
