@@ -7,6 +7,7 @@ import logging
 import signal as signals
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,7 +78,7 @@ def _rpc(method: F) -> F:
 
 def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:
     """Unset resources take `Resources`' defaults."""
-    r, defaults = msg.resources, Resources()
+    r = msg.resources
     return SandboxSpec(
         image=msg.image,
         command=tuple(msg.command),
@@ -87,18 +88,11 @@ def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:
         cwd=msg.cwd,
         hostname=msg.hostname or "sandbox",
         address=msg.address,
-        resources=Resources(
-            cpus=r.cpus if r.HasField("cpus") else defaults.cpus,
-            memory_mb=r.memory_mb if r.HasField("memory_mb") else defaults.memory_mb,
-            pids=r.pids if r.HasField("pids") else defaults.pids,
-            disk_mb=r.disk_mb if r.HasField("disk_mb") else defaults.disk_mb,
-            inodes=r.inodes if r.HasField("inodes") else defaults.inodes,
-        ),
+        resources=Resources(**{f.name: getattr(r, f.name) for f in fields(Resources) if r.HasField(f.name)}),
     )
 
 
 def spec_to_pb(spec: SandboxSpec) -> pb.SandboxSpec:
-    r = spec.resources
     return pb.SandboxSpec(
         image=spec.image,
         command=list(spec.command),
@@ -109,9 +103,7 @@ def spec_to_pb(spec: SandboxSpec) -> pb.SandboxSpec:
         cwd=spec.cwd,
         hostname=spec.hostname,
         address=spec.address,
-        resources=pb.Resources(
-            cpus=r.cpus, memory_mb=r.memory_mb, pids=r.pids, disk_mb=r.disk_mb, inodes=r.inodes
-        ),
+        resources=pb.Resources(**asdict(spec.resources)),
     )
 
 
