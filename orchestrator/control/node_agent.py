@@ -234,11 +234,7 @@ class AgentClient:
                 env={**spec.env, **env},
                 hostname=hostname,
                 address=address,
-                resources=pb.Resources(
-                    cpus=spec.resources.cpus,
-                    memory_mb=spec.resources.memory_mb,
-                    disk_mb=spec.resources.disk_mb,
-                ),
+                resources=wire.encode(spec.resources, pb.Resources),
             ),
             files=spec.files,
         )
@@ -257,7 +253,7 @@ class AgentClient:
                 if m.HasField("image"):
                     return wire.decode(m.image, ImageView)
                 if progress is not None:
-                    progress(PullStatus(self.node, m.phase, m.bytes_done, m.bytes_total))
+                    progress(wire.decode(m, PullStatus, node=self.node))
         raise AgentUnavailable(f"node {self.node} ended its pull of {reference} without an image", delay=2)
 
     def checkpoint(
