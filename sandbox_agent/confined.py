@@ -4,45 +4,65 @@ never past a bound."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+
+
+class Escapes(Exception):
+    """A directory on the path is a symlink or not a directory."""
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
+@contextmanager
+def _directory(root: Path, parts: list[str], make: bool = False) -> Iterator[int]:
+    """A descriptor of root/parts..., reached one component at a time without following a
+    symlink (`make` creates missing ones, 0755); one that is a symlink or not a directory raises
+    `Escapes`."""
+    fd = os.open(root, _DIR)
+    try:
+        for depth, part in enumerate(parts, 1):
+            if make:
+                with suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            try:
+                next_fd = os.open(part, _DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise Escapes(f"/{'/'.join(parts[:depth])} is not a directory") from None
+                raise
+            os.close(fd)
+            fd = next_fd
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def read(root: Path, relative: str, offset: int = 0, limit: int = 1 << 20) -> tuple[bytes, int]:
     """Up to `limit` bytes of root/relative from `offset`, and the file's size. A path that is
     missing, crosses a symlink or is not a regular file reads as empty, size 0."""
+    parts = relative.strip("/").split("/")
     try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        with _directory(root, parts[:-1]) as fd:
+            file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+            with os.fdopen(file_fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    return b"", 0
+                f.seek(min(max(0, offset), st.st_size))
+                return f.read(max(0, limit)), st.st_size
+    except Escapes:
+        return b"", 0
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        if exc.errno in _GONE:
             return b"", 0
         raise
-    try:
-        parts = relative.strip("/").split("/")
-        for part in parts[:-1]:
-            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-        file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-        with os.fdopen(file_fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                return b"", 0
-            f.seek(min(max(0, offset), st.st_size))
-            return f.read(max(0, limit)), st.st_size
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            return b"", 0
-        raise
-    finally:
-        os.close(fd)
-
-
-class Escapes(Exception):
-    """A directory on the path is a symlink or not a directory."""
 
 
 def write(root: Path, relative: str, content: bytes, mode: int = 0o644) -> None:
@@ -50,19 +70,7 @@ def write(root: Path, relative: str, content: bytes, mode: int = 0o644) -> None:
     is at the last component (a symlink, a fifo, a file) is replaced, never followed; a
     directory on the path that is a symlink raises `Escapes`."""
     parts = relative.strip("/").split("/")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for depth, part in enumerate(parts[:-1], 1):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-            try:
-                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise Escapes(f"/{'/'.join(parts[:depth])} is not a directory") from None
-                raise
-            os.close(fd)
-            fd = next_fd
+    with _directory(root, parts[:-1], make=True) as fd:
         try:
             os.unlink(parts[-1], dir_fd=fd)
         except FileNotFoundError:
@@ -72,5 +80,3 @@ def write(root: Path, relative: str, content: bytes, mode: int = 0o644) -> None:
         file_fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=fd)
         with os.fdopen(file_fd, "wb") as f:
             f.write(content)
-    finally:
-        os.close(fd)
