@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -531,12 +531,10 @@ class Node:
                 resources=record.spec.resources,
             )
             started = time.monotonic()
-            try:
+            with ExitStack() as cleanup:  # last in, first out: the verifier, then the graded view
+                cleanup.callback(overlay.unmount, graded)
                 vrecord = self._start(verifier_id, spec, files, graded=graded)
-            except BaseException:
-                overlay.unmount(graded)
-                raise
-            try:
+                cleanup.callback(self._teardown, vrecord, self._layout(verifier_id))
                 status = self._status(vrecord)
                 while status.state != SandboxState.EXITED and time.monotonic() - started < timeout_s:
                     time.sleep(0.1)
@@ -551,11 +549,6 @@ class Node:
                     log=self.harness_log(verifier_id),
                     duration_ms=_ms(time.monotonic() - started),
                 )
-            finally:
-                try:
-                    self._teardown(vrecord, self._layout(verifier_id))
-                finally:
-                    overlay.unmount(graded)
 
     def kill(self, sandbox_id: str, signal: int = signals.SIGKILL) -> SandboxStatus:
         if signal not in signals.valid_signals() or signal == 0:
