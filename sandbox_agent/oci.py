@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import ipaddress
 import json
+import os
 import re
 import tarfile
 import threading
@@ -231,18 +232,24 @@ def _watched(layout: Path, sizes: dict[str, int], progress: Progress) -> Iterato
     """Report the bytes skopeo has written into the layout every PROGRESS_INTERVAL_S: blobs it
     already held count as done, new files (its `oci-put-blob*` temporaries, then the renamed
     blobs) by their size so far."""
-    (layout / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+
+    def files() -> list[os.DirEntry[str]]:
+        """The layout's own files (skopeo's temporaries among them) and its blobs."""
+        return [e for d in (layout, blobs) for e in os.scandir(d) if e.is_file(follow_symlinks=False)]
+
     held = sum(size for digest, size in sizes.items() if _present(layout, digest))
-    before = {p for p in layout.rglob("*") if p.is_file()}
+    before = {e.path for e in files()}
     total = sum(sizes.values())
     stop = threading.Event()
 
     def written() -> int:
         fresh = 0
-        for p in layout.rglob("*"):
+        for e in files():
             try:
-                if p not in before and p.is_file() and p.name != "index.json":
-                    fresh += p.stat().st_size
+                if e.path not in before and e.name != "index.json":
+                    fresh += e.stat(follow_symlinks=False).st_size
             except FileNotFoundError:
                 pass  # a temporary renamed under our feet
         return fresh
