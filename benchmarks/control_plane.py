@@ -42,7 +42,7 @@ def preempt_resume(root: Path, cycles: int) -> list[tuple[float, float, float, f
     stack.start()
     rows = []
     try:
-        with StasisClient(stack.address) as c:
+        with stack.client() as c:
             episode = c.submit(SPEC)
             c.wait(episode.id, ["RUNNING"], timeout_s=60)
             for i in range(cycles):

@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from protos.tls import TlsFiles
 from sandbox_agent.errors import AgentError
 from sandbox_agent.forwarder import Forwarder, parse_target
 from sandbox_agent.network import GATEWAY_IP
@@ -74,7 +75,28 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         default=[r for r in env("STASIS_INSECURE_REGISTRIES", "").split(",") if r],
         help="host[:port] reached over plain HTTP (repeatable; loopback ones always are)",
     )
+    p.add_argument(
+        "--tls-ca", type=Path, default=_path(env("STASIS_TLS_CA", "")), help="cluster CA certificate"
+    )
+    p.add_argument(
+        "--tls-cert", type=Path, default=_path(env("STASIS_TLS_CERT", "")), help="this node's certificate"
+    )
+    p.add_argument("--tls-key", type=Path, default=_path(env("STASIS_TLS_KEY", "")), help="its private key")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=bool(env("STASIS_INSECURE")),
+        help="serve plaintext gRPC to anyone who reaches --listen (development only)",
+    )
     a = p.parse_args(argv)
+    tls_files = (a.tls_ca, a.tls_cert, a.tls_key)
+    if any(tls_files) and not all(tls_files):
+        p.error("--tls-ca, --tls-cert and --tls-key go together")
+    if not all(tls_files) and not a.insecure:
+        p.error(
+            "give this node's certificate from the cluster CA (--tls-ca, --tls-cert, --tls-key), "
+            "or --insecure to accept calls from anyone who reaches --listen"
+        )
     labels = dict(kv.split("=", 1) for kv in a.label if "=" in kv)
     return AgentSettings(
         node=a.node,
@@ -97,6 +119,7 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         registry_auth_file=a.registry_auth_file,
         registry_certs=a.registry_certs,
         insecure_registries=tuple(a.insecure_registry),
+        tls=TlsFiles(a.tls_ca, a.tls_cert, a.tls_key) if all(tls_files) else None,
     )
 
 
@@ -118,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = settings_from_args(argv)
     try:
         node = Node(settings)
-        server, port = serve(node, settings.listen)
+        server, port = serve(node, settings.listen, settings.tls)
     except AgentError as exc:
         sys.exit(f"stasis-agent: {exc}")
     host = settings.listen.rsplit(":", 1)[0]

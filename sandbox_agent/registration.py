@@ -10,6 +10,7 @@ import grpc
 
 from protos.stasis.v1 import stasis_pb2 as spb
 from protos.stasis.v1 import stasis_pb2_grpc as spb_grpc
+from protos.tls import ORCHESTRATOR
 from sandbox_agent.node import Node
 from sandbox_agent.service import image_to_pb, node_info_pb, sandbox_to_pb
 
@@ -23,7 +24,11 @@ class Registration:
         self.node = node
         self.advertise = advertise
         self.interval = node.settings.heartbeat_s
-        self._channel = grpc.insecure_channel(orchestrator)
+        tls = node.settings.tls
+        # With TLS, this node's certificate is its name: the orchestrator takes no other from it.
+        self._channel = (
+            tls.channel(orchestrator, ORCHESTRATOR) if tls else grpc.insecure_channel(orchestrator)
+        )
         self._registry = spb_grpc.NodeRegistryStub(self._channel)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"registration-{node.name}", daemon=True)

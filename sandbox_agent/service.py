@@ -7,6 +7,7 @@ import logging
 import signal as signals
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,10 +16,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from protos.admission import Admission
 from protos.relay import relay
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
 from protos.status import guarded, snapshot_status
+from protos.tls import ORCHESTRATOR, TlsFiles, bind, peer_identity
 from sandbox_agent import oci
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import (
@@ -331,10 +334,27 @@ class AgentService(pb_grpc.SandboxAgentServicer):
         return pb.ResolveImageResponse(pinned=parsed.pinned(digest), digest=digest)
 
 
-def serve(node: Node, listen: str, max_workers: int = 16) -> tuple[grpc.Server, int]:
-    """Start the agent's gRPC server with health and reflection; returns it and its bound port."""
+@contextmanager
+def _orchestrator_only(method: str, context: grpc.ServicerContext) -> Iterator[None]:
+    """The admission policy of a node with TLS: only the orchestrator's certificate may call."""
+    identity = peer_identity(context)
+    if identity != ORCHESTRATOR:
+        context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"this node agent serves only {ORCHESTRATOR}; the caller's certificate is for {identity!r}",
+        )
+    yield
+
+
+def serve(
+    node: Node, listen: str, tls: TlsFiles | None = None, max_workers: int = 16
+) -> tuple[grpc.Server, int]:
+    """Start the agent's gRPC server with health and reflection; returns it and its bound port.
+    With `tls`, a caller must complete mutual TLS with a certificate from the cluster CA, and only
+    the orchestrator's is admitted."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"agent-{node.name}"),
+        interceptors=[Admission(_orchestrator_only)] if tls else [],
         options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
     )
     pb_grpc.add_SandboxAgentServicer_to_server(AgentService(node), server)
@@ -344,8 +364,9 @@ def serve(node: Node, listen: str, max_workers: int = 16) -> tuple[grpc.Server, 
     health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(listen)
-    if port == 0:
-        raise FailedPrecondition(f"cannot listen on {listen}")
+    try:
+        port = bind(server, listen, tls, require_client_cert=True)
+    except ValueError as exc:
+        raise FailedPrecondition(str(exc)) from None
     server.start()
     return server, port

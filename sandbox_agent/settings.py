@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protos.tls import TlsFiles
+
 DEFAULT_BASE_IMAGE_TAR = Path("/var/cache/stasis/images/base/rootfs.tar")
 
 
@@ -50,5 +52,8 @@ class AgentSettings:
     """A docker config.json holding registry credentials; read by skopeo, never logged or sent on."""
     registry_certs: Path | None = None
     """CA certificates of registries with private CAs, as <dir>/<host[:port]>/ca.crt."""
+    tls: TlsFiles | None = None
+    """This node's certificate from the cluster CA: it serves only the orchestrator with it, and
+    registers as the node it names. None (`--insecure`) accepts calls from anyone."""
     insecure_registries: tuple[str, ...] = ()
     """Registries (host[:port]) spoken to over plain HTTP; those on loopback addresses always may."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,15 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             "the Stasis suite runs as root: it drives runc, CRIU, overlayfs and netns for real"
         )
+    # Clients in the suite (and every `stasis` it runs) read and write a client config of their
+    # own, never the user's ~/.stasis/config.
+    for name in ("STASIS_ADDR", "STASIS_CONTEXT"):
+        os.environ.pop(name, None)
+    os.environ["STASIS_CONFIG"] = str(Path(tempfile.mkdtemp(prefix="stasis-suite-")) / "config")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(Path(os.environ["STASIS_CONFIG"]).parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,7 +5,8 @@ Owns the API boundary: specs are validated here, once. Imports the control loop,
 the state store and the domain; never the client or the CLI.
 """
 
+from orchestrator.api.access import Tokens, add_token
 from orchestrator.api.server import Orchestrator
-from orchestrator.api.settings import OrchestratorSettings
+from orchestrator.api.settings import AuthSettings, OrchestratorSettings
 
-__all__ = ["Orchestrator", "OrchestratorSettings"]
+__all__ = ["AuthSettings", "Orchestrator", "OrchestratorSettings", "Tokens", "add_token"]

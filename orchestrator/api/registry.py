@@ -10,10 +10,11 @@ import grpc
 from orchestrator import wire
 from orchestrator.api.status import required, rpc
 from orchestrator.control import Control, SandboxView
-from orchestrator.domain import NodeRecord, NodeState
+from orchestrator.domain import NodeRecord, NodeState, PermissionDenied
 from protos.stasis.v1 import agent_pb2 as apb
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+from protos.tls import node_of, peer_identity
 
 
 def _images(images: Iterable[apb.Image]) -> dict[str, list[str]]:
@@ -21,14 +22,27 @@ def _images(images: Iterable[apb.Image]) -> dict[str, list[str]]:
 
 
 class RegistryService(pb_grpc.NodeRegistryServicer):
-    def __init__(self, control: Control) -> None:
+    def __init__(self, control: Control, *, certified: bool = False) -> None:
         self.control = control
+        self.certified = certified
+        """Callers hold node certificates (the mutual-TLS cluster port): each speaks only for its own node."""
+
+    def _speaks_for(self, context: grpc.ServicerContext, field: str, node: str) -> str:
+        required(field, node)
+        if self.certified:
+            identity = peer_identity(context)
+            if node_of(identity) != node:
+                raise PermissionDenied(
+                    f"{field}: the caller's certificate is for {identity or 'no one'!r}, "
+                    f"not node {node!r}; a node may register and heartbeat only as itself"
+                )
+        return node
 
     @rpc
     def RegisterNode(
         self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext
     ) -> pb.RegisterNodeResponse:
-        required("info.name", request.info.name)
+        self._speaks_for(context, "info.name", request.info.name)
         required("address", request.address)
         node = wire.decode(
             request.info, NodeRecord,
@@ -41,7 +55,7 @@ class RegistryService(pb_grpc.NodeRegistryServicer):
     @rpc
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         known = self.control.members.heartbeat(
-            required("node", request.node),
+            self._speaks_for(context, "node", request.node),
             [SandboxView.from_pb(s) for s in request.sandboxes],
             _images(request.images),
         )

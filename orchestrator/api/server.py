@@ -1,5 +1,11 @@
-"""One orchestrator process: state store, ledger, snapshot store, control loop, gRPC server
-(public API, node registry, health, reflection) and, when configured, the gateway."""
+"""One orchestrator process: state store, ledger, snapshot store, control loop, gRPC servers
+(public API, node registry, health, reflection) and, when configured, the gateway.
+
+With `auth`, the public API takes TLS plus bearer tokens, and the node registry has a port of
+its own where only nodes with a certificate from the cluster CA complete the handshake (and
+heartbeats have their own threads, never waiting behind long streams). Without it, one
+plaintext port serves both.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +17,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from orchestrator.api.access import PublicAccess, Tokens
 from orchestrator.api.registry import RegistryService
 from orchestrator.api.service import StasisService
-from orchestrator.api.settings import OrchestratorSettings
+from orchestrator.api.settings import AuthSettings, OrchestratorSettings
 from orchestrator.api.streams import API_WORKERS
 from orchestrator.control import AgentPool, Control, Verifier
 from orchestrator.domain import Episode, FailedPrecondition, NotFound
 from orchestrator.gateway import Gateway, Ledger, live_peer
 from orchestrator.state import SqliteStateStore
+from protos.admission import Admission
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+from protos.tls import bind
 from snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -35,7 +44,8 @@ class Orchestrator:
         self.store = SqliteStateStore(settings.state_dir / "state.db")
         self.ledger = Ledger(settings.state_dir / "state.db")
         self.snapshots = SnapshotStore.open(settings.store_url)
-        self.agents = AgentPool()
+        auth = settings.auth
+        self.agents = AgentPool(auth.tls if auth else None)
         self.control = Control(
             settings.control,
             self.store,
@@ -47,34 +57,48 @@ class Orchestrator:
         )
         self.gateway: Gateway | None = None
         self.watcher: Any = None
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=API_WORKERS, thread_name_prefix="api"),
-            options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
-            ],
-        )
+        try:
+            admission = [Admission(PublicAccess(Tokens(auth.tokens_file)))] if auth else []
+        except (OSError, ValueError) as exc:
+            raise FailedPrecondition(f"cannot read the tokens file: {exc}") from None
+        self.server = _server(API_WORKERS, "api", admission)
+        self.cluster = _server(REGISTRY_WORKERS, "registry") if auth else None
+        """The node registry's own mutual-TLS server; None when `server` carries it too."""
         service = StasisService(
             self.control, self.store, self.snapshots, self.ledger, settings.import_registry
         )
         pb_grpc.add_StasisServicer_to_server(service, self.server)
-        pb_grpc.add_NodeRegistryServicer_to_server(RegistryService(self.control), self.server)
+        registry = RegistryService(self.control, certified=auth is not None)
+        pb_grpc.add_NodeRegistryServicer_to_server(registry, self.cluster or self.server)
         self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         services = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Stasis", "NodeRegistry")]
         for name in [*services, ""]:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        reflection.enable_server_reflection(
-            (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        for server in (self.server, self.cluster):
+            if server is not None:
+                health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+                reflection.enable_server_reflection(
+                    (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+                )
+        self.port = _listen(self.server, settings.listen, auth, client_certs=False)
+        self.cluster_port = (
+            _listen(self.cluster, auth.cluster_listen, auth, client_certs=True)
+            if self.cluster is not None and auth
+            else self.port
         )
-        self.port = self.server.add_insecure_port(settings.listen)
-        if self.port == 0:
-            raise FailedPrecondition(f"cannot listen on {settings.listen}")
 
     @property
     def address(self) -> str:
         host = self.settings.listen.rsplit(":", 1)[0]
         return f"{host}:{self.port}"
+
+    @property
+    def cluster_address(self) -> str:
+        """Where the nodes register and heartbeat."""
+        auth = self.settings.auth
+        if auth is None:
+            return self.address
+        return f"{auth.cluster_listen.rsplit(':', 1)[0]}:{self.cluster_port}"
 
     def _gateway_env(self, e: Episode) -> dict[str, str]:
         g = self.settings.gateway
@@ -107,8 +131,14 @@ class Orchestrator:
 
     def start(self, *, gateway: bool = True) -> Orchestrator:
         self.server.start()
+        if self.cluster is not None:
+            self.cluster.start()
         self.control.start()
-        log.info("orchestrator listening on %s, state in %s", self.address, self.settings.state_dir)
+        if self.settings.auth is None:
+            log.warning("orchestrator listening on %s WITHOUT authentication (--insecure)", self.address)
+        else:
+            log.info("orchestrator listening on %s, nodes on %s", self.address, self.cluster_address)
+        log.info("state in %s", self.settings.state_dir)
         if gateway and self.settings.gateway.listen:
             self.start_gateway()
         if self.settings.control.kube_watch:
@@ -133,8 +163,32 @@ class Orchestrator:
             self.watcher.stop()
         if self.gateway is not None:
             self.gateway.stop()
-        self.server.stop(grace=2).wait()
+        for server in (self.server, self.cluster):
+            if server is not None:
+                server.stop(grace=2).wait()
         self.control.stop()
         self.ledger.close()
         self.snapshots.close()
         self.store.close()
+
+
+REGISTRY_WORKERS = 16
+"""Threads of the node registry's own server: every call is a short heartbeat or registration."""
+
+
+def _server(workers: int, name: str, interceptors: list[grpc.ServerInterceptor] | None = None) -> grpc.Server:
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name),
+        interceptors=interceptors or [],
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ],
+    )
+
+
+def _listen(server: grpc.Server, address: str, auth: AuthSettings | None, *, client_certs: bool) -> int:
+    try:
+        return bind(server, address, auth.tls if auth else None, require_client_cert=client_certs)
+    except ValueError as exc:
+        raise FailedPrecondition(str(exc)) from None

@@ -28,6 +28,7 @@ from orchestrator.domain import (
     NodeRecord,
     NotFound,
     SnapshotRecord,
+    may_read_hidden,
 )
 from orchestrator.gateway import Branch, Ledger
 from orchestrator.state import StateStore
@@ -42,10 +43,11 @@ _STATE = pb.EpisodeState.DESCRIPTOR
 
 
 def episode_to_pb(e: Episode, now: float) -> pb.Episode:
-    """The episode as every API answer carries it: without its gateway key and without the
-    contents of its hidden reward files (a harness that could read them would grade itself)."""
+    """The episode as every API answer carries it: without its gateway key, and without the
+    contents of its hidden reward files unless an operator asks (a harness that could read them
+    would grade itself)."""
     msg = wire.encode(e, pb.Episode, run_seconds=e.total_run_s(now))
-    if msg.spec.HasField("reward"):
+    if msg.spec.HasField("reward") and not may_read_hidden():
         msg.spec.reward.files.clear()
     return msg
 

@@ -8,6 +8,19 @@ from pathlib import Path
 
 from orchestrator.control import ControlSettings
 from orchestrator.gateway import GatewaySettings
+from protos.tls import TlsFiles
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """Who may reach this orchestrator. Without them (`--insecure`) it trusts every caller."""
+
+    tls: TlsFiles
+    """The orchestrator's certificate from the cluster CA: it serves both ports and dials the nodes."""
+    tokens_file: Path
+    """Bearer tokens of the public API, with their roles (see `api.access`)."""
+    cluster_listen: str = "0.0.0.0:7071"
+    """Mutual-TLS address for the node registry: only nodes, each with its own certificate."""
 
 
 @dataclass(frozen=True)
@@ -20,6 +33,7 @@ class OrchestratorSettings:
     """Snapshot store URL shared with every agent; empty means file://<state_dir>/snapshots."""
     import_registry: str = ""
     """host:port of the registry `stasis image import` pushes local sources to; empty = none."""
+    auth: AuthSettings | None = None
     control: ControlSettings = field(default_factory=ControlSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
 

@@ -12,8 +12,10 @@ from orchestrator.domain import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     StasisError,
     TemporaryError,
+    Unauthenticated,
 )
 from protos.status import guarded, snapshot_status
 from snapshots import SnapshotError
@@ -26,6 +28,8 @@ STATUS: tuple[tuple[type[StasisError], grpc.StatusCode], ...] = (
     (Conflict, grpc.StatusCode.ALREADY_EXISTS),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (TemporaryError, grpc.StatusCode.UNAVAILABLE),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 )
 """Each family of control-plane errors; any other StasisError is INTERNAL."""
 

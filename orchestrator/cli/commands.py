@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.cli.progress import PullBoard, human_size
 from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file
-from orchestrator.domain import EpisodeState, StasisError
+from orchestrator.domain import EpisodeState, InvalidArgument, Role, StasisError
 
 
 def _age(since: float, now: float) -> str:
@@ -57,7 +57,8 @@ class Commands:
         self.err = err
 
     def client(self) -> StasisClient:
-        return StasisClient(self.args.addr, retry_for_s=self.args.retry_for)
+        a = self.args
+        return StasisClient(a.addr, config=a.config, context=a.context, retry_for_s=a.retry_for)
 
     def progress(self, text: str) -> None:
         print(text, file=self.err, flush=True)
@@ -81,21 +82,48 @@ class Commands:
             registry_auth_file=Path(a.registry_auth_file) if a.registry_auth_file else None,
             registry_certs=Path(a.registry_certs) if a.registry_certs else None,
             insecure_registries=tuple(a.insecure_registry),
+            secure=not a.insecure,
         )
         return run_foreground(settings, self.out)
 
     def server(self) -> int:
-        from orchestrator.api import Orchestrator, OrchestratorSettings
+        from orchestrator.api import AuthSettings, Orchestrator, OrchestratorSettings
         from orchestrator.control import ControlSettings
         from orchestrator.gateway import GatewaySettings
+        from protos.tls import TlsFiles
 
         a = self.args
+        given = {
+            "--tls-ca": a.tls_ca,
+            "--tls-cert": a.tls_cert,
+            "--tls-key": a.tls_key,
+            "--tokens-file": a.tokens_file,
+        }
+        missing = [flag for flag, value in given.items() if not value]
+        if a.insecure and len(missing) < len(given):
+            raise InvalidArgument("--insecure", "excludes --tls-ca, --tls-cert, --tls-key and --tokens-file")
+        if not a.insecure and missing:
+            raise InvalidArgument(
+                missing[0],
+                "is required: the orchestrator serves TLS with its certificate from the cluster CA and "
+                "checks bearer tokens (or give --insecure to trust every caller)",
+            )
+        auth = (
+            None
+            if a.insecure
+            else AuthSettings(
+                tls=TlsFiles(Path(a.tls_ca), Path(a.tls_cert), Path(a.tls_key)),
+                tokens_file=Path(a.tokens_file),
+                cluster_listen=a.cluster_listen,
+            )
+        )
         orchestrator = Orchestrator(
             OrchestratorSettings(
                 state_dir=Path(a.state_dir),
                 listen=a.listen,
                 snapshot_store=a.snapshot_store,
                 import_registry=a.import_registry,
+                auth=auth,
                 control=ControlSettings(
                     node_lost_after_s=a.node_lost_after,
                     gc_keep_last=a.gc_keep_last,
@@ -112,6 +140,8 @@ class Commands:
             )
         ).start()
         print(f"stasis server listening on {orchestrator.address}", file=self.out, flush=True)
+        if auth is not None:
+            print(f"nodes register on {orchestrator.cluster_address}", file=self.out, flush=True)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
@@ -333,4 +363,18 @@ class Commands:
             for chunk in c.logs(self.args.id, run=self.args.run, follow=self.args.follow):
                 self.out.write(chunk.decode(errors="replace"))
                 self.out.flush()
+        return 0
+
+    def token(self) -> int:
+        from orchestrator.api import add_token
+
+        a = self.args
+        try:
+            token = add_token(Path(a.tokens_file), a.name, Role.parse(a.role))
+        except ValueError as exc:
+            raise InvalidArgument("--tokens-file", str(exc)) from None
+        print(token, file=self.out)
+        self.progress(
+            f"{a.name} ({a.role}) added to {a.tokens_file}; this is the only time the token is shown"
+        )
         return 0

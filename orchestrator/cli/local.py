@@ -1,12 +1,19 @@
 """`stasis up`: a whole Stasis on this machine. The orchestrator runs in this process with its
 embedded state store and a local snapshot store; each node is a separate agent process with its
-own root and name, sharing nothing with the others but the snapshot store."""
+own root and name, sharing nothing with the others but the snapshot store.
+
+It is as locked down as a cluster: a CA under <state>/pki certifies the orchestrator and each
+node, the nodes register on a mutual-TLS port, and the public API wants a bearer token. The
+operator's token and the CA are in the client config <state>/config, whose `local` context is
+also merged into the default client config, so the CLI finds it with no flag.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -16,14 +23,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from orchestrator.api import Orchestrator, OrchestratorSettings
-from orchestrator.client import StasisClient
+from orchestrator.api import AuthSettings, Orchestrator, OrchestratorSettings, Tokens, add_token
+from orchestrator.cli.pki import ClusterPki
+from orchestrator.client import StasisClient, config_path, merge_context
 from orchestrator.control import ControlSettings
-from orchestrator.domain import FailedPrecondition, StasisError
+from orchestrator.domain import FailedPrecondition, Role, StasisError
 from orchestrator.gateway import GATEWAY_IP, GatewaySettings
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from protos.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,8 @@ class LocalSettings:
     """Registries the agents may reach over plain HTTP (loopback ones always may)."""
     shared_image_cache: bool = True
     """Nodes on one machine share the read-only image trees; off, each node pulls its own."""
+    secure: bool = True
+    """TLS and tokens as described above; off, every port is plaintext and open (`--insecure`)."""
 
 
 class AgentProcess:
@@ -88,8 +99,10 @@ class AgentProcess:
                 self.process.wait()
 
 
-def agent_command(settings: LocalSettings, name: str, orchestrator: str, gateway_port: int = 0) -> list[str]:
-    """The command line of one local node agent."""
+def agent_command(
+    settings: LocalSettings, name: str, orchestrator: str, gateway_port: int = 0, tls: TlsFiles | None = None
+) -> list[str]:
+    """The command line of one local node agent; without `tls` it serves anyone (--insecure)."""
     state_dir = settings.state_dir.resolve()
     return [
         sys.executable, "-m", "sandbox_agent",
@@ -107,6 +120,7 @@ def agent_command(settings: LocalSettings, name: str, orchestrator: str, gateway
         *(["--registry-auth-file", str(settings.registry_auth_file)] if settings.registry_auth_file else []),
         *(["--registry-certs", str(settings.registry_certs)] if settings.registry_certs else []),
         *(arg for host in settings.insecure_registries for arg in ("--insecure-registry", host)),
+        *(["--tls-ca", str(tls.ca), "--tls-cert", str(tls.cert), "--tls-key", str(tls.key)] if tls else ["--insecure"]),
     ]  # fmt: skip
 
 
@@ -166,6 +180,42 @@ class LocalStack:
         self.model: ReferenceModelServer | None = None
         self.agents: dict[str, AgentProcess] = {}
         self.registry = LocalRegistry(self.state_dir / "registry")
+        self.pki = ClusterPki(self.state_dir / "pki")
+        self.client_config = self.state_dir / "config"
+        """The client config with this stack's `local` context (server, CA, operator token)."""
+
+    def client(self, **kw: Any) -> StasisClient:
+        """A client of this stack, with its operator credential when it is secure."""
+        return StasisClient(self.address, config=self.client_config, **kw)
+
+    def _auth(self) -> AuthSettings | None:
+        """The orchestrator's certificate and the tokens file, with a `local-operator` token kept
+        across restarts in <state>/operator.token."""
+        if not self.settings.secure:
+            return None
+        host = self.settings.listen.rsplit(":", 1)[0]
+        tls = self.pki.orchestrator(() if host in ("", "0.0.0.0", "127.0.0.1", "localhost") else (host,))
+        tokens, token_file = self.state_dir / "tokens.yaml", self.state_dir / "operator.token"
+        held = token_file.read_text().strip() if token_file.exists() else ""
+        try:
+            caller = Tokens(tokens).caller(held) if held and tokens.exists() else None
+            if caller is None or caller.role != Role.OPERATOR:
+                token = add_token(tokens, "local-operator", Role.OPERATOR, replace=True)
+        except ValueError as exc:
+            raise FailedPrecondition(str(exc)) from None
+        if caller is None or caller.role != Role.OPERATOR:
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+        return AuthSettings(tls=tls, tokens_file=tokens, cluster_listen="127.0.0.1:0")
+
+    def write_client_config(self, path: Path) -> None:
+        merge_context(
+            path,
+            "local",
+            cluster={"server": self.address, "certificate-authority": str(self.pki.ca_cert)},
+            user={"token-file": str(self.state_dir / "operator.token")},
+        )
 
     @property
     def address(self) -> str:
@@ -186,12 +236,14 @@ class LocalStack:
         gateway_port = s.gateway_port or _free_port()
         self.registry.start()
         progress(f"image registry at {self.registry.host} for `stasis image import`")
+        auth = self._auth()
         self.orchestrator = Orchestrator(
             OrchestratorSettings(
                 state_dir=self.state_dir,
                 listen=s.listen,
                 snapshot_store=self.store_url,
                 import_registry=self.registry.host,
+                auth=auth,
                 control=ControlSettings(node_lost_after_s=s.node_lost_after_s),
                 gateway=GatewaySettings(
                     listen=f"{GATEWAY_IP}:{gateway_port}", port=gateway_port, upstream=upstream
@@ -199,9 +251,13 @@ class LocalStack:
             )
         ).start(gateway=False)
         progress(f"orchestrator listening on {self.address}, state in {self.state_dir}")
+        if auth is not None:
+            self.write_client_config(self.client_config)
+            progress(f"operator credential in {self.client_config} (context `local`)")
         for i in range(1, s.nodes + 1):
             name = f"node-{i}"
-            argv = agent_command(s, name, self.address, gateway_port)
+            tls = self.pki.node(name) if auth else None
+            argv = agent_command(s, name, self.orchestrator.cluster_address, gateway_port, tls)
             agent = AgentProcess(name, argv, self.state_dir / "logs" / f"{name}.log")
             agent.start()
             self.agents[name] = agent
@@ -213,7 +269,7 @@ class LocalStack:
 
     def wait_for_nodes(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with StasisClient(self.address) as client:
+        with self.client() as client:
             while True:
                 ready = {n.name for n in client.nodes() if n.state == "READY"}
                 if set(self.agents) <= ready:
@@ -272,6 +328,11 @@ def run_foreground(settings: LocalSettings, out: IO[str]) -> int:
         return 1
     nodes = ", ".join(stack.agents)
     print(f"Stasis is up at {stack.address} with nodes {nodes}", file=out)
+    if settings.secure:
+        # kubectl-style: the default client config gains (or refreshes) the `local` context.
+        default = config_path()
+        stack.write_client_config(default)
+        print(f"  context `local` (operator) is current in {default}", file=out)
     print(f"  export STASIS_ADDR={stack.address}", file=out)
     print(
         "  stasis submit -f examples/episode.yaml   # then: stasis get, stasis snapshots ID",

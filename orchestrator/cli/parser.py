@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from orchestrator.client import DEFAULT_ADDR
+from protos.tls import ORCHESTRATOR
 
 PROG = "stasis"
 
@@ -22,6 +23,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--addr", default=None, help=f"orchestrator address (default: $STASIS_ADDR or {DEFAULT_ADDR})"
+    )
+    p.add_argument(
+        "--context",
+        default=None,
+        help="context of the client config (default: $STASIS_CONTEXT or current-context)",
+    )
+    p.add_argument(
+        "--config", default=None, help="client config file (default: $STASIS_CONFIG or ~/.stasis/config)"
     )
     p.add_argument(
         "--retry-for", type=float, default=10.0, help="seconds to retry while the orchestrator is unreachable"
@@ -57,6 +66,11 @@ def parser() -> argparse.ArgumentParser:
         default=8080,
         help="port of the gateway on 169.254.1.1 (0 picks a free one)",
     )
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS and no tokens: anyone who reaches a port may call it (development only)",
+    )
 
     env = os.environ.get
     srv = sub.add_parser(
@@ -84,6 +98,29 @@ def parser() -> argparse.ArgumentParser:
         "--default-time-slice", type=float, default=float(env("STASIS_DEFAULT_TIME_SLICE_SECONDS", "0"))
     )
     srv.add_argument("--default-priority", type=int, default=int(env("STASIS_DEFAULT_PRIORITY", "0")))
+    srv.add_argument("--tls-ca", default=env("STASIS_TLS_CA", ""), help="cluster CA certificate")
+    srv.add_argument(
+        "--tls-cert",
+        default=env("STASIS_TLS_CERT", ""),
+        help=f"the orchestrator's certificate (names {ORCHESTRATOR})",
+    )
+    srv.add_argument("--tls-key", default=env("STASIS_TLS_KEY", ""), help="its private key")
+    srv.add_argument(
+        "--tokens-file",
+        default=env("STASIS_TOKENS_FILE", ""),
+        help="bearer tokens and their roles (`stasis token create`)",
+    )
+    srv.add_argument(
+        "--cluster-listen",
+        default=env("STASIS_CLUSTER_LISTEN", "0.0.0.0:7071"),
+        help="mutual-TLS address where nodes register",
+    )
+    srv.add_argument(
+        "--insecure",
+        action="store_true",
+        default=bool(env("STASIS_INSECURE")),
+        help="plaintext and no tokens on one port (development only)",
+    )
     srv.add_argument(
         "--kube-watch",
         action=argparse.BooleanOptionalAction,
@@ -169,4 +206,11 @@ def parser() -> argparse.ArgumentParser:
     ls.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     rm = im_sub.add_parser("rm", help="remove an image name (episodes that use it keep their bytes)")
     rm.add_argument("name")
+
+    tk = sub.add_parser("token", help="issue bearer tokens of the public API")
+    tk_sub = tk.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    tc = tk_sub.add_parser("create", help="add a token to a tokens file and print it (shown only this once)")
+    tc.add_argument("name", help="who holds it; events of the changes it asks for record this name")
+    tc.add_argument("--role", required=True, choices=("viewer", "trainer", "operator"))
+    tc.add_argument("--tokens-file", required=True, help="the file `stasis server --tokens-file` reads")
     return p

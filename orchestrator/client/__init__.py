@@ -5,6 +5,7 @@ Imports the domain and the wire codec only, never the service, the control loop 
 """
 
 from orchestrator.client.client import DEFAULT_ADDR, StasisClient
+from orchestrator.client.config import Context, config_path, load_context, merge_context
 from orchestrator.client.records import (
     BranchInfo,
     EpisodeInfo,
@@ -21,6 +22,7 @@ from orchestrator.client.specfile import load_spec_file, spec_from_mapping
 __all__ = [
     "DEFAULT_ADDR",
     "BranchInfo",
+    "Context",
     "EpisodeInfo",
     "EventInfo",
     "ImageInfo",
@@ -30,6 +32,9 @@ __all__ = [
     "StasisClient",
     "TrajectoryInfo",
     "TurnInfo",
+    "config_path",
+    "load_context",
     "load_spec_file",
+    "merge_context",
     "spec_from_mapping",
 ]

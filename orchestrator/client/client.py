@@ -1,7 +1,7 @@
 """A small typed client for trainer code and the CLI; no protobuf or gRPC types leak out.
 
 from orchestrator import StasisClient
-with StasisClient("127.0.0.1:7070") as stasis:
+with StasisClient() as stasis:  # the current context of $STASIS_CONFIG or ~/.stasis/config
     episode = stasis.submit({"image": "base", "command": ["python3", "agent.py"]})
     for event in stasis.watch([episode.id]): ...
 """
@@ -20,6 +20,7 @@ import grpc
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from orchestrator import wire
+from orchestrator.client.config import config_path, load_context
 from orchestrator.client.imagesource import is_registry_reference, push
 from orchestrator.client.records import (
     EpisodeInfo,
@@ -37,9 +38,11 @@ from orchestrator.domain import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     PullStatus,
     StasisError,
     TemporaryError,
+    Unauthenticated,
 )
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
@@ -50,21 +53,47 @@ T = TypeVar("T")
 
 class StasisClient:
     """Talks to one orchestrator. Calls that change state carry a request id and are retried
-    while the orchestrator is unreachable, so a retry never does the work twice."""
+    while the orchestrator is unreachable, so a retry never does the work twice.
+
+    Its server and credential come from a context of the client config (see `client.config`);
+    `address` (or $STASIS_ADDR) overrides the context's server and keeps its credential.
+    """
 
     def __init__(
-        self, address: str | None = None, *, timeout_s: float = 30.0, retry_for_s: float = 30.0
+        self,
+        address: str | None = None,
+        *,
+        config: str | Path | None = None,
+        context: str | None = None,
+        timeout_s: float = 30.0,
+        retry_for_s: float = 30.0,
     ) -> None:
-        self.address = address or os.environ.get("STASIS_ADDR") or DEFAULT_ADDR
+        ctx = load_context(config_path(config), context)
+        self.address = address or os.environ.get("STASIS_ADDR") or (ctx.server if ctx else "") or DEFAULT_ADDR
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
-        self._channel = grpc.insecure_channel(
-            self.address,
-            options=[
-                ("grpc.max_send_message_length", 64 << 20),
-                ("grpc.max_receive_message_length", 256 << 20),
-            ],
-        )
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.max_receive_message_length", 256 << 20),
+        ]
+        if ctx is not None and ctx.certificate_authority is not None:
+            try:
+                ca = ctx.certificate_authority.read_bytes()
+            except OSError as exc:
+                raise InvalidArgument(
+                    f"context {ctx.name}: certificate-authority",
+                    f"cannot read {ctx.certificate_authority}: {exc.strerror}",
+                ) from None
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+            if ctx.token:
+                credentials = grpc.composite_channel_credentials(
+                    credentials, grpc.access_token_call_credentials(ctx.token)
+                )
+            if ctx.tls_server_name:
+                options.append(("grpc.ssl_target_name_override", ctx.tls_server_name))
+            self._channel = grpc.secure_channel(self.address, credentials, options)
+        else:
+            self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.StasisStub(self._channel)
 
     def close(self) -> None:
@@ -92,6 +121,10 @@ class StasisClient:
                 raise FailedPrecondition(details) from None
             if code == grpc.StatusCode.ALREADY_EXISTS:
                 raise Conflict(details) from None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise Unauthenticated(f"Stasis at {self.address} refused the credential: {details}") from None
+            if code == grpc.StatusCode.PERMISSION_DENIED:
+                raise PermissionDenied(details) from None
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise TemporaryError(
                     f"cannot reach Stasis at {self.address}: {details or code.name}"

@@ -22,6 +22,7 @@ from orchestrator import wire
 from orchestrator.domain import EpisodeSpec, NotFound, PermanentError, PullStatus, TemporaryError
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
+from protos.tls import TlsFiles, node_identity
 
 T = TypeVar("T")
 
@@ -183,18 +184,18 @@ class NodeAgents(Protocol):
 
 
 class AgentClient:
-    """One node agent over one gRPC channel."""
+    """One node agent over one gRPC channel; with `tls`, mutual TLS that accepts only the agent
+    whose certificate names this node."""
 
-    def __init__(self, node: str, address: str, timeout_s: float = 600) -> None:
+    def __init__(self, node: str, address: str, tls: TlsFiles | None = None, timeout_s: float = 600) -> None:
         self.node = node
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_send_message_length", 64 << 20),
-                ("grpc.max_receive_message_length", 64 << 20),
-            ],
+        options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+        self._channel = (
+            tls.channel(address, node_identity(node), options)
+            if tls
+            else grpc.insecure_channel(address, options=options)
         )
         self._stub = pb_grpc.SandboxAgentStub(self._channel)
 
@@ -327,7 +328,8 @@ class AgentClient:
 class AgentPool:
     """gRPC clients for the registered nodes, rebuilt when a node re-registers at a new address."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: TlsFiles | None = None) -> None:
+        self.tls = tls
         self._clients: dict[str, AgentClient] = {}
         self._lock = threading.Lock()
 
@@ -336,7 +338,7 @@ class AgentPool:
             old = self._clients.get(node)
             if old is not None and old.address == address:
                 return
-            self._clients[node] = AgentClient(node, address)
+            self._clients[node] = AgentClient(node, address, self.tls)
         if old is not None:
             old.close()
 

@@ -1,10 +1,11 @@
 """The control plane's domain: episodes and their specs, states and events, nodes, snapshot
-records, images, ids, errors, and the plain-data codec for them.
+records, images, roles and callers, ids, errors, and the plain-data codec for them.
 
 Owns the words every other room speaks. Imports nothing else of Stasis: no protobuf, no gRPC,
 no storage.
 """
 
+from orchestrator.domain.access import Caller, Role, acting_for, current_caller, may_read_hidden
 from orchestrator.domain.episode import ALLOWED, TERMINAL, Episode, EpisodeState, Event, Reason
 from orchestrator.domain.errors import (
     Conflict,
@@ -12,8 +13,10 @@ from orchestrator.domain.errors import (
     InvalidArgument,
     NotFound,
     PermanentError,
+    PermissionDenied,
     StasisError,
     TemporaryError,
+    Unauthenticated,
 )
 from orchestrator.domain.image import ImageRecord, PullStatus, check_name, is_pinned, is_reference
 from orchestrator.domain.node import NodeRecord, NodeState
@@ -23,6 +26,7 @@ from orchestrator.domain.spec import EpisodeSpec, Limits, Preemption, Resources,
 __all__ = [
     "ALLOWED",
     "TERMINAL",
+    "Caller",
     "Conflict",
     "Episode",
     "EpisodeSpec",
@@ -36,15 +40,21 @@ __all__ = [
     "NodeState",
     "NotFound",
     "PermanentError",
+    "PermissionDenied",
     "Preemption",
     "PullStatus",
     "Reason",
     "Resources",
     "RewardSpec",
+    "Role",
     "SnapshotRecord",
     "StasisError",
     "TemporaryError",
+    "Unauthenticated",
+    "acting_for",
     "check_name",
+    "current_caller",
     "is_pinned",
     "is_reference",
+    "may_read_hidden",
 ]

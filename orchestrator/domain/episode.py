@@ -128,3 +128,5 @@ class Event:
     message: str
     node: str
     at: float
+    actor: str = ""
+    """Who asked for this change: a caller's name and role; empty for the control loop's own work."""

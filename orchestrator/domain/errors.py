@@ -28,6 +28,14 @@ class Conflict(StasisError):
     """A request id was reused for a different request."""
 
 
+class Unauthenticated(StasisError):
+    """The call carries no credential this Stasis accepts."""
+
+
+class PermissionDenied(StasisError):
+    """The caller is known, but its role (or node certificate) does not allow this call."""
+
+
 class TemporaryError(StasisError):
     """Worth retrying after `delay` seconds: an agent or the store is unreachable or busy."""
 

@@ -45,7 +45,8 @@ CREATE TABLE IF NOT EXISTS events (
     reason TEXT NOT NULL,
     message TEXT NOT NULL,
     node TEXT NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    actor TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS events_episode ON events(episode_id, seq);
 CREATE TABLE IF NOT EXISTS snapshots (

@@ -35,6 +35,7 @@ from orchestrator.domain import (
     NotFound,
     SnapshotRecord,
     codec,
+    current_caller,
     ids,
 )
 from orchestrator.state.database import Database
@@ -63,6 +64,9 @@ class SqliteStateStore:
         self._lock = self._database.lock
         self._changed = threading.Condition(self._lock)
         self._tx = self._database.tx
+        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(events)")}
+        if "actor" not in columns:  # a state directory from before events recorded who asked
+            self._db.execute("ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
         self._database.close()
@@ -262,11 +266,15 @@ class SqliteStateStore:
         self, db: sqlite3.Connection, episode_id: str, kind: str, from_state: str, to_state: str, reason: str,
         node: str, message: str,
     ) -> None:  # fmt: skip
+        caller = current_caller()
         db.execute(
-            "INSERT INTO events (episode_id, kind, from_state, to_state, reason, message, node, at)"
-            " VALUES (?,?,?,?,?,?,?,?)",
-            (episode_id, kind, str(from_state), str(to_state), reason, message, node, time.time()),
-        )
+            "INSERT INTO events (episode_id, kind, from_state, to_state, reason, message, node, at, actor)"
+            " VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                episode_id, kind, str(from_state), str(to_state), reason, message, node, time.time(),
+                str(caller) if caller else "",
+            ),
+        )  # fmt: skip
 
     def events(self, since_seq: int = 0, episode_ids: Collection[str] = (), limit: int = 1000) -> list[Event]:
         query, args = "SELECT * FROM events WHERE seq > ?", list[object]([since_seq])

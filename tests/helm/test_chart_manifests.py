@@ -79,6 +79,7 @@ def test_agent_flags_point_at_the_orchestrator_service(reference_install: list[M
         "--slots", "4",
         "--memory-mb", "16384",
         "--backend", "runc",
+        "--insecure",
     ]  # fmt: skip
     assert agent["readinessProbe"]["grpc"] == {"port": 7071}
 
@@ -131,6 +132,7 @@ def test_orchestrator_is_a_single_recreated_writer(reference_install: list[Manif
         "--gateway-listen", "0.0.0.0:8080",
         "--upstream", f"http://{RELEASE}-stasis-reference-model.{NAMESPACE}.svc:8000",
         "--node-lost-after", "$(STASIS_NODE_LOST_AFTER)",
+        "--insecure",
     ]  # fmt: skip
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert orchestrator[probe]["grpc"] == {"port": 7070}, probe

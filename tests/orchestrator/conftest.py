@@ -11,10 +11,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from orchestrator import StasisClient
+from orchestrator.api import add_token
 from orchestrator.cli.local import AgentProcess, LocalSettings, LocalStack, agent_command
+from orchestrator.cli.pki import ClusterPki
+from orchestrator.client import merge_context
+from orchestrator.domain import Role
+from protos.tls import node_identity
 from sandbox_agent import AgentSettings, Node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,22 +77,33 @@ def make_stack(tmp_path: Path) -> Iterator[Callable[..., LocalStack]]:
 
 
 class Cluster:
-    """Orchestrator and agents as separate processes, so either can be SIGKILLed and restarted."""
+    """Orchestrator and agents as separate processes, so either can be SIGKILLed and restarted.
+    Set up as an operator would: a cluster CA, certificates on the command lines, a tokens file."""
 
     def __init__(self, state_dir: Path, nodes: int = 2, slots: int = 2, lost_after: float = 30) -> None:
         self.state_dir = state_dir
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.cluster_address = f"127.0.0.1:{free_port()}"
         self.lost_after = lost_after
         self.orchestrator: subprocess.Popen[bytes] | None = None
         self.log = state_dir / "logs" / "orchestrator.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.pki = ClusterPki(state_dir / "pki")
+        self.tls = self.pki.orchestrator()
+        self.tokens = state_dir / "tokens.yaml"
+        self.client_config = state_dir / "config"
+        token = add_token(self.tokens, "ops", Role.OPERATOR)
+        merge_context(
+            self.client_config, "cluster",
+            cluster={"server": self.address, "certificate-authority": str(self.pki.ca_cert)}, user={"token": token},
+        )  # fmt: skip
         self.start_orchestrator()
         local = LocalSettings(state_dir=state_dir, nodes=nodes, slots=slots, listen=self.address)
         self.agents = {}
         for i in range(1, nodes + 1):
             name = f"node-{i}"
-            argv = agent_command(local, name, self.address)
+            argv = agent_command(local, name, self.cluster_address, tls=self.pki.node(name))
             self.agents[name] = AgentProcess(name, argv, state_dir / "logs" / f"{name}.log")
             self.agents[name].start()
         with self.client() as c:
@@ -95,25 +112,25 @@ class Cluster:
             )
 
     def client(self) -> StasisClient:
-        return StasisClient(self.address, retry_for_s=60)
+        return StasisClient(self.address, config=self.client_config, retry_for_s=60)
+
+    def server_command(self) -> list[str]:
+        tls = self.tls
+        return [
+            sys.executable, "-m", "orchestrator.cli", "server",
+            "--listen", self.address,
+            "--state-dir", str(self.state_dir),
+            "--snapshot-store", f"file://{self.state_dir / 'snapshots'}",
+            "--node-lost-after", str(self.lost_after),
+            "--tls-ca", str(tls.ca), "--tls-cert", str(tls.cert), "--tls-key", str(tls.key),
+            "--tokens-file", str(self.tokens),
+            "--cluster-listen", self.cluster_address,
+        ]  # fmt: skip
 
     def start_orchestrator(self) -> None:
         with open(self.log, "ab") as out:
             self.orchestrator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "orchestrator.cli",
-                    "server",
-                    "--listen",
-                    self.address,
-                    "--state-dir",
-                    str(self.state_dir),
-                    "--snapshot-store",
-                    f"file://{self.state_dir / 'snapshots'}",
-                    "--node-lost-after",
-                    str(self.lost_after),
-                ],
+                self.server_command(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -155,33 +172,45 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
 
 
 def cli(
-    address: str, *args: str, check: bool = True, timeout: float = 300, env: dict[str, str] | None = None
+    target: str | LocalStack | Cluster,
+    *args: str,
+    check: bool = True,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the installed `stasis` program, as a user in a second shell would."""
-    environ = {**os.environ, "STASIS_ADDR": address, **(env or {})}
+    """Run the installed `stasis` program, as a user in a second shell would: at an address, or
+    at a stack or cluster with its operator's client config."""
+    environ = dict(os.environ)
+    if isinstance(target, str):
+        environ["STASIS_ADDR"] = target
+    else:
+        environ |= {"STASIS_ADDR": target.address, "STASIS_CONFIG": str(target.client_config)}
+    environ |= env or {}
     result = subprocess.run([STASIS, *args], capture_output=True, text=True, env=environ, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"stasis {' '.join(args)} failed ({result.returncode}): {result.stderr}")
     return result
 
 
+def _agent_channel(stack: LocalStack, node: str, address: str) -> grpc.Channel:
+    """A channel to a node's agent as the orchestrator dials it (with its certificate, if any)."""
+    if not stack.settings.secure:
+        return grpc.insecure_channel(address)
+    return stack.pki.orchestrator().channel(address, node_identity(node))
+
+
 def import_image(stack: LocalStack, node: str, directory: Path, name: str) -> None:
     """Import an image directory on one node through its agent, and wait until the node reports it."""
-    import grpc
-
     from protos.stasis.v1 import agent_pb2, agent_pb2_grpc
 
-    address = next(n.address for n in StasisClient(stack.address).nodes() if n.name == node)
-    with grpc.insecure_channel(address) as channel:
+    address = next(n.address for n in stack.client().nodes() if n.name == node)
+    with _agent_channel(stack, node, address) as channel:
         agent_pb2_grpc.SandboxAgentStub(channel).ImportImage(
             agent_pb2.ImportImageRequest(name=name, directory=str(directory)), timeout=600
         )
     wait_until(
         lambda: any(
-            name in image.names
-            for n in StasisClient(stack.address).nodes()
-            if n.name == node
-            for image in n.images
+            name in image.names for n in stack.client().nodes() if n.name == node for image in n.images
         ),
         30,
         f"image {name} known on {node}",

@@ -21,9 +21,9 @@ from tests.orchestrator.programs import counter_spec
 
 @pytest.fixture
 def api(make_stack: Callable[..., LocalStack]) -> Iterator[tuple[pb_grpc.StasisStub, StasisClient]]:
-    stack = make_stack(nodes=1, slots=2)
+    stack = make_stack(nodes=1, slots=2, secure=False)  # raw stubs; authentication is test_auth's
     channel = grpc.insecure_channel(stack.address)
-    with StasisClient(stack.address) as client:
+    with stack.client() as client:
         yield pb_grpc.StasisStub(channel), client
     channel.close()
 

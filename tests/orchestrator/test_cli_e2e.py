@@ -34,8 +34,11 @@ raise SystemExit(0 if ok else 3)
 
 
 @pytest.fixture
-def stasis_up(tmp_path: Path) -> Iterator[str]:
+def stasis_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """`stasis up` as a user runs it; its context lands in this test's own default client config,
+    which every later `stasis` finds with no flag, as ~/.stasis/config would be found."""
     address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("STASIS_CONFIG", str(tmp_path / "home" / "config"))
     state = tmp_path / "state"
     log = open(tmp_path / "up.log", "w+")  # noqa: SIM115 - read back while the process runs
     proc = subprocess.Popen(

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from orchestrator import StasisClient
 from orchestrator.cli.local import LocalStack
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from tests.orchestrator.conftest import import_image, wait_until
@@ -92,7 +91,7 @@ def _preempted_mid_generation_and_finished(
     image_dir = Path(spec.pop("_image_dir"))
     for name in stack.agents:
         import_image(stack, name, image_dir, "harnesses")
-    with StasisClient(stack.address) as c:
+    with stack.client() as c:
         episode = c.submit(spec)
         first = c.wait(episode.id, ["RUNNING"], timeout_s=120).node
         wait_until(
@@ -213,7 +212,7 @@ def test_anthropic_sdk_harness_survives_three_preemptions(
     stack = make_stack(nodes=2, slots=1, upstream=slow_model.url)
     for name in stack.agents:
         import_image(stack, name, harness_image, "harnesses")
-    with StasisClient(stack.address) as c:
+    with stack.client() as c:
         episode = c.submit({"image": "harnesses", "command": ["python3", "-c", ANTHROPIC_HARNESS]})
         node = c.wait(episode.id, ["RUNNING"], timeout_s=120).node
         for n in range(3):

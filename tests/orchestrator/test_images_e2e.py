@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import InvalidArgument, StasisClient
+from orchestrator import InvalidArgument
 from orchestrator.cli.local import LocalStack
 from tests.oci_images import BASE
 from tests.orchestrator.conftest import cli, wait_until
@@ -82,8 +82,8 @@ def pushed(
     return tag
 
 
-def _logs(address: str, episode_id: str, *flags: str) -> str:
-    return cli(address, "logs", episode_id, *flags).stdout
+def _logs(stack: LocalStack, episode_id: str, *flags: str) -> str:
+    return cli(stack, "logs", episode_id, *flags).stdout
 
 
 def _ticks(text: str) -> list[int]:
@@ -95,7 +95,7 @@ def test_a_pushed_image_runs_by_tag_as_its_config_says_and_restores_where_it_mus
     make_stack: Callable[..., LocalStack], pushed: str, registry: Registry
 ) -> None:
     stack = make_stack(nodes=2, slots=1, shared_image_cache=False)
-    with StasisClient(stack.address) as c:
+    with stack.client() as c:
         with pytest.raises(InvalidArgument) as err:
             c.submit({"image": f"{registry.host}/team/nothing:v1"})
         assert err.value.field == "spec.image" and "team/nothing" in str(err.value)
@@ -107,25 +107,23 @@ def test_a_pushed_image_runs_by_tag_as_its_config_says_and_restores_where_it_mus
         first = c.get(e.id).node
         started = [ev.reason for ev in c.events(e.id) if ev.to_state == "RUNNING"]
         assert any("pulled" in m for m in started), started
-        wait_until(lambda: len(_ticks(_logs(stack.address, e.id))) >= 3, 60, "ticks in the log")
-        assert "uid=4321 pwd=/home/agent/work mode=image extra=from-spec" in _logs(stack.address, e.id)
+        wait_until(lambda: len(_ticks(_logs(stack, e.id))) >= 3, 60, "ticks in the log")
+        assert "uid=4321 pwd=/home/agent/work mode=image extra=from-spec" in _logs(stack, e.id)
 
         c.preempt(e.id, "move it")
         c.wait(e.id, ["PREEMPTED"], timeout_s=120)
-        before = _ticks(_logs(stack.address, e.id))
+        before = _ticks(_logs(stack, e.id))
         assert before, "a preempted episode's log is read from its snapshot"
         other = "node-2" if first == "node-1" else "node-1"
         c.resume(e.id, other)
         c.wait(e.id, ["RUNNING"], timeout_s=180)
         restored = [ev.reason for ev in c.events(e.id) if ev.from_state == "RESTORING"][-1]
         assert f"restored on {other}" in restored and "pull" in restored, restored
-        wait_until(
-            lambda: len(_ticks(_logs(stack.address, e.id))) > len(before) + 3, 60, "ticks after restore"
-        )
+        wait_until(lambda: len(_ticks(_logs(stack, e.id))) > len(before) + 3, 60, "ticks after restore")
 
-        whole = _ticks(_logs(stack.address, e.id))
+        whole = _ticks(_logs(stack, e.id))
         assert whole == list(range(1, len(whole) + 1)), "one harness, counting on across nodes, in order"
-        run1, run2 = _logs(stack.address, e.id, "--run", "1"), _logs(stack.address, e.id, "--run", "2")
+        run1, run2 = _logs(stack, e.id, "--run", "1"), _logs(stack, e.id, "--run", "2")
         assert _ticks(run1) == before and _ticks(run2)[0] == before[-1] + 1
         c.cancel(e.id)
 
@@ -176,7 +174,7 @@ def test_stasis_image_import_takes_every_kind_of_source_and_the_same_tree_gets_o
         env = {"DOCKER_HOST": dockerd}
         digests = {}
         for name, source in sources.items():
-            result = cli(stack.address, "image", "import", name, source, env=env)
+            result = cli(stack, "image", "import", name, source, env=env)
             assert result.stdout.startswith(f"{name} sha256:"), result.stdout + result.stderr
             assert "pushing" in result.stderr, "progress goes to stderr"
             assert all(f"{n}: fetching" in result.stderr for n in ("node-1", "node-2")), result.stderr
@@ -186,14 +184,14 @@ def test_stasis_image_import_takes_every_kind_of_source_and_the_same_tree_gets_o
         subprocess.run(["docker", "-H", dockerd, "rmi", "-f", "stasis-test/tool:1"], capture_output=True)
     assert len(set(digests.values())) == 1, digests
 
-    listed = json.loads(cli(stack.address, "image", "ls", "-o", "json").stdout)["items"]
+    listed = json.loads(cli(stack, "image", "ls", "-o", "json").stdout)["items"]
     assert {i["name"]: i["nodes"] for i in listed} == {n: ["node-1", "node-2"] for n in sources}
-    table = cli(stack.address, "image", "ls").stdout
+    table = cli(stack, "image", "ls").stdout
     assert table.splitlines()[0].split() == ["NAME", "DIGEST", "SIZE", "NODES", "SOURCE"]
 
-    bad = cli(stack.address, "image", "import", "broken", str(tmp_path / "missing"), check=False)
+    bad = cli(stack, "image", "import", "broken", str(tmp_path / "missing"), check=False)
     assert bad.returncode != 0 and "source" in bad.stderr and "missing" in bad.stderr
-    cli(stack.address, "image", "rm", "from-dir")
-    gone = cli(stack.address, "image", "rm", "from-dir", check=False)
+    cli(stack, "image", "rm", "from-dir")
+    gone = cli(stack, "image", "rm", "from-dir", check=False)
     assert gone.returncode != 0 and "from-dir" in gone.stderr
-    assert "from-dir" not in {i.name for i in StasisClient(stack.address).images()}
+    assert "from-dir" not in {i.name for i in stack.client().images()}

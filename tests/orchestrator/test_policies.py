@@ -19,7 +19,7 @@ def _transitions(client: StasisClient, episode_id: str) -> list[tuple[str, str, 
 @pytest.mark.timeout(240)
 def test_time_slicing_lets_every_episode_progress(make_stack: Callable[..., LocalStack]) -> None:
     stack = make_stack(nodes=2, slots=1)
-    with StasisClient(stack.address) as client:
+    with stack.client() as client:
         ids = [client.submit(counter_spec(32, time_slice_s=2.0)).id for _ in range(3)]
         for episode_id in ids:
             client.wait(episode_id, ["SUCCEEDED"], timeout_s=180)
@@ -37,7 +37,7 @@ def test_time_slicing_lets_every_episode_progress(make_stack: Callable[..., Loca
 @pytest.mark.timeout(180)
 def test_drain_moves_episodes_to_the_other_node(make_stack: Callable[..., LocalStack]) -> None:
     stack = make_stack(nodes=2, slots=2)
-    with StasisClient(stack.address) as client:
+    with stack.client() as client:
         client.drain("node-2")
         ids = [client.submit(counter_spec(60)).id for _ in range(2)]
         for episode_id in ids:
@@ -61,7 +61,7 @@ def test_drain_moves_episodes_to_the_other_node(make_stack: Callable[..., LocalS
 def test_lost_node_resumes_episodes_from_their_last_snapshot(make_stack: Callable[..., LocalStack]) -> None:
     """Node death is simulated: its agent is SIGKILLed and its sandboxes are removed, as a dead machine's would be."""
     stack = make_stack(nodes=2, slots=2, node_lost_after_s=3.0)
-    with StasisClient(stack.address) as client:
+    with stack.client() as client:
         episode = client.submit(counter_spec(80, autosave_s=1.5))
         running = client.wait(episode.id, ["RUNNING"], timeout_s=60)
         wait_until(lambda: client.get(episode.id).snapshots >= 1, 60, "an autosave")

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from orchestrator import StasisClient
 from orchestrator.cli.local import LocalStack
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from tests.orchestrator.conftest import REPO, cli, import_image, wait_until
@@ -64,7 +63,7 @@ def test_example_harness_through_three_preemptions(
     make_stack: Callable[..., LocalStack], model: ReferenceModelServer
 ) -> None:
     stack = make_stack(nodes=2, slots=1, upstream=model.url)
-    with StasisClient(stack.address) as c:
+    with stack.client() as c:
         episode = c.submit(harness_spec(HARNESS_STEP_DELAY_S="0.6"))
         nodes = []
         for target in ("node-2", "node-1", "node-2"):
@@ -100,7 +99,7 @@ def test_example_harness_through_three_preemptions(
         assert len(t.main.token_ids) == len(t.main.logprobs) == len(t.main.loss_mask)
         assert sum(t.main.loss_mask) == sum(len(tt.token_ids) for tt in turns)
 
-        data = json.loads(cli(stack.address, "trajectory", episode.id, "-o", "json").stdout)
+        data = json.loads(cli(stack, "trajectory", episode.id, "-o", "json").stdout)
         assert data["reward"] == 1.0 and len([x for x in data["turns"] if x["branch"] == 0]) == completed
         for key in ("index", "branch", "replayed", "token_ids", "logprobs", "policy_version"):
             assert all(key in x for x in data["turns"]), key
@@ -180,7 +179,7 @@ def test_request_in_flight_at_freeze_is_served_from_the_ledger(
     slow = SlowUpstream(model.url, delay_s=4.0)
     try:
         stack = make_stack(nodes=2, slots=1, upstream=slow.url)
-        with StasisClient(stack.address) as c:
+        with stack.client() as c:
             spec = {
                 "image": "base",
                 "command": ["python3", "-c", IN_FLIGHT],
@@ -257,7 +256,7 @@ def test_official_openai_sdk_harness_survives_three_preemptions(
     stack = make_stack(nodes=2, slots=1, upstream=model.url)
     for name in stack.agents:
         import_image(stack, name, openai_image, "openai")
-    with StasisClient(stack.address) as c:
+    with stack.client() as c:
         episode = c.submit(
             {
                 "image": "openai",
@@ -318,7 +317,7 @@ def test_sandbox_reaches_only_the_gateway_and_never_sees_reward_files(
         "import socket\ns = socket.create_server(('0.0.0.0', 9000))\nwhile True:\n    s.accept()[0].close()\n"
     )
     try:
-        with StasisClient(stack.address) as c:
+        with stack.client() as c:
             neighbour = c.submit({"image": "base", "command": ["python3", "-c", neighbour_server]})
             neighbour_address = c.wait(neighbour.id, ["RUNNING"], timeout_s=60).address
             # The neighbour's server is up: the node itself reaches it.
@@ -362,7 +361,7 @@ def test_crashing_verifier_fails_the_episode(
     make_stack: Callable[..., LocalStack], model: ReferenceModelServer
 ) -> None:
     stack = make_stack(nodes=1, slots=1, upstream=model.url)
-    with StasisClient(stack.address) as c:
+    with stack.client() as c:
         crash = c.submit(
             {
                 "image": "base",

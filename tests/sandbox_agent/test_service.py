@@ -10,9 +10,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from orchestrator.cli.pki import ClusterPki
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
+from protos.tls import TlsFiles, node_identity
 from sandbox_agent import serve
+from tests.rpcs import methods, status_of
 from tests.sandbox_agent.conftest import NodeFactory
 
 
@@ -112,5 +115,42 @@ def test_health_and_reflection(make_node: NodeFactory) -> None:
             )
             names = {s.name for r in responses for s in r.list_services_response.service}
             assert "stasis.v1.SandboxAgent" in names
+    finally:
+        server.stop(None)
+
+
+@pytest.mark.timeout(120)
+def test_with_tls_every_rpc_serves_only_the_orchestrator(make_node: NodeFactory, tmp_path: Path) -> None:
+    """An agent with its node certificate: no certificate, a foreign CA's, or another party's
+    from the cluster CA is refused on every RPC; the orchestrator must find the node it named."""
+    pki = ClusterPki(tmp_path / "pki")
+    server, port = serve(make_node("node-a"), "127.0.0.1:0", pki.node("node-a"))
+    address = f"127.0.0.1:{port}"
+    agent = pb.DESCRIPTOR.services_by_name["SandboxAgent"]
+    foreign = ClusterPki(tmp_path / "foreign").orchestrator()
+    try:
+        ca = grpc.ssl_channel_credentials(root_certificates=pki.ca_cert.read_bytes())
+        for channel in (
+            grpc.insecure_channel(address),
+            grpc.secure_channel(address, ca, [("grpc.ssl_target_name_override", node_identity("node-a"))]),
+            TlsFiles(pki.ca_cert, foreign.cert, foreign.key).channel(address, node_identity("node-a")),
+        ):
+            with channel:
+                for method in methods(agent):
+                    assert status_of(channel, method)[0] == grpc.StatusCode.UNAVAILABLE, method.name
+        with pki.node("node-b").channel(address, node_identity("node-a")) as neighbour:
+            for method in methods(agent):
+                code, details = status_of(neighbour, method)
+                assert code == grpc.StatusCode.PERMISSION_DENIED, method.name
+                assert "serves only stasis-orchestrator" in details
+        # The orchestrator dialling node-b at node-a's address finds the wrong node and stops.
+        with pki.orchestrator().channel(address, node_identity("node-b")) as misdirected:
+            code, _ = status_of(misdirected, agent.methods_by_name["GetNodeInfo"])
+            assert code == grpc.StatusCode.UNAVAILABLE
+        with pki.orchestrator().channel(address, node_identity("node-a")) as orchestrator:
+            info = pb_grpc.SandboxAgentStub(orchestrator).GetNodeInfo(pb.GetNodeInfoRequest(), timeout=10)
+            assert info.name == "node-a"
+            code, _ = status_of(orchestrator, agent.methods_by_name["ListSandboxes"])
+            assert code == grpc.StatusCode.OK
     finally:
         server.stop(None)

@@ -179,7 +179,7 @@ class Episode(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., node: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., address: _Optional[str] = ..., snapshots: _Optional[int] = ..., last_snapshot_id: _Optional[str] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., run_seconds: _Optional[float] = ..., runs: _Optional[int] = ..., held: _Optional[bool] = ..., pinned_node: _Optional[str] = ...) -> None: ...
 
 class EpisodeEvent(_message.Message):
-    __slots__ = ("seq", "episode_id", "kind", "from_state", "to_state", "reason", "message", "node", "at")
+    __slots__ = ("seq", "episode_id", "kind", "from_state", "to_state", "reason", "message", "node", "at", "actor")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,7 @@ class EpisodeEvent(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
     seq: int
     episode_id: str
     kind: str
@@ -198,7 +199,8 @@ class EpisodeEvent(_message.Message):
     message: str
     node: str
     at: float
-    def __init__(self, seq: _Optional[int] = ..., episode_id: _Optional[str] = ..., kind: _Optional[str] = ..., from_state: _Optional[_Union[EpisodeState, str]] = ..., to_state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[float] = ...) -> None: ...
+    actor: str
+    def __init__(self, seq: _Optional[int] = ..., episode_id: _Optional[str] = ..., kind: _Optional[str] = ..., from_state: _Optional[_Union[EpisodeState, str]] = ..., to_state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[float] = ..., actor: _Optional[str] = ...) -> None: ...
 
 class SubmitEpisodeRequest(_message.Message):
     __slots__ = ("spec", "request_id")

@@ -1,0 +1,88 @@
+"""TLS between the orchestrator and its nodes: one cluster CA, and a certificate for each party
+whose common name says who it is (`ORCHESTRATOR`, or `node_identity(name)` for a node).
+
+The orchestrator dials a node expecting that node's name, and a node may speak for no node but
+the one its certificate names, so a node's name is bound to its certificate in both directions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+ORCHESTRATOR = "stasis-orchestrator"
+"""Common name (and DNS name) of the orchestrator's certificate."""
+NODE_SUFFIX = ".node.stasis"
+
+
+def node_identity(name: str) -> str:
+    """Common name (and DNS name) of node `name`'s certificate."""
+    return f"{name}{NODE_SUFFIX}"
+
+
+def node_of(identity: str) -> str:
+    """The node a certificate's common name speaks for; empty if it names no node."""
+    return identity.removesuffix(NODE_SUFFIX) if identity.endswith(NODE_SUFFIX) else ""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of one party: the cluster CA's certificate, its own certificate and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def _read(self) -> tuple[bytes, bytes, bytes]:
+        parts = []
+        for what, path in (("CA certificate", self.ca), ("certificate", self.cert), ("key", self.key)):
+            try:
+                parts.append(path.read_bytes())
+            except OSError as exc:
+                raise ValueError(f"cannot read the TLS {what} {path}: {exc.strerror}") from None
+        return parts[0], parts[1], parts[2]
+
+    def server_credentials(self, *, require_client_cert: bool) -> grpc.ServerCredentials:
+        """Serve with this certificate; with require_client_cert, a caller must present a
+        certificate from the cluster CA or the handshake fails."""
+        ca, cert, key = self._read()
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=require_client_cert
+        )
+
+    def channel(self, address: str, server: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+        """A channel to `address` that presents this certificate and accepts only a server whose
+        certificate, from the cluster CA, names `server`."""
+        ca, cert, key = self._read()
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=key, certificate_chain=cert
+        )
+        return grpc.secure_channel(
+            address, credentials, [*options, ("grpc.ssl_target_name_override", server)]
+        )
+
+
+def peer_identity(context: grpc.ServicerContext) -> str:
+    """The common name of the caller's verified certificate; empty without one."""
+    names = context.auth_context().get("x509_common_name") or []
+    return names[0].decode() if names else ""
+
+
+def bind(server: grpc.Server, address: str, tls: TlsFiles | None, *, require_client_cert: bool) -> int:
+    """Add a port to `server`: TLS with `tls`, plaintext without. Returns the bound port; raises
+    ValueError naming the address or the unreadable file when it cannot."""
+    try:
+        port = (
+            server.add_secure_port(address, tls.server_credentials(require_client_cert=require_client_cert))
+            if tls
+            else server.add_insecure_port(address)
+        )
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise ValueError(f"cannot listen on {address}")
+    return port
