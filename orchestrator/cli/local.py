@@ -201,12 +201,11 @@ class LocalStack:
             caller = Tokens(tokens).caller(held) if held and tokens.exists() else None
             if caller is None or caller.role != Role.OPERATOR:
                 token = add_token(tokens, "local-operator", Role.OPERATOR, replace=True)
+                fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(token + "\n")
         except ValueError as exc:
             raise FailedPrecondition(str(exc)) from None
-        if caller is None or caller.role != Role.OPERATOR:
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token + "\n")
         return AuthSettings(tls=tls, tokens_file=tokens, cluster_listen="127.0.0.1:0")
 
     def write_client_config(self, path: Path) -> None:
