@@ -119,10 +119,13 @@ def _preempted_mid_generation_and_finished(
     assert len(main.token_ids) == len(main.logprobs) == len(main.loss_mask)
     for recorded in turns:
         assert len(recorded.token_ids) == len(recorded.logprobs) > 0
-    assert [t.run for t in turns if t.branch == 0][-1] == 2, "the trajectory went on after the restore"
+    # The last main-branch turn reached the restored run: generated there, or, when the generation
+    # frozen mid-stream was the harness's last, replayed to it.
+    shape = [(t.id, t.branch, t.run, t.delivered_run, t.replays) for t in turns]
+    assert [t.delivered_run for t in turns if t.branch == 0][-1] == 2, shape
     # The generation streaming at the freeze was recorded; the restored harness's retry got it
     # again from the ledger, byte for byte, and the upstream sampled it once.
-    assert any(t.replays and t.delivered_run == 2 for t in turns), [(t.id, t.replays, t.run) for t in turns]
+    assert any(t.replays and t.delivered_run == 2 for t in turns), shape
     return turns
 
 
