@@ -16,6 +16,8 @@ HARNESS_LOG = f"{STATE_DIR}/harness.log"
 EXIT_CODE = f"{STATE_DIR}/exit-code"
 GRADED_MOUNT = "/episode"
 """Where a verifier sees the graded episode's final filesystem."""
+STOP_TIMEOUT_S = 30.0
+"""How long a killed sandbox's processes may take to exit before stopping it counts as failed."""
 
 # CRIU cannot dump a descriptor of a host file, so the harness's stdio must point at files
 # inside the sandbox; the shell stays as PID 1 to record the harness's exit code.
@@ -71,6 +73,12 @@ class SandboxLayout:
     def record(self) -> Path:
         return self.dir / "sandbox.json"
 
+    @property
+    def stopped(self) -> Path:
+        """Present while a stopping checkpoint holds the sandbox's processes only in images: it
+        names their directory, so an agent that restarts before the commit can revive them."""
+        return self.dir / "stopped-at-dump"
+
 
 class Backend(Protocol):
     name: str
@@ -108,6 +116,14 @@ class Backend(Protocol):
 
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
         """The sandbox's state and its init PID (0 if none)."""
+
+    def stop(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        """Kill a frozen sandbox so that none of its code runs again, and return once its
+        processes are gone and their memory is free."""
+
+    def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        """Resume a sandbox stopped right after its dump from those images, in its own writable
+        layer, which nothing has written since."""
 
     def kill(self, record: SandboxRecord, layout: SandboxLayout, signal: int) -> None: ...
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import signal as signals
 import tarfile
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -23,7 +25,7 @@ import docker.errors
 from docker.models.containers import Container
 
 from sandbox_agent import _command, overlay
-from sandbox_agent.backend import STATE_DIR, SandboxLayout, wrapped_command
+from sandbox_agent.backend import STATE_DIR, STOP_TIMEOUT_S, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import AgentError, CommandFailed, FailedPrecondition, NotFound, ToolUnavailable
 from sandbox_agent.images import Image, ImageCache
@@ -208,9 +210,16 @@ class DockerBackend:
     ) -> None:
         container = self._create(record, image)
         overlay.import_layer(checkpoint.layer, Path(container.attrs["GraphDriver"]["Data"]["UpperDir"]))
+        self._start_from(record, container, checkpoint.criu_dir)
+
+    def _start_from(self, record: SandboxRecord, container: Container, images_dir: Path) -> None:
         target = self._checkpoints_dir(container) / CHECKPOINT_NAME
+        shutil.rmtree(target, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(checkpoint.criu_dir, target)
+        shutil.copytree(images_dir, target)
+        # Docker uploads the images to containerd as one tar, and refuses ("already exists") when
+        # containerd still holds the same tar from the dump; a file CRIU ignores makes each unique.
+        (target / "stasis-restore").write_text(uuid.uuid4().hex)
         api = self.client.api
         with _translated(f"CRIU restore of sandbox {record.id}"):
             res = api._post(
@@ -229,6 +238,14 @@ class DockerBackend:
         if state.get("Running"):
             return SandboxState.RUNNING, int(state.get("Pid", 0))
         return SandboxState.EXITED, 0
+
+    def stop(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        self.kill(record, layout, signals.SIGKILL)
+        with _translated(f"stopping sandbox {record.id}"):
+            self._container(record).wait(timeout=STOP_TIMEOUT_S)
+
+    def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        self._start_from(record, self._container(record), images_dir)
 
     def kill(self, record: SandboxRecord, layout: SandboxLayout, signal: int) -> None:
         state, _ = self.status(record, layout)

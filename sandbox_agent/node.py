@@ -123,14 +123,16 @@ class Node:
         self._sandboxes_dir = settings.root / "sandboxes"
         self._sandboxes_dir.mkdir(exist_ok=True)
         self._staging = settings.root / "staging"
-        # Whatever a crash left half-written here is garbage; committed checkpoints live elsewhere.
-        shutil.rmtree(self._staging, ignore_errors=True)
-        self._staging.mkdir()
+        self._staging.mkdir(exist_ok=True)
         self._lock = threading.Lock()
         self._busy: set[str] = set()
         network.prepare_node(settings.allowed_ports)
         self._import_base_image()
         self._recover()
+        # Whatever a crash left half-written here is garbage now (recovery took what it needed);
+        # committed checkpoints live elsewhere.
+        for leftover in self._staging.iterdir():
+            shutil.rmtree(leftover, ignore_errors=True)
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -158,7 +160,13 @@ class Node:
             log.warning("node %s removed container %s that had no record", self.name, leftover)
         for sandbox_id in known:
             record, layout = self._record(sandbox_id), self._layout(sandbox_id)
-            if self.backend.status(record, layout)[0] == SandboxState.PAUSED:
+            if layout.stopped.exists():
+                # Its agent died between the kill and the commit: the snapshot never landed.
+                images = Path(layout.stopped.read_text())
+                self._revive(record, layout, images)
+                if images.name == ckpt.CRIU_DIR and images.parent.name.startswith(_partial(sandbox_id)):
+                    shutil.rmtree(images.parent, ignore_errors=True)
+            elif self.backend.status(record, layout)[0] == SandboxState.PAUSED:
                 # Only a checkpoint freezes a sandbox; this one's agent died before it thawed.
                 self.backend.thaw(record, layout)
                 log.warning(
@@ -299,8 +307,8 @@ class Node:
     def checkpoint_to_store(
         self, sandbox_id: str, target: SnapshotTarget, *, leave_running: bool
     ) -> tuple[ckpt.Checkpoint, Manifest]:
-        """Checkpoint into the snapshot store. When stopping, the sandbox stays frozen until the
-        snapshot is committed, so a failed upload leaves it running rather than lost."""
+        """Checkpoint into the snapshot store. When stopping, the sandbox is killed once dumped and
+        the upload follows; a failed upload revives it from the local images rather than lose it."""
         store = self._require_store()
         timeline = Timeline(sandbox_id, self.hooks)
         # The store hashes every chunk, so the checkpoint's own file hashes would be redundant work.
@@ -337,8 +345,10 @@ class Node:
     ) -> Iterator[ckpt.Checkpoint]:
         """Capture memory and layer in one freeze and yield the sealed checkpoint in a staging dir.
 
-        The body commits it somewhere. If the body fails, the sandbox is thawed and keeps running;
-        if it succeeds and leave_running is false, the sandbox is stopped and the node freed.
+        The body commits it somewhere. With leave_running the sandbox is thawed once its layer is
+        archived. Without, it is killed as soon as its memory is dumped, which frees the node
+        before the slow part (layer, hashing, upload); it is removed once the body has committed.
+        If anything fails, the sandbox keeps running: thawed, or revived from the images.
         """
         record = self._record(sandbox_id)
         with self._exclusive(sandbox_id):
@@ -349,16 +359,29 @@ class Node:
                     f"sandbox {sandbox_id!r} on node {self.name} is {state}, not running"
                 )
             parent.mkdir(parents=True, exist_ok=True)
-            staging = parent / f".{sandbox_id}.partial-{uuid.uuid4().hex[:8]}"
+            staging = parent / f"{_partial(sandbox_id)}{uuid.uuid4().hex[:8]}"
             staging.mkdir()
+            images = staging / ckpt.CRIU_DIR
             frozen_at = 0.0
+            stopped = False
             try:
                 frozen_wall = time.time()
+                began = time.monotonic()
                 with timeline.phase(Phase.FREEZE):
                     self.backend.freeze(record, layout)
                 frozen_at = time.monotonic()
                 with timeline.phase(Phase.DUMP):
-                    self.backend.dump(record, layout, staging / ckpt.CRIU_DIR)
+                    self.backend.dump(record, layout, images)
+                if not leave_running:
+                    # Stopping: the processes go as soon as their memory is written. The layer
+                    # can wait, since nothing writes to it once they are gone; if anything
+                    # after this fails, they are revived from these images.
+                    layout.stopped.write_text(str(images))
+                    self.backend.stop(record, layout)
+                    stopped = True
+                    timeline.record(Phase.FROZEN, frozen_at)
+                    frozen_at = 0.0
+                    timeline.record(Phase.NODE_FREE, began)
                 with timeline.phase(Phase.LAYER):
                     upper = self.backend.upper_dir(record, layout)
                     layer_bytes = overlay.export_layer(upper, staging / ckpt.LAYER)
@@ -390,17 +413,30 @@ class Node:
                     hash_files=hash_files,
                 )
                 yield captured
+                timeline.record(Phase.DURABLE, began)
             except BaseException:
                 if frozen_at:
+                    layout.stopped.unlink(missing_ok=True)
                     self.backend.thaw(record, layout)
+                elif stopped:
+                    self._revive(record, layout, images)
                 raise
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
             if not leave_running:
-                # Stopping: frozen from the freeze until the commit, when the sandbox is killed.
-                timeline.record(Phase.FROZEN, frozen_at)
-                self.backend.kill(record, layout, signals.SIGKILL)
                 self._teardown(record, layout)
+
+    def _revive(self, record: SandboxRecord, layout: SandboxLayout, images: Path) -> None:
+        """Bring back a sandbox stopped for a checkpoint that then failed. If that fails too, the
+        sandbox is removed, and the orchestrator resumes the episode from its last snapshot."""
+        try:
+            self.backend.revive(record, layout, images)
+        except Exception:
+            log.exception("node %s could not revive sandbox %s; removing it", self.name, record.id)
+            self._teardown(record, layout)
+            return
+        layout.stopped.unlink(missing_ok=True)
+        log.warning("node %s revived sandbox %s after its checkpoint failed", self.name, record.id)
 
     def _require_store(self) -> SnapshotStore:
         if self.store is None:
@@ -617,6 +653,11 @@ class Node:
         """Delete every sandbox of this node: for tests and decommissioning."""
         for status in self.list():
             self.delete(status.record.id)
+
+
+def _partial(sandbox_id: str) -> str:
+    """How the name of a checkpoint's staging directory begins, before its random suffix."""
+    return f".{sandbox_id}.partial-"
 
 
 def _remove(layout: SandboxLayout) -> None:

@@ -31,6 +31,10 @@ class Phase(enum.StrEnum):
     """Writing the checkpoint into the snapshot store (chunk, compress, upload, commit)."""
     FROZEN = "frozen"
     """Not a step but a span: how long the harness was stalled, from freeze to thaw or kill."""
+    NODE_FREE = "node_free"
+    """A span: from the freeze until a stopping sandbox's processes are gone and its memory free."""
+    DURABLE = "durable"
+    """A span: from the freeze until the snapshot is committed to the store."""
     # create and restore
     PULL = "pull"
     """Fetching and unpacking an image the node did not have."""

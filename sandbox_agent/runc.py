@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal as signals
+import time
 from pathlib import Path
 from typing import Any
 
 from sandbox_agent import _command, network, overlay, seccomp
-from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
+from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, STOP_TIMEOUT_S, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
-from sandbox_agent.errors import CommandFailed
+from sandbox_agent.errors import CommandFailed, FailedPrecondition
 from sandbox_agent.images import Image
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
@@ -175,18 +176,38 @@ class RuncBackend:
         self._layer_disk(record, layout)
         overlay.import_layer(checkpoint.layer, layout.upper)
         self._write_bundle(record, layout, image)
+        self._criu_restore(record, layout, checkpoint.criu_dir)
+
+    def _criu_restore(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         work = layout.criu_work / "restore"
         work.mkdir(parents=True, exist_ok=True)
         try:
             self._runc(
                 "restore", "--detach", "--tcp-established", "--file-locks",
-                "--image-path", str(checkpoint.criu_dir), "--work-path", str(work),
+                "--image-path", str(images_dir), "--work-path", str(work),
                 "--bundle", str(layout.bundle), record.id,
             )  # fmt: skip
         except CommandFailed as exc:
             raise exc.with_log(
                 f"CRIU restore of sandbox {record.id} failed", _log_tail(work / "restore.log")
             ) from exc
+
+    def stop(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        # `runc kill --all` signals every task while the cgroup is frozen and only then thaws
+        # it, so each task meets SIGKILL before it could run another instruction.
+        self._runc("kill", "--all", record.id, "KILL", what=f"stopping sandbox {record.id}")
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while self.status(record, layout)[0] != SandboxState.EXITED:
+            if time.monotonic() > deadline:
+                raise FailedPrecondition(
+                    f"sandbox {record.id} still runs {STOP_TIMEOUT_S:.0f} s after SIGKILL"
+                )
+            time.sleep(0.005)
+
+    def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        # The rootfs stays mounted; only runc's record of the dead container must go.
+        self._runc("delete", "--force", record.id, what=f"clearing stopped sandbox {record.id}")
+        self._criu_restore(record, layout, images_dir)
 
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
         result = self._runc("state", record.id, check=False)
@@ -202,8 +223,8 @@ class RuncBackend:
 
     def kill(self, record: SandboxRecord, layout: SandboxLayout, signal: int) -> None:
         state, _ = self.status(record, layout)
-        if state == SandboxState.PAUSED and signal == signals.SIGKILL:
-            # A frozen task acts on SIGKILL only once thawed.
+        if state == SandboxState.PAUSED and signal != signals.SIGKILL:
+            # A frozen task acts on a signal only once thawed (`kill --all` thaws for SIGKILL).
             self._runc("resume", record.id, check=False)
         if state != SandboxState.EXITED:
             self._runc("kill", "--all", record.id, str(signal), check=False)

@@ -53,6 +53,9 @@ def dockerd() -> Iterator[str]:
     if shutil.which("dockerd") is None:
         pytest.fail("dockerd is not installed; run scripts/host-setup.sh")
     url = f"unix://{DOCKER_SOCKET}"
+    # Its containerd keeps checkpoint content between runs, and a restore whose checkpoint has
+    # the digest of an earlier run's fails ("already exists"); nothing else lives there.
+    shutil.rmtree(DOCKER_ROOT / "containerd", ignore_errors=True)
     argv = [
         "dockerd",
         "--experimental",

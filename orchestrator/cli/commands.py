@@ -19,6 +19,10 @@ from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file
 from orchestrator.domain import EpisodeState, InvalidArgument, Role, StasisError
 
 
+def _millis(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}ms"
+
+
 def _age(since: float, now: float) -> str:
     if not since:
         return "-"
@@ -234,8 +238,11 @@ class Commands:
             _dump({"items": [s.to_json() for s in items]}, self.args.output, self.out)
             return 0
         now = time.time()
-        rows = [["ID", "PARENT", "NODE", "REASON", "AGE", "STORED", "NEW", "DEDUP"]]
+        rows = [
+            ["ID", "PARENT", "NODE", "REASON", "AGE", "STORED", "NEW", "DEDUP", "FROZEN", "FREE", "DURABLE"]
+        ]
         for s in items:
+            moments = [_millis(s.timings_ms.get(f"{k}_ms")) for k in ("frozen", "node_free", "durable")]
             dedup = f"{s.logical_bytes / s.stored_bytes:.1f}x" if s.stored_bytes else "-"
             stored = human_size(s.stored_bytes) + ("" if s.available else " (collected)")
             rows.append(
@@ -248,6 +255,7 @@ class Commands:
                     stored,
                     human_size(s.new_bytes),
                     dedup,
+                    *moments,
                 ]
             )
         _table(rows, self.out)

@@ -114,7 +114,7 @@ class Outcomes:
         held = e.pending_reason == Reason.MANUAL
         try:
             self.store.transition(
-                e.id, S.PREEMPTED, f"{e.pending_reason}: snapshot {record.id} stored" + ("; held until resumed" if held else ""),
+                e.id, S.PREEMPTED, f"{e.pending_reason}: snapshot {record.id} stored{_moments(record)}" + ("; held until resumed" if held else ""),
                 expect=(S.CHECKPOINTING,), snapshot=record, node="", sandbox_id="", pending_snapshot_id="",
                 pending_reason="", held=held, queued_at=time.time(), pinned_node="",
             )  # fmt: skip
@@ -147,6 +147,14 @@ class Outcomes:
         )
         self.snapshot_committed(e, record, leave_running)
         return True
+
+
+def _moments(record: SnapshotRecord) -> str:
+    """When the node was free and the snapshot durable, counted from the freeze, as the node saw it."""
+    t = record.timings_ms
+    if "node_free_ms" not in t or "durable_ms" not in t:
+        return ""
+    return f" (frozen {t.get('frozen_ms', 0):.0f} ms, node free after {t['node_free_ms']:.0f} ms, durable after {t['durable_ms']:.0f} ms)"
 
 
 def snapshot_record(e: Episode, request: SnapshotRequest, outcome: CheckpointOutcome) -> SnapshotRecord:

@@ -97,6 +97,9 @@ def test_submit_preempt_resume_elsewhere_finish(stasis_up: str, tmp_path: Path) 
     assert [s["node"] for s in snapshots] == [first, other]
     assert all(s["reason"] == "manual" for s in snapshots)
     assert snapshots[1]["new_bytes"] < snapshots[0]["stored_bytes"]
+    for s in snapshots:  # killed once dumped, before the upload: free before durable
+        t = s["timings_ms"]
+        assert t["durable_ms"] >= t["node_free_ms"] >= t["frozen_ms"] > 0, t
     table = cli(addr, "snapshots", episode).stdout
     assert snapshots[1]["id"] in table and "STORED" in table
 

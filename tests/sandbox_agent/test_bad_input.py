@@ -184,12 +184,17 @@ def test_phase_hooks_see_each_phase_and_a_failed_phase_leaves_the_sandbox_runnin
     wait_for_log(node, "hooked", lambda t: "sha " in t)
     with pytest.raises(InvalidSpec, match="refused layer of hooked"):
         node.checkpoint("hooked", tmp_path / "refused", leave_running=False)
-    assert seen == [Phase.FREEZE, Phase.DUMP]
+    # Stopping kills the sandbox once its memory is dumped; the failure after that revived it
+    # from the images, with its memory, not restarted.
+    assert seen == [Phase.FREEZE, Phase.DUMP, Phase.FROZEN, Phase.NODE_FREE]
     assert node.get("hooked").state == SandboxState.RUNNING and not (tmp_path / "refused").exists()
+    revived = node.harness_log("hooked").count(b"sha ")
+    log = wait_for_log(node, "hooked", lambda t: t.count("sha ") > revived)
+    assert log.count("start") == 1, log
 
     seen.clear()
     taken = node.checkpoint("hooked", tmp_path / "ck", leave_running=True)
-    assert seen == [Phase.FREEZE, Phase.DUMP, Phase.LAYER, Phase.FROZEN]
+    assert seen == [Phase.FREEZE, Phase.DUMP, Phase.LAYER, Phase.FROZEN, Phase.DURABLE]
     assert {p.key for p in seen} | {Phase.TOTAL.key} == set(taken.timings_ms)
     assert taken.timings_ms["frozen_ms"] >= taken.timings_ms["dump_ms"]
     before_count = node.harness_log("hooked").count(b"sha ")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import SandboxSpec, SandboxState
+from sandbox_agent import Phase, PhaseHooks, SandboxSpec, SandboxState
 from sandbox_agent.node import SnapshotTarget
 from snapshots import SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
 from tests.s3server import MotoServer
@@ -131,3 +131,27 @@ def test_standard_archive_round_trip_restores(make_node: NodeFactory, tmp_path: 
     b.restore("arc", imported, verify=False)
     after = wait_for_log(b, "arc", lambda t: t.count("view ") >= log.count("view ") + 2)
     assert set(re.findall(r"view (\w+ \d+)", after)) == set(re.findall(r"view (\w+ \d+)", log)[-1:])
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_upload_after_the_kill_revives_the_sandbox(make_node: NodeFactory, tmp_path: Path) -> None:
+    def refuse(phase: Phase, sandbox_id: str) -> None:
+        if phase == Phase.PUT:
+            raise OSError(28, "No space left on device")
+
+    url = f"file://{tmp_path}/store"
+    a = make_node("node-a", snapshot_store=url, hooks=PhaseHooks(before=refuse))
+    a.create("up", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "16")))
+    log = wait_for_log(a, "up", lambda t: t.count("sha ") >= 2)
+    sha = re.findall(r"sha (\w+)", log)[-1]
+    with pytest.raises(OSError, match="No space left"):
+        a.checkpoint_to_store("up", SnapshotTarget("up-s1", "up", 1, "preempt"), leave_running=False)
+    assert a.get("up").state == SandboxState.RUNNING
+    logged = a.harness_log("up").count(b"sha ")
+    after = wait_for_log(a, "up", lambda t: t.count("sha ") > logged + 1)
+    assert re.findall(r"sha (\w+)", after)[-1] == sha and after.count("start") == 1, (
+        "its memory, not a restart"
+    )
+    with SnapshotStore.open(url) as store:
+        assert not store.exists("up-s1")
+    assert not list((a.settings.root / "staging").iterdir())
