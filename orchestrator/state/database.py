@@ -2,32 +2,84 @@
 
 from __future__ import annotations
 
+import contextvars
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+READERS = 4
+"""Read connections per database: enough for the API threads and the control loop to read while
+a commit syncs, few enough that SQLite's per-connection memory stays small."""
+
+
+@dataclass
+class _Queued(Generic[T]):
+    """One caller's share of a group commit."""
+
+    work: Callable[[sqlite3.Connection], T]
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
+    result: T | None = None
+    error: BaseException | None = None
+    done: bool = False
 
 
 class Database:
     def __init__(self, path: Path, schema: str, on_commit: Callable[[], None] = lambda: None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self.db.row_factory = sqlite3.Row
+        self.db = self._connect()
         self.db.execute("PRAGMA journal_mode=WAL")
         # FULL: a commit that returned is on disk, so a SIGKILL or power cut loses nothing committed.
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(schema)
         self.lock = threading.RLock()
         self._depth = 0
+        self._writer = 0
+        """The thread inside a write transaction, if any."""
+        self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
+        self._all_readers = [self._connect(query_only=True) for _ in range(READERS)]
+        for reader in self._all_readers:
+            self._readers.put(reader)
+        self._queue: list[_Queued[Any]] = []
+        self._queue_lock = threading.Lock()
         self._on_commit = on_commit
         self.closed = False
+
+    def _connect(self, *, query_only: bool = False) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        db.row_factory = sqlite3.Row
+        if query_only:
+            db.execute("PRAGMA query_only=ON")
+        return db
 
     def close(self) -> None:
         with self.lock:
             self.closed = True
             self.db.close()
+            for reader in self._all_readers:
+                reader.close()
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A connection for reads, which see every committed transaction. Readers do not wait
+        for a writer's fsync (WAL), and a few of them run at once. Inside this thread's own
+        write transaction it is that transaction's connection, so the reads see its writes."""
+        if self._writer == threading.get_ident():
+            with self.lock:
+                yield self.db
+            return
+        reader = self._readers.get()
+        try:
+            yield reader
+        finally:
+            self._readers.put(reader)
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -52,6 +104,7 @@ class Database:
                 return
             self.db.execute("BEGIN IMMEDIATE")
             self._depth = 1
+            self._writer = threading.get_ident()
             try:
                 yield self.db
             except BaseException:
@@ -59,5 +112,50 @@ class Database:
                 raise
             finally:
                 self._depth = 0
+                self._writer = 0
             self.db.execute("COMMIT")
             self._on_commit()
+
+    def grouped(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `work` in a write transaction that it may share with other callers' work: one
+        commit, and so one fsync, for all of them. It returns once that commit is on disk.
+
+        Whoever holds the writer lock next takes everything queued by then, so callers that
+        arrive while a commit is being synced share the following one. Each work is a
+        savepoint of its own: one that raises is undone alone and its caller gets the error.
+        It runs in its caller's context, so events record who asked.
+        """
+        queued = _Queued(work)
+        with self._queue_lock:
+            self._queue.append(queued)
+        with self.lock:
+            if self._depth:  # inside this thread's own transaction: it commits with that one
+                with self._queue_lock:
+                    self._queue.remove(queued)
+                with self.tx() as db:
+                    return work(db)
+            if not queued.done:
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._commit(batch)
+        if queued.error is not None:
+            raise queued.error
+        return queued.result  # type: ignore[return-value]
+
+    def _commit(self, batch: list[_Queued[Any]]) -> None:
+        try:
+            with self.tx() as db:
+                for queued in batch:
+                    try:
+                        with self.tx():
+                            queued.result = queued.context.run(queued.work, db)
+                    except Exception as exc:  # handed to the caller it belongs to
+                        queued.error = exc
+        except BaseException as exc:
+            for queued in batch:
+                queued.error = exc
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            for queued in batch:
+                queued.done = True

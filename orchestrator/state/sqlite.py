@@ -9,6 +9,7 @@ read back without validation: they were validated once, when they were submitted
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import ipaddress
 import json
@@ -50,6 +51,13 @@ _EPISODE_FIELDS = tuple(f.name for f in dataclasses.fields(Episode))
 _SNAPSHOT_FIELDS = tuple(f.name for f in dataclasses.fields(SnapshotRecord))
 
 
+@functools.lru_cache(maxsize=8192)
+def _decode_spec(stored: str) -> EpisodeSpec:
+    """A stored spec as an EpisodeSpec. A spec never changes once submitted and EpisodeSpec is
+    frozen, so the control loop's passes over every live episode decode each one only once."""
+    return codec.decode(EpisodeSpec, json.loads(stored), "spec")
+
+
 def _fingerprint(method: str, payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps([method, payload], sort_keys=True, default=str).encode()).hexdigest()
 
@@ -64,6 +72,7 @@ class SqliteStateStore:
         self._lock = self._database.lock
         self._changed = threading.Condition(self._lock)
         self._tx = self._database.tx
+        self._next_address = 0
         columns = {r["name"] for r in self._db.execute("PRAGMA table_info(events)")}
         if "actor" not in columns:  # a state directory from before events recorded who asked
             self._db.execute("ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
@@ -76,26 +85,37 @@ class SqliteStateStore:
     # -- episodes ---------------------------------------------------------------------------
 
     def _row_to_episode(self, row: sqlite3.Row) -> Episode:
-        values = {name: row[name] for name in _EPISODE_FIELDS}
-        values["spec"] = codec.decode(EpisodeSpec, json.loads(row["spec"]), "spec")
-        values["state"] = EpisodeState(row["state"])
-        values["held"] = bool(row["held"])
-        values["log_offsets"] = tuple(json.loads(row["log_offsets"]))
+        columns = dict(zip(row.keys(), row, strict=True))  # far quicker than row[name] for each
+        values = {name: columns[name] for name in _EPISODE_FIELDS}
+        values["spec"] = _decode_spec(columns["spec"])
+        values["state"] = EpisodeState(columns["state"])
+        values["held"] = bool(columns["held"])
+        values["log_offsets"] = tuple(json.loads(columns["log_offsets"]))
         return Episode(**values)
 
     def _free_address(self, db: sqlite3.Connection, pool: ipaddress.IPv4Network) -> str:
-        used = {r[0] for r in db.execute("SELECT address FROM episodes WHERE finished_at = 0")}
-        for host in pool.hosts():
-            if str(host) not in used:
-                return str(host)
+        """The next address of the pool that no live episode holds, going round from the last one
+        handed out: one index lookup per submit, and a freed address is the last to be reused."""
+        first = int(pool.network_address) + 1
+        count = pool.num_addresses - 2
+        start = self._next_address - first if first <= self._next_address < first + count else 0
+        held = "SELECT 1 FROM episodes WHERE address = ? AND finished_at = 0"
+        for step in range(count):
+            address = first + (start + step) % count
+            candidate = str(ipaddress.IPv4Address(address))
+            if db.execute(held, (candidate,)).fetchone() is None:
+                self._next_address = address + 1
+                return candidate
         raise FailedPrecondition(
             f"the sandbox address pool {pool} is exhausted; finish or cancel episodes first"
         )
 
     def submit(self, spec: EpisodeSpec, request_id: str, address_pool: ipaddress.IPv4Network) -> Episode:
-        now = time.time()
+        """Accept an episode, durably. Concurrent submits share one commit (group commit)."""
         spec_json = json.dumps(codec.encode(spec), sort_keys=True)
-        with self._tx() as db:
+
+        def insert(db: sqlite3.Connection) -> Episode:
+            now = time.time()
             if request_id:
                 known = self._known_request(db, request_id, "SubmitEpisode", {"spec": spec_json})
                 if known is not None:
@@ -123,6 +143,8 @@ class SqliteStateStore:
                 self._store_request(db, request_id, "SubmitEpisode", {"spec": spec_json}, episode_id)
             return self._get(db, episode_id)
 
+        return self._database.grouped(insert)
+
     def _get(self, db: sqlite3.Connection, episode_id: str) -> Episode:
         row = db.execute("SELECT * FROM episodes WHERE id = ?", (episode_id,)).fetchone()
         if row is None:
@@ -130,12 +152,12 @@ class SqliteStateStore:
         return self._row_to_episode(row)
 
     def get(self, episode_id: str) -> Episode:
-        with self._lock:
-            return self._get(self._db, episode_id)
+        with self._database.read() as db:
+            return self._get(db, episode_id)
 
     def by_token(self, token: str) -> Episode | None:
-        with self._lock:
-            row = self._db.execute("SELECT * FROM episodes WHERE token = ?", (token,)).fetchone()
+        with self._database.read() as db:
+            row = db.execute("SELECT * FROM episodes WHERE token = ?", (token,)).fetchone()
             return self._row_to_episode(row) if row else None
 
     def query(
@@ -148,8 +170,8 @@ class SqliteStateStore:
         if node:
             query += " AND node = ?"
             args.append(node)
-        with self._lock:
-            rows = self._db.execute(query + " ORDER BY submitted_at, id", args).fetchall()
+        with self._database.read() as db:
+            rows = db.execute(query + " ORDER BY submitted_at, id", args).fetchall()
         episodes = [self._row_to_episode(r) for r in rows]
         if labels:
             episodes = [e for e in episodes if all(e.spec.labels.get(k) == v for k, v in labels.items())]
@@ -254,8 +276,8 @@ class SqliteStateStore:
             return self._get(db, snapshot.episode_id)
 
     def snapshots(self, episode_id: str) -> list[SnapshotRecord]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._database.read() as db:
+            rows = db.execute(
                 "SELECT * FROM snapshots WHERE episode_id = ? ORDER BY sequence", (episode_id,)
             ).fetchall()
         return [_row_to_snapshot(r) for r in rows]
@@ -281,8 +303,8 @@ class SqliteStateStore:
         if episode_ids:
             query += f" AND episode_id IN ({','.join('?' * len(episode_ids))})"
             args += list(episode_ids)
-        with self._lock:
-            rows = self._db.execute(query + " ORDER BY seq LIMIT ?", (*args, limit)).fetchall()
+        with self._database.read() as db:
+            rows = db.execute(query + " ORDER BY seq LIMIT ?", (*args, limit)).fetchall()
         return [Event(**dict(r)) for r in rows]
 
     @property
@@ -345,10 +367,8 @@ class SqliteStateStore:
             db.execute("INSERT OR REPLACE INTO logs VALUES (?,?,?)", (episode_id, start, content))
 
     def log(self, episode_id: str) -> tuple[int, bytes] | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT start, content FROM logs WHERE episode_id = ?", (episode_id,)
-            ).fetchone()
+        with self._database.read() as db:
+            row = db.execute("SELECT start, content FROM logs WHERE episode_id = ?", (episode_id,)).fetchone()
         return (int(row["start"]), bytes(row["content"])) if row is not None else None
 
     # -- images -----------------------------------------------------------------------------
@@ -361,12 +381,12 @@ class SqliteStateStore:
             )
 
     def images(self) -> list[ImageRecord]:
-        with self._lock:
-            return [ImageRecord(**r) for r in self._db.execute("SELECT * FROM images ORDER BY name")]
+        with self._database.read() as db:
+            return [ImageRecord(**r) for r in db.execute("SELECT * FROM images ORDER BY name")]
 
     def image(self, name: str) -> ImageRecord | None:
-        with self._lock:
-            row = self._db.execute("SELECT * FROM images WHERE name = ?", (name,)).fetchone()
+        with self._database.read() as db:
+            row = db.execute("SELECT * FROM images WHERE name = ?", (name,)).fetchone()
         return ImageRecord(**row) if row is not None else None
 
     def delete_image(self, name: str) -> ImageRecord:
@@ -379,12 +399,12 @@ class SqliteStateStore:
             return ImageRecord(**row)
 
     def nodes(self) -> list[NodeRecord]:
-        with self._lock:
-            return [self._row_to_node(r) for r in self._db.execute("SELECT * FROM nodes ORDER BY name")]
+        with self._database.read() as db:
+            return [self._row_to_node(r) for r in db.execute("SELECT * FROM nodes ORDER BY name")]
 
     def node(self, name: str) -> NodeRecord:
-        with self._lock:
-            row = self._db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+        with self._database.read() as db:
+            row = db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
         if row is None:
             known = ", ".join(n.name for n in self.nodes()) or "none"
             raise NotFound(f"node {name!r} is not registered; known nodes: {known}")
@@ -426,8 +446,8 @@ class SqliteStateStore:
 
     def known_request(self, request_id: str, method: str, payload: Mapping[str, Any]) -> str | None:
         """The target of an earlier request with this id; Conflict if that request was different."""
-        with self._lock:
-            return self._known_request(self._db, request_id, method, payload)
+        with self._database.read() as db:
+            return self._known_request(db, request_id, method, payload)
 
     def remember_request(self, request_id: str, method: str, payload: Mapping[str, Any], target: str) -> None:
         """Note a state-changing request that succeeded, so a retry of it is not done twice."""

@@ -3,13 +3,17 @@ records, nodes, and specs read back as stored."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from orchestrator.domain import (
+    Caller,
     Conflict,
+    Episode,
     EpisodeSpec,
     EpisodeState,
     FailedPrecondition,
@@ -19,7 +23,9 @@ from orchestrator.domain import (
     NotFound,
     Resources,
     RewardSpec,
+    Role,
     SnapshotRecord,
+    acting_for,
     ids,
 )
 from orchestrator.state import SqliteStateStore
@@ -113,6 +119,49 @@ def test_request_ids_return_the_first_episode_and_refuse_another_request(store: 
     with pytest.raises(Conflict, match="trainer-1"):
         store.submit(EpisodeSpec(image="base", command=("other",)), "trainer-1", POOL)
     assert len(store.query()) == 1
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_submits_share_commits_and_each_is_durable_on_behalf_of_its_own_caller(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStateStore(tmp_path / "state.db")
+    database = store._database
+    commits = []
+    notify = database._on_commit
+    database._on_commit = lambda: (commits.append(1), notify())[1]
+    pool = ids.address_pool("10.9.0.0/22")
+    store.submit(SPEC, "taken", pool)
+    other = EpisodeSpec(image="base", command=("other",))
+    start = threading.Barrier(24)
+
+    def submit(i: int) -> Episode | Exception:
+        with acting_for(Caller(f"trainer-{i}", Role.TRAINER)):
+            start.wait()
+            try:
+                # Every sixth reuses a request id for another spec: refused, and alone.
+                return store.submit(other if i % 6 == 0 else SPEC, "taken" if i % 6 == 0 else f"r{i}", pool)
+            except Conflict as exc:
+                return exc
+
+    with ThreadPoolExecutor(24) as threads:
+        outcomes = list(threads.map(submit, range(24)))
+    store.close()
+    refused = [i for i, o in enumerate(outcomes) if isinstance(o, Conflict)]
+    assert refused == [0, 6, 12, 18]
+    accepted = {i: o for i, o in enumerate(outcomes) if isinstance(o, Episode)}
+    assert len({e.address for e in accepted.values()}) == len({e.id for e in accepted.values()}) == 20
+    assert len(commits) < 1 + 20, "no two submits shared a commit"
+
+    reopened = SqliteStateStore(tmp_path / "state.db")
+    try:
+        events = {e.episode_id: e for e in reopened.events() if e.to_state == S.PENDING}
+        for i, episode in accepted.items():
+            assert reopened.get(episode.id).address == episode.address
+            assert events[episode.id].actor == f"trainer-{i} (trainer)"
+        assert len(reopened.query()) == 21
+    finally:
+        reopened.close()
 
 
 @pytest.mark.timeout(30)
