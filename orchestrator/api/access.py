@@ -33,6 +33,7 @@ METHOD_ROLES: dict[str, Role] = {
     "ListNodes": Role.VIEWER,
     "ListImages": Role.VIEWER,
     "SubmitEpisode": Role.TRAINER,
+    "SubmitEpisodes": Role.TRAINER,
     "CancelEpisode": Role.TRAINER,
     "GetTrajectory": Role.TRAINER,
     "StreamTrajectories": Role.TRAINER,

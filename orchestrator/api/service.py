@@ -77,6 +77,10 @@ def branch_to_pb(b: Branch) -> pb.TrajectoryBranch:
     )
 
 
+MAX_SUBMITS = 1000
+"""Episodes one SubmitEpisodes call may carry: a few rollout groups, and a commit that stays short."""
+
+
 class StasisService(pb_grpc.StasisServicer):
     def __init__(
         self,
@@ -101,12 +105,36 @@ class StasisService(pb_grpc.StasisServicer):
 
     @rpc
     def SubmitEpisode(self, request: pb.SubmitEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
-        if not request.HasField("spec"):
-            raise InvalidArgument("spec", "is required")
-        spec = self._pin_images(self._with_defaults(wire.decode(request.spec, EpisodeSpec).validate()))
-        episode = self.store.submit(spec, request.request_id, self.control.pool_of_addresses)
+        episode = self.store.submit(
+            self._accepted(request), request.request_id, self.control.pool_of_addresses
+        )
         self.control.wake()
         return episode_to_pb(episode, time.time())
+
+    @rpc
+    def SubmitEpisodes(
+        self, request: pb.SubmitEpisodesRequest, context: grpc.ServicerContext
+    ) -> pb.SubmitEpisodesResponse:
+        if not request.submits:
+            raise InvalidArgument("submits", "is empty")
+        if len(request.submits) > MAX_SUBMITS:
+            raise InvalidArgument("submits", f"has {len(request.submits)} entries; at most {MAX_SUBMITS}")
+        specs = []
+        for i, submit in enumerate(request.submits):
+            try:
+                specs.append((self._accepted(submit), submit.request_id))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"submits[{i}].{exc.field}", exc.problem) from None
+        episodes = self.store.submit_many(specs, self.control.pool_of_addresses)
+        self.control.wake()
+        now = time.time()
+        return pb.SubmitEpisodesResponse(episodes=[episode_to_pb(e, now) for e in episodes])
+
+    def _accepted(self, request: pb.SubmitEpisodeRequest) -> EpisodeSpec:
+        """The request's spec, validated, with the cluster's defaults and its images pinned."""
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec", "is required")
+        return self._pin_images(self._with_defaults(wire.decode(request.spec, EpisodeSpec).validate()))
 
     def _with_defaults(self, spec: EpisodeSpec) -> EpisodeSpec:
         s = self.control.settings

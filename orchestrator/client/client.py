@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -155,6 +155,18 @@ class StasisClient:
             spec=wire.encode(spec, pb.EpisodeSpec), request_id=request_id or str(uuid.uuid4())
         )
         return _episode(self._call(self._stub.SubmitEpisode, request))
+
+    def submit_many(self, specs: Sequence[EpisodeSpec | Mapping[str, Any]]) -> list[EpisodeInfo]:
+        """Submit episodes in one durable commit, all or none (at most 1000). A bad spec raises
+        InvalidArgument naming it, as in `submits[2].spec.image`; a retry submits nothing twice."""
+        request = pb.SubmitEpisodesRequest()
+        for i, spec in enumerate(specs):
+            try:
+                parsed = spec if isinstance(spec, EpisodeSpec) else spec_from_mapping(spec)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"submits[{i}].{exc.field}", exc.problem) from None
+            request.submits.add(spec=wire.encode(parsed, pb.EpisodeSpec), request_id=str(uuid.uuid4()))
+        return [_episode(e) for e in self._call(self._stub.SubmitEpisodes, request).episodes]
 
     def get(self, episode_id: str) -> EpisodeInfo:
         return _episode(self._call(self._stub.GetEpisode, pb.GetEpisodeRequest(episode_id=episode_id)))

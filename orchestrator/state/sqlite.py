@@ -16,7 +16,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,39 +111,43 @@ class SqliteStateStore:
         )
 
     def submit(self, spec: EpisodeSpec, request_id: str, address_pool: ipaddress.IPv4Network) -> Episode:
-        """Accept an episode, durably. Concurrent submits share one commit (group commit)."""
-        spec_json = json.dumps(codec.encode(spec), sort_keys=True)
+        return self.submit_many([(spec, request_id)], address_pool)[0]
 
-        def insert(db: sqlite3.Connection) -> Episode:
-            now = time.time()
-            if request_id:
-                known = self._known_request(db, request_id, "SubmitEpisode", {"spec": spec_json})
-                if known is not None:
-                    return self._get(db, known)
-            episode_id = ids.new_episode_id()
-            db.execute(
-                "INSERT INTO episodes (id, spec, state, reason, priority, labels, address, token, queued_at,"
-                " submitted_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    episode_id,
-                    spec_json,
-                    EpisodeState.PENDING,
-                    "submitted",
-                    spec.preemption.priority,
-                    json.dumps(spec.labels, sort_keys=True),
-                    self._free_address(db, address_pool),
-                    ids.new_gateway_token(),
-                    now,
-                    now,
-                    now,
-                ),
-            )
-            self._event(db, episode_id, "transition", "", EpisodeState.PENDING, "submitted", "", "")
-            if request_id:
-                self._store_request(db, request_id, "SubmitEpisode", {"spec": spec_json}, episode_id)
-            return self._get(db, episode_id)
+    def submit_many(
+        self, submits: Sequence[tuple[EpisodeSpec, str]], address_pool: ipaddress.IPv4Network
+    ) -> list[Episode]:
+        """Accept episodes durably, all or none. Concurrent calls share one commit (group
+        commit), so many submits cost one fsync. A request id seen before returns its episode."""
+        encoded = [(spec, json.dumps(codec.encode(spec), sort_keys=True), rid) for spec, rid in submits]
+
+        def insert(db: sqlite3.Connection) -> list[Episode]:
+            return [self._insert(db, spec, spec_json, rid, address_pool) for spec, spec_json, rid in encoded]
 
         return self._database.grouped(insert)
+
+    def _insert(
+        self, db: sqlite3.Connection, spec: EpisodeSpec, spec_json: str, request_id: str,
+        address_pool: ipaddress.IPv4Network,
+    ) -> Episode:  # fmt: skip
+        now = time.time()
+        if request_id:
+            known = self._known_request(db, request_id, "SubmitEpisode", {"spec": spec_json})
+            if known is not None:
+                return self._get(db, known)
+        episode_id = ids.new_episode_id()
+        db.execute(
+            "INSERT INTO episodes (id, spec, state, reason, priority, labels, address, token, queued_at,"
+            " submitted_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                episode_id, spec_json, EpisodeState.PENDING, "submitted", spec.preemption.priority,
+                json.dumps(spec.labels, sort_keys=True), self._free_address(db, address_pool),
+                ids.new_gateway_token(), now, now, now,
+            ),
+        )  # fmt: skip
+        self._event(db, episode_id, "transition", "", EpisodeState.PENDING, "submitted", "", "")
+        if request_id:
+            self._store_request(db, request_id, "SubmitEpisode", {"spec": spec_json}, episode_id)
+        return self._get(db, episode_id)
 
     def _get(self, db: sqlite3.Connection, episode_id: str) -> Episode:
         row = db.execute("SELECT * FROM episodes WHERE id = ?", (episode_id,)).fetchone()

@@ -4,7 +4,7 @@ server database can stand in for it."""
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from orchestrator.domain import (
@@ -23,6 +23,11 @@ class StateStore(Protocol):
     """What the control plane needs from its database; a server database can stand in for SQLite."""
 
     def submit(self, spec: EpisodeSpec, request_id: str, address_pool: ipaddress.IPv4Network) -> Episode: ...
+    def submit_many(
+        self, submits: Sequence[tuple[EpisodeSpec, str]], address_pool: ipaddress.IPv4Network
+    ) -> list[Episode]:
+        """All of them, durably, or none."""
+
     def get(self, episode_id: str) -> Episode: ...
     def by_token(self, token: str) -> Episode | None: ...
     def query(

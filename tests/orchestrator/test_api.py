@@ -90,6 +90,49 @@ def test_malformed_specs_name_the_field_and_store_nothing(
 
 
 @pytest.mark.timeout(90)
+def test_a_batch_of_submits_is_accepted_whole_or_refused_whole(
+    api: tuple[pb_grpc.StasisStub, StasisClient],
+) -> None:
+    stub, client = api
+
+    def batch(*specs: pb.EpisodeSpec, ids: tuple[str, ...] = ()) -> pb.SubmitEpisodesRequest:
+        return pb.SubmitEpisodesRequest(
+            submits=[
+                pb.SubmitEpisodeRequest(spec=spec, request_id=ids[i] if ids else "")
+                for i, spec in enumerate(specs)
+            ]
+        )
+
+    refusals = [
+        (pb.SubmitEpisodesRequest(), "submits: is empty"),
+        (batch(*[_spec()] * 1001), "submits: has 1001 entries; at most 1000"),
+        (batch(_spec(), pb.EpisodeSpec()), "submits[1].spec.image: "),
+        *[(batch(_spec(), _spec(), spec), f"submits[2].{field}: ") for spec, field in MALFORMED],
+    ]
+    for request, details in refusals:
+        code, got = _status(lambda request=request: stub.SubmitEpisodes(request))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and got.startswith(details), got
+    assert client.episodes() == []
+
+    taken = stub.SubmitEpisode(pb.SubmitEpisodeRequest(spec=_spec(command=["sleep", "30"]), request_id="t-1"))
+    code, details = _status(lambda: stub.SubmitEpisodes(batch(_spec(), _spec(), ids=("t-2", "t-1"))))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "t-1" in details
+    assert [e.id for e in client.episodes()] == [taken.id], "a refused batch left part of itself behind"
+
+    request = batch(*(_spec(command=["sleep", str(30 + i)]) for i in range(3)), ids=("g-0", "g-1", "g-2"))
+    accepted = stub.SubmitEpisodes(request).episodes
+    assert [list(e.spec.command) for e in accepted] == [["sleep", str(30 + i)] for i in range(3)]
+    assert len({e.id for e in accepted}) == 3 and taken.id not in {e.id for e in accepted}
+    assert [e.id for e in stub.SubmitEpisodes(request).episodes] == [e.id for e in accepted]  # a retry
+    assert len(client.episodes()) == 4
+
+    with pytest.raises(InvalidArgument) as err:
+        client.submit_many([{"image": "base", "command": ["true"]}, {"image": "base", "command": "true"}])
+    assert err.value.field == "submits[1].spec.command"
+    assert len(client.submit_many([{"image": "base", "command": ["true"]}] * 2)) == 2
+
+
+@pytest.mark.timeout(90)
 def test_unknown_ids_are_not_found(api: tuple[pb_grpc.StasisStub, StasisClient]) -> None:
     stub, _ = api
     calls = {

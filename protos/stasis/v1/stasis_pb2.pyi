@@ -210,6 +210,18 @@ class SubmitEpisodeRequest(_message.Message):
     request_id: str
     def __init__(self, spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
+class SubmitEpisodesRequest(_message.Message):
+    __slots__ = ("submits",)
+    SUBMITS_FIELD_NUMBER: _ClassVar[int]
+    submits: _containers.RepeatedCompositeFieldContainer[SubmitEpisodeRequest]
+    def __init__(self, submits: _Optional[_Iterable[_Union[SubmitEpisodeRequest, _Mapping]]] = ...) -> None: ...
+
+class SubmitEpisodesResponse(_message.Message):
+    __slots__ = ("episodes",)
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    episodes: _containers.RepeatedCompositeFieldContainer[Episode]
+    def __init__(self, episodes: _Optional[_Iterable[_Union[Episode, _Mapping]]] = ...) -> None: ...
+
 class GetEpisodeRequest(_message.Message):
     __slots__ = ("episode_id",)
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]

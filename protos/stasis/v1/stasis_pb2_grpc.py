@@ -39,6 +39,11 @@ class StasisStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.SubmitEpisodeRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Episode.FromString,
                 _registered_method=True)
+        self.SubmitEpisodes = channel.unary_unary(
+                '/stasis.v1.Stasis/SubmitEpisodes',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.SubmitEpisodesRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.SubmitEpisodesResponse.FromString,
+                _registered_method=True)
         self.GetEpisode = channel.unary_unary(
                 '/stasis.v1.Stasis/GetEpisode',
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.GetEpisodeRequest.SerializeToString,
@@ -136,6 +141,13 @@ class StasisServicer:
 
     def SubmitEpisode(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitEpisodes(self, request, context):
+        """Several episodes (a rollout group, say) in one durable commit: all are accepted or none is.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -264,6 +276,11 @@ def add_StasisServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.SubmitEpisodeRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Episode.SerializeToString,
             ),
+            'SubmitEpisodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitEpisodes,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.SubmitEpisodesRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.SubmitEpisodesResponse.SerializeToString,
+            ),
             'GetEpisode': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEpisode,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.GetEpisodeRequest.FromString,
@@ -382,6 +399,33 @@ class Stasis:
             '/stasis.v1.Stasis/SubmitEpisode',
             protos_dot_stasis_dot_v1_dot_stasis__pb2.SubmitEpisodeRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_stasis__pb2.Episode.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitEpisodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.Stasis/SubmitEpisodes',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.SubmitEpisodesRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.SubmitEpisodesResponse.FromString,
             options,
             channel_credentials,
             insecure,
