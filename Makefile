@@ -27,7 +27,9 @@ check-protos:
 	$(PY) protos/generate.py --check
 
 bench: setup
-	$(PY) benchmarks/runtime_checkpoint.py
+	$(PY) benchmarks/bench.py
+	$(PY) benchmarks/snapshot_throughput.py
+	$(PY) benchmarks/gateway_latency.py
 	$(PY) benchmarks/image_pull.py
 
 clean-state:

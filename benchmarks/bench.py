@@ -1,0 +1,534 @@
+"""`make bench`: Stasis beside raw CRIU and Docker's own checkpoints, on the same workload, in one run.
+
+    .venv/bin/python benchmarks/bench.py [--sizes 64,512,2048] [--memory compressible,incompressible]
+                                         [--systems stasis,criu,docker] [--drain 64] [--submits 2000]
+
+For every (system, size, memory kind) one program holds that much memory: random bytes
+(incompressible) or a Python heap of small dicts and strings (compressible). Each system takes
+three snapshots of it: two leave-running ones with about 10% of the memory rewritten before each
+of the later ones, then a stopping one, the preemption, whose timings are reported. Then it
+restores that last one. Before that stopping snapshot every system gets a `sync`, so none pays
+for writing back what the earlier ones left dirty (raw CRIU and Docker delete their earlier images
+once sized, as a Stasis node deletes its staging once stored). What each system does:
+
+- stasis: the agent's `checkpoint_to_store` into a local snapshot store, restored with
+  `restore_from_store` on a second node (fetch, verify every chunk, layer, `runc restore`).
+- criu: `criu dump` and `criu restore -d` of the same program as a plain host process: the floor.
+- docker: `docker checkpoint create` and `docker start --checkpoint` on a dockerd in experimental
+  mode, restored into the same container (Docker's own flow; nothing is moved).
+
+Figures per entry: frozen_ms (from the start of the freeze to the kill), node_free_ms (until
+the processes are gone), durable_ms (until the snapshot is committed, or for CRIU and Docker
+its images fsynced), restored_running_ms (until the restored process runs), resident_ms (until
+every page is local: the same, since every system here restores eagerly), stored_bytes (the
+first snapshot), new_bytes_2nd and new_bytes_3rd (what the later ones add).
+
+Also: idle_sandbox_mib and density_64mib (the node memory one idle 64 MiB sandbox takes, and how
+many fit in what the node has available), drain_64_s (stopping checkpoints of 64 idle 64 MiB sandboxes on one node, eight at a time
+as the orchestrator's workers do: until the node is free, and until all are durable) and
+submits_per_s (durable submits per second, in SubmitEpisodes calls of 64; single_submits_per_s
+with one SubmitEpisode call each). Writes bench/results.json and
+bench/results.png, and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from control_plane import submit_throughput
+
+from sandbox_agent import AgentSettings, Node, Phase, PhaseHooks, Resources, SandboxSpec
+from sandbox_agent.node import SnapshotTarget
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_ROOTFS = Path("/var/cache/stasis/images/base/rootfs.tar")
+DOCKER_ROOT = Path("/var/lib/stasis-bench-docker")
+DOCKER_EXEC_ROOT = Path("/run/stasis-bench-docker")
+DOCKER_HOST = f"unix://{DOCKER_EXEC_ROOT}.sock"
+DOCKER_IMAGE = "stasis-bench-base:latest"
+
+PROGRAM = r"""
+import os, random, signal, sys, time
+size, kind = int(sys.argv[1]) << 20, sys.argv[2]
+rng, MIB = random.Random(7), 1 << 20
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+if kind == "incompressible":
+    buf = bytearray(size)
+    for off in range(0, size, 16 * MIB):
+        buf[off:off + 16 * MIB] = rng.randbytes(min(16 * MIB, size - off))
+
+    def mutate(n):
+        r = random.Random(n)
+        for _ in range(max(1, size // MIB // 10)):
+            off = r.randrange(0, size - MIB)
+            buf[off:off + MIB] = r.randbytes(MIB)
+else:
+    heap = []
+
+    def item(i, salt):
+        return {"step": i, "text": f"observation {i % 977} of run {salt}", "tags": ["tool", str(i % 31)]}
+
+    while rss() < size:
+        heap.extend(item(i, 0) for i in range(len(heap), len(heap) + 50_000))
+
+    def mutate(n):
+        count = len(heap) // 10
+        start = random.Random(n).randrange(0, len(heap) - count)
+        heap[start:start + count] = [item(i, n) for i in range(start, start + count)]
+
+asked = []
+signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
+print("ready", rss() >> 20, flush=True)
+done = 0
+while True:
+    if len(asked) > done:
+        done += 1
+        mutate(done)
+        print("mutated", done, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+def _wait(read: Callable[[], str], text: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in read():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"never saw {text!r}; output: {read()[-500:]}")
+        time.sleep(0.05)
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in path.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _settle() -> None:
+    """Write back what earlier snapshots left dirty, so the timed one does not pay for it."""
+    os.sync()
+
+
+def _python_child(init_pid: int) -> int:
+    """The program's pid under a sandbox's init (the agent's `sh` wrapper)."""
+    for _ in range(100):
+        children = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.02)
+    raise RuntimeError(f"pid {init_pid} has no child")
+
+
+def _mutate(pid: int, n: int, read: Callable[[], str]) -> None:
+    os.kill(pid, signal.SIGUSR1)
+    _wait(read, f"mutated {n}")
+
+
+def _entry(system: str, size: int, memory: str, **figures: float | int) -> dict[str, Any]:
+    return {"system": system, "size_mib": size, "memory": memory, **figures}
+
+
+# -- the three systems --------------------------------------------------------------------------
+
+
+def run_criu(size: int, memory: str, work: Path) -> dict[str, Any]:
+    work.mkdir()
+    out = work / "out.log"
+    with open(out, "w") as log:
+        proc = subprocess.Popen(
+            ["python3", "-c", PROGRAM, str(size), memory],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        )  # fmt: skip
+    read = out.read_text
+    _wait(read, "ready")
+
+    def dump(name: str, *extra: str) -> tuple[Path, float]:
+        images = work / name
+        images.mkdir()
+        started = time.perf_counter()
+        subprocess.run(
+            ["criu", "dump", "-t", str(proc.pid), "-D", str(images), "-o", "dump.log", *extra], check=True
+        )
+        return images, _ms(started)
+
+    sizes = []
+    for n in (1, 2):
+        images, _ = dump(f"s{n}", "--leave-running")
+        sizes.append(_du(images))
+        shutil.rmtree(images)
+        _mutate(proc.pid, n, read)
+    _settle()
+    started = time.perf_counter()
+    third, dump_ms = dump("s3")
+    _fsync_tree(third)
+    durable_ms = _ms(started)
+    proc.wait()
+    started = time.perf_counter()
+    subprocess.run(["criu", "restore", "-d", "-D", str(third), "-o", "restore.log"], check=True)
+    restored_ms = _ms(started)
+    os.kill(proc.pid, signal.SIGKILL)
+    return _entry(
+        "criu", size, memory, frozen_ms=dump_ms, node_free_ms=dump_ms, durable_ms=durable_ms,
+        restored_running_ms=restored_ms, resident_ms=restored_ms, stored_bytes=sizes[0],
+        new_bytes_2nd=sizes[1], new_bytes_3rd=_du(third),
+    )  # fmt: skip
+
+
+def run_stasis(size: int, memory: str, a: Node, b: Node) -> dict[str, Any]:
+    sid = f"bench-{size}-{memory[:1]}"
+    spec = SandboxSpec(
+        image="base",
+        command=("python3", "-c", PROGRAM, str(size), memory),
+        address="10.254.0.2",
+        resources=Resources(memory_mb=size * 2 + 512),
+    )
+    a.create(sid, spec)
+
+    def read() -> str:
+        return a.harness_log(sid, 1 << 16).decode(errors="replace")
+
+    _wait(read, "ready")
+    pid = _python_child(a.get(sid).pid)
+    manifests = []
+    for n, reason in enumerate(("autosave", "autosave", "time-slice"), start=1):
+        if n > 1:
+            _mutate(pid, n - 1, read)
+        if n == 3:
+            _settle()
+        target = SnapshotTarget(f"{sid}-s{n}", sid, n, reason, parent_id=f"{sid}-s{n - 1}" if n > 1 else "")
+        captured, manifest = a.checkpoint_to_store(sid, target, leave_running=n < 3)
+        manifests.append(manifest)
+    t = captured.timings_ms
+    started = time.perf_counter()
+    b.restore_from_store(sid, f"{sid}-s3")
+    restored_ms = _ms(started)
+    b.delete(sid)
+    return _entry(
+        "stasis", size, memory,
+        # Conservative: from the start of `runc pause`, not from when the tasks stopped inside it.
+        frozen_ms=t["freeze_ms"] + t["frozen_ms"], node_free_ms=t["node_free_ms"],
+        durable_ms=t["durable_ms"], restored_running_ms=restored_ms, resident_ms=restored_ms,
+        stored_bytes=manifests[0].sizes.stored_bytes, new_bytes_2nd=manifests[1].sizes.new_bytes,
+        new_bytes_3rd=manifests[2].sizes.new_bytes,
+    )  # fmt: skip
+
+
+def _docker(*args: str, check: bool = True) -> str:
+    done = subprocess.run(["docker", "-H", DOCKER_HOST, *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args[:3])} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def _docker_checkpoint(name: str, checkpoint: str, *, leave_running: bool) -> float:
+    """Milliseconds `docker checkpoint create` takes. Docker refuses a checkpoint ("content …
+    already exists") while containerd still holds blobs of the container's last one, so they are
+    removed first, untimed."""
+    ctr = ["ctr", "--address", f"{DOCKER_EXEC_ROOT}/containerd/containerd.sock", "-n", "stasis-bench"]
+    held = subprocess.run([*ctr, "content", "ls", "-q"], capture_output=True, text=True, check=True)
+    if held.stdout.split():
+        subprocess.run([*ctr, "content", "rm", *held.stdout.split()], capture_output=True, check=True)
+    started = time.perf_counter()
+    _docker("checkpoint", "create", f"--leave-running={str(leave_running).lower()}", name, checkpoint)
+    return _ms(started)
+
+
+def run_docker(size: int, memory: str) -> dict[str, Any]:
+    name = f"stasis-bench-{size}-{memory}"
+    _docker("rm", "-f", name, check=False)  # left by an interrupted run
+    cid = _docker("run", "-d", "--name", name, "--network", "none", DOCKER_IMAGE,
+                  "python3", "-c", PROGRAM, str(size), memory)  # fmt: skip
+    checkpoints = DOCKER_ROOT / "containers" / cid / "checkpoints"
+    try:
+
+        def read() -> str:
+            return _docker("logs", name, check=False)
+
+        _wait(read, "ready")
+        pid = int(_docker("inspect", "-f", "{{.State.Pid}}", name))
+        sizes = []
+        for n in (1, 2):
+            _docker_checkpoint(name, f"s{n}", leave_running=True)
+            sizes.append(_du(checkpoints / f"s{n}"))
+            _docker("checkpoint", "rm", name, f"s{n}")
+            _mutate(pid, n, read)
+        _settle()
+        dump_ms = _docker_checkpoint(name, "s3", leave_running=False)
+        started = time.perf_counter()
+        _fsync_tree(checkpoints / "s3")
+        durable_ms = dump_ms + _ms(started)
+        # Docker refuses to restore images whose tar containerd still holds from the dump.
+        (checkpoints / "s3" / "stasis-restore").write_text(uuid.uuid4().hex)
+        started = time.perf_counter()
+        _docker("start", "--checkpoint", "s3", name)
+        restored_ms = _ms(started)
+        return _entry(
+            "docker", size, memory, frozen_ms=dump_ms, node_free_ms=dump_ms, durable_ms=durable_ms,
+            restored_running_ms=restored_ms, resident_ms=restored_ms,
+            stored_bytes=sizes[0], new_bytes_2nd=sizes[1], new_bytes_3rd=_du(checkpoints / "s3"),
+        )  # fmt: skip
+    finally:
+        _docker("rm", "-f", name, check=False)
+
+
+@contextmanager
+def dockerd() -> Iterator[None]:
+    """A Docker Engine in experimental mode on its own socket and roots, with the base image."""
+    shutil.rmtree(DOCKER_ROOT / "containerd", ignore_errors=True)
+    argv = ["dockerd", "--experimental", "--host", DOCKER_HOST, "--pidfile", f"{DOCKER_EXEC_ROOT}.pid",
+            "--data-root", str(DOCKER_ROOT), "--exec-root", str(DOCKER_EXEC_ROOT), "--bridge", "none",
+            "--iptables=false", "--ip-masq=false", "--containerd-namespace", "stasis-bench",
+            "--containerd-plugins-namespace", "stasis-bench-plugins"]  # fmt: skip
+    log = open(f"{DOCKER_EXEC_ROOT}.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(["docker", "-H", DOCKER_HOST, "info"], capture_output=True).returncode:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"dockerd did not start; see {DOCKER_EXEC_ROOT}.log")
+            time.sleep(0.3)
+        if not _docker("images", "-q", DOCKER_IMAGE):
+            _docker("import", str(BASE_ROOTFS), DOCKER_IMAGE)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        for m in sorted(mounts, reverse=True):
+            if m.startswith((str(DOCKER_ROOT), str(DOCKER_EXEC_ROOT))):
+                subprocess.run(["umount", "-l", m], capture_output=True)
+
+
+# -- drain and submits --------------------------------------------------------------------------
+
+
+def _available_mib() -> float:
+    found = re.search(r"MemAvailable:\s+(\d+)", Path("/proc/meminfo").read_text())
+    assert found, "no MemAvailable in /proc/meminfo"
+    return int(found.group(1)) / 1024
+
+
+def drain(count: int, size: int, a: Node, freed: dict[str, float]) -> tuple[float, float, float]:
+    """Seconds until `count` idle sandboxes of `size` MiB are all stopped, and all durable; and the
+    node memory (MiB) one of them takes while idle, from MemAvailable before and after.
+
+    `freed` is filled by node a's NODE_FREE hook with the moment each sandbox's processes were gone.
+    """
+    available = _available_mib()
+    spec = SandboxSpec(
+        image="base",
+        command=("python3", "-c", PROGRAM, str(size), "incompressible"),
+        resources=Resources(memory_mb=size * 2 + 256),
+    )
+    ids = [f"drain-{i}" for i in range(count)]
+    for i, sid in enumerate(ids):
+        a.create(sid, replace(spec, address=f"10.254.{1 + i // 200}.{2 + i % 200}"))
+    for sid in ids:
+        _wait(lambda sid=sid: a.harness_log(sid, 4096).decode(errors="replace"), "ready")
+    footprint = (available - _available_mib()) / count
+    started = time.perf_counter()
+
+    def stop(sid: str) -> None:
+        a.checkpoint_to_store(sid, SnapshotTarget(f"{sid}-s1", sid, 1, "drain"), leave_running=False)
+
+    with ThreadPoolExecutor(8) as pool:  # the orchestrator's checkpoint workers
+        list(pool.map(stop, ids))
+    durable_s = time.perf_counter() - started
+    return max(freed[sid] for sid in ids) - started, durable_s, footprint
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    def version(argv: list[str]) -> str:
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True).stdout
+        except FileNotFoundError:
+            return "absent"
+        return out.strip().splitlines()[0] if out.strip() else "unknown"
+
+    mem = re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(int(mem.group(1)) / 2**20, 1) if mem else None,
+        "kernel": platform.release(),
+        "criu": version(["criu", "--version"]),
+        "runc": version(["runc", "--version"]),
+        "docker": version(["docker", "--version"]),
+        "python": platform.python_version(),
+    }
+
+
+COLUMNS = ("frozen_ms", "node_free_ms", "durable_ms", "restored_running_ms")
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = f"{'system':<7} {'size':>6} {'memory':<14}" + "".join(f"{c[:-3]:>17}" for c in COLUMNS)
+    head += f"{'stored':>10} {'new 2nd':>9} {'new 3rd':>9}"
+    lines = [head]
+    floor = {(r["size_mib"], r["memory"]): r for r in results if r["system"] == "criu"}
+    for r in results:
+        base = floor.get((r["size_mib"], r["memory"]))
+        cells = ""
+        for c in COLUMNS:
+            ratio = f" ({r[c] / base[c]:.2f}x)" if base and base[c] else ""
+            cells += f"{r[c]:>9.0f}{ratio:>8}"
+        mib = 1 << 20
+        lines.append(
+            f"{r['system']:<7} {r['size_mib']:>4}Mi {r['memory']:<14}{cells}"
+            f"{r['stored_bytes'] / mib:>8.0f}Mi {r['new_bytes_2nd'] / mib:>7.0f}Mi {r['new_bytes_3rd'] / mib:>7.0f}Mi"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    measures = (("frozen_ms", "frozen (ms)"), ("restored_running_ms", "restored and running (ms)"))
+    styles = {"stasis": "-o", "criu": "--s", "docker": ":^"}
+    for ax, (key, label) in zip(axes, measures, strict=False):
+        for system in styles:
+            for memory in sorted({r["memory"] for r in results}):
+                rows = sorted((r for r in results if r["system"] == system and r["memory"] == memory),
+                              key=lambda r: r["size_mib"])  # fmt: skip
+                if rows:
+                    ax.plot([r["size_mib"] for r in rows], [r[key] for r in rows], styles[system],
+                            label=f"{system}, {memory}")  # fmt: skip
+        ax.set(xscale="log", yscale="log", xlabel="sandbox memory (MiB)", ylabel=label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax = axes[2]
+    stasis = [r for r in results if r["system"] == "stasis"]
+    names = [f"{r['size_mib']} {r['memory'][:6]}" for r in stasis]
+    for i, key in enumerate(("stored_bytes", "new_bytes_2nd", "new_bytes_3rd")):
+        ax.bar([x + i * 0.27 for x in range(len(stasis))], [r[key] / 2**20 for r in stasis], 0.27, label=key)
+    ax.set_xticks([x + 0.27 for x in range(len(stasis))], names, rotation=30, fontsize=8)
+    ax.set(ylabel="Stasis snapshot bytes (MiB)")
+    axes[0].legend(fontsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="64,512,2048")
+    p.add_argument("--memory", default="compressible,incompressible")
+    p.add_argument("--systems", default="stasis,criu,docker")
+    p.add_argument("--drain", type=int, default=64, help="sandboxes of 64 MiB to drain; 0 skips")
+    p.add_argument("--submits", type=int, default=2000, help="submits to time; 0 skips")
+    p.add_argument("--out", type=Path, default=ROOT / "bench")
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the clean-up below runs
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    kinds = args.memory.split(",")
+    systems = args.systems.split(",")
+    work = Path(tempfile.mkdtemp(prefix="stasis-bench-", dir="/var/tmp"))
+    store = f"file://{work}/store"
+    freed: dict[str, float] = {}
+
+    def note_free(phase: Phase, sandbox_id: str, _ms: float) -> None:
+        if phase == Phase.NODE_FREE:
+            freed[sandbox_id] = time.perf_counter()
+
+    a = Node(
+        AgentSettings(node="bench-a", root=work / "a", snapshot_store=store),
+        hooks=PhaseHooks(after=note_free),
+    )
+    b = Node(AgentSettings(node="bench-b", root=work / "b", snapshot_store=store))
+    results: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"machine": machine(), "results": results}
+    try:
+        with dockerd() if "docker" in systems else _nothing():
+            for size in sizes:
+                for memory in kinds:
+                    for system in systems:
+                        if system == "stasis":
+                            entry = run_stasis(size, memory, a, b)
+                        elif system == "criu":
+                            entry = run_criu(size, memory, work / f"criu-{size}-{memory}")
+                            shutil.rmtree(work / f"criu-{size}-{memory}")
+                        else:
+                            entry = run_docker(size, memory)
+                        results.append(entry)
+                        print(json.dumps(entry), flush=True)
+                        _write(args.out, report)
+        if args.drain:
+            free_s, durable_s, footprint = drain(args.drain, 64, a, freed)
+            report[f"drain_{args.drain}_s"] = round(free_s, 2)
+            report[f"drain_{args.drain}_durable_s"] = round(durable_s, 2)
+            # Density: how many such idle sandboxes fit in the memory this node has, at that footprint.
+            report["idle_sandbox_mib"] = round(footprint, 1)
+            report["density_64mib"] = int(_available_mib() // footprint)
+        if args.submits:
+            # Rollout groups of 64 in one SubmitEpisodes call each, as a GRPO trainer sends them;
+            # and one SubmitEpisode call per episode from 16 threads.
+            report["submits_per_s"] = round(submit_throughput(work, args.submits, threads=4, batch=64), 1)
+            report["single_submits_per_s"] = round(submit_throughput(work, args.submits, threads=16), 1)
+    finally:
+        a.delete_all()
+        b.delete_all()
+        shutil.rmtree(work, ignore_errors=True)
+    _write(args.out, report)
+    plot(results, args.out / "results.png")
+    print(table(results))
+    extras = {k: v for k, v in report.items() if k not in ("results", "machine")}
+    print(json.dumps(extras), "\nmachine:", json.dumps(report["machine"]))
+    print(f"wrote {args.out / 'results.json'} and {args.out / 'results.png'}")
+
+
+def _write(out: Path, report: dict[str, Any]) -> None:
+    """results.json as it stands: written after every entry, so an interrupted run keeps its figures."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+if __name__ == "__main__":
+    main()
