@@ -33,6 +33,18 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     )
     p.add_argument("--criu", default=env("STASIS_CRIU", "criu"))
     p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(env("STASIS_RUN_DIR", "/run/stasis")),
+        help="where sandboxes' root filesystems are mounted; every directory on the way searchable",
+    )
+    p.add_argument(
+        "--userns-base",
+        type=int,
+        default=int(env("STASIS_USERNS_BASE", "100000")),
+        help="host uid/gid of a sandbox's root (its 65536 ids follow); the same on every node; 0: none",
+    )
+    p.add_argument(
         "--allow-port",
         type=int,
         action="append",
@@ -106,6 +118,8 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         listen=a.listen,
         base_image_tar=a.base_image_tar,
         criu=a.criu,
+        run_dir=a.run_dir,
+        userns_base=a.userns_base,
         allowed_ports=tuple(dict.fromkeys([*a.allow_port, *([a.gateway_port] if a.gateway_forward else [])])),
         slots=a.slots,
         memory_mb=a.memory_mb,

@@ -6,7 +6,8 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
@@ -77,3 +78,19 @@ def run(
     if check and proc.returncode != 0:
         raise CommandFailed(argv=args, returncode=proc.returncode, stderr_tail=stderr, what=what)
     return Completed(args, proc.returncode, duration_ms, proc.stdout or b"", stderr)
+
+
+@contextmanager
+def held(argv: Sequence[str], *, what: str = "") -> Iterator[subprocess.Popen[bytes]]:
+    """Run argv in the background while the body needs it (a namespace's holder, say); kill it after."""
+    args = tuple(str(a) for a in argv)
+    try:
+        proc = subprocess.Popen(args, stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL)
+    except FileNotFoundError as exc:
+        raise ToolUnavailable(f"{args[0]} is not installed or not on PATH") from exc
+    log.debug("holding %s (%s) as pid %d", args, what, proc.pid)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()

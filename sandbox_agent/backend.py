@@ -33,6 +33,10 @@ class SandboxLayout:
     """Node-local paths of one sandbox; nothing here is assumed to exist on another node."""
 
     dir: Path
+    reachable: Path
+    """What the sandbox's own user resolves when runc builds its mounts (its root filesystem and
+    the sources of its bind mounts): a place its unprivileged host ids can reach, whatever the
+    permissions of the agent's root (see `AgentSettings.run_dir`)."""
 
     @property
     def layer(self) -> Path:
@@ -47,7 +51,17 @@ class SandboxLayout:
     @property
     def graded(self) -> Path:
         """Where a verifier of this (exited) sandbox reads its final tree from."""
-        return self.dir / "graded"
+        return self.reachable / "graded"
+
+    @property
+    def sysfs(self) -> Path:
+        """A sysfs of the sandbox's own netns, which a sandbox in a user namespace cannot mount."""
+        return self.reachable / "sys"
+
+    @property
+    def mapped(self) -> Path:
+        """Id-mapped mounts of its image and layer, which its overlay root is made of (`idmap`)."""
+        return self.dir / "mapped"
 
     @property
     def upper(self) -> Path:
@@ -63,7 +77,7 @@ class SandboxLayout:
 
     @property
     def rootfs(self) -> Path:
-        return self.bundle / "rootfs"
+        return self.reachable / "rootfs"
 
     @property
     def criu_work(self) -> Path:

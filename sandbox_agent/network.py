@@ -111,14 +111,17 @@ def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
             _disable_ipv6(host_side)
             _ip("link", "set", peer, "netns", ns)
             _ip("-n", ns, "link", "set", peer, "name", "eth0")
+        # A sandbox's root holds no capability over the node's netns, yet may serve on low ports
+        # as it could without a user namespace.
+        settings = ["net.ipv4.ip_unprivileged_port_start=0"]
         # No IPv6 at all, loopback included: IPv4 to the gateway is the only way out.
         if Path("/proc/sys/net/ipv6").exists():
             links = ["all", "default", *(["eth0"] if address else [])]
-            settings = [f"net.ipv6.conf.{link}.disable_ipv6=1" for link in links]
-            _command.run(
-                ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", *settings],
-                what="disabling IPv6 in the sandbox's netns",
-            )
+            settings += [f"net.ipv6.conf.{link}.disable_ipv6=1" for link in links]
+        _command.run(
+            ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", *settings],
+            what="setting up the sandbox's netns (no IPv6, low ports for its root)",
+        )
         if address:
             _ip("-n", ns, "addr", "add", f"{address}/32", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")

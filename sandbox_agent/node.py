@@ -122,6 +122,9 @@ class Node:
         self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
         self._sandboxes_dir = settings.root / "sandboxes"
         self._sandboxes_dir.mkdir(exist_ok=True)
+        self._reachable_dir = _reachable(settings.run_dir / self.name)
+        self._userns_base = settings.userns_base if isinstance(self.backend, RuncBackend) else 0
+        """Where new sandboxes' ids start on the host; the docker backend has no user namespaces."""
         self._staging = settings.root / "staging"
         self._staging.mkdir(exist_ok=True)
         self._lock = threading.Lock()
@@ -153,9 +156,12 @@ class Node:
         known = set()
         for d in self._sandboxes_dir.iterdir():
             if d.name.startswith(".") or not (d / "sandbox.json").exists():
-                _remove(SandboxLayout(d))
+                _remove(self._layout(d.name))
                 continue
             known.add(d.name)
+        for d in self._reachable_dir.iterdir():
+            if d.name not in known:
+                _remove(self._layout(d.name))
         for leftover in self.backend.remove_leftovers(known):
             log.warning("node %s removed container %s that had no record", self.name, leftover)
         for sandbox_id in known:
@@ -178,7 +184,7 @@ class Node:
     # -- bookkeeping ------------------------------------------------------------------------
 
     def _layout(self, sandbox_id: str) -> SandboxLayout:
-        return SandboxLayout(self._sandboxes_dir / sandbox_id)
+        return SandboxLayout(self._sandboxes_dir / sandbox_id, self._reachable_dir / sandbox_id)
 
     def _record(self, sandbox_id: str) -> SandboxRecord:
         path = self._layout(sandbox_id).record
@@ -208,6 +214,7 @@ class Node:
             if layout.dir.exists() or sandbox_id in self._busy:
                 raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
             layout.dir.mkdir(parents=True)
+            _reachable(layout.reachable)
             self._busy.add(sandbox_id)
         try:
             record.save(layout.record)
@@ -263,7 +270,7 @@ class Node:
         files = validate_files(files)
         timeline = Timeline(sandbox_id, self.hooks)
         image = self._image(spec.image, timeline)
-        spec = launch.effective(spec, image).validated()
+        spec = replace(launch.effective(spec, image), userns_base=self._userns_base).validated()
         record = SandboxRecord(
             id=sandbox_id,
             node=self.name,
@@ -557,8 +564,9 @@ class Node:
                 )
             # The graded layer must not be an upper dir of a live mount while it is a lower one.
             self.backend.destroy(record, layout)
-            graded = layout.graded
-            overlay.mount_read_only([layout.upper, self.images.resolve(record.image_digest).rootfs], graded)
+            graded = self.backend.mount_graded(
+                layout, self.images.resolve(record.image_digest), self._userns_base
+            )
             spec = SandboxSpec(
                 image=image or record.image_digest,
                 command=command,
@@ -568,6 +576,7 @@ class Node:
             )
             started = time.monotonic()
             with ExitStack() as cleanup:  # last in, first out: the verifier, then the graded view
+                cleanup.callback(overlay.unmount_below, layout.mapped)
                 cleanup.callback(overlay.unmount, graded)
                 vrecord = self._start(verifier_id, spec, files, graded=graded)
                 cleanup.callback(self._teardown, vrecord, self._layout(verifier_id))
@@ -661,11 +670,27 @@ def _partial(sandbox_id: str) -> str:
 
 
 def _remove(layout: SandboxLayout) -> None:
-    """A sandbox's directory gone, a verifier's view of it and its layer's filesystem unmounted
-    first (the loop device goes with it)."""
-    overlay.unmount(layout.graded)
-    overlay.unmount(layout.layer)
+    """A sandbox's directories gone, everything mounted in them unmounted first: a verifier's view
+    of it, its id-mapped trees, its layer's filesystem (the loop device goes with it)."""
+    overlay.unmount_below(layout.reachable)
+    overlay.unmount_below(layout.dir)
+    shutil.rmtree(layout.reachable, ignore_errors=True)
     shutil.rmtree(layout.dir, ignore_errors=True)
+
+
+def _reachable(path: Path) -> Path:
+    """Make a directory that anyone may pass through but not list: where sandboxes, whose ids are
+    unprivileged on the host, find their root filesystems."""
+    for d in reversed([path, *path.parents]):
+        if not d.exists():
+            d.mkdir(exist_ok=True)
+            d.chmod(0o711)
+        elif not d.stat().st_mode & 0o001:
+            raise FailedPrecondition(
+                f"{d} is not searchable by others, so sandboxes (unprivileged host ids) could not "
+                f"reach their root filesystems under {path}: choose another --run-dir, or chmod o+x {d}"
+            )
+    return path
 
 
 MAX_LOG_READ = 4 << 20

@@ -74,6 +74,17 @@ def unmount(target: Path) -> None:
             _command.run(["umount", "-l", str(target)], what=f"unmounting {target}")
 
 
+def unmount_below(root: Path) -> None:
+    """Unmount everything mounted at or below root, the last mounted first (an overlay before the
+    trees it is made of)."""
+    prefix = os.fsencode(str(root))
+    with open("/proc/self/mounts", "rb") as f:
+        targets = [line.split(b" ")[1] for line in f]
+    for target in reversed(targets):
+        if target == prefix or target.startswith(prefix + b"/"):
+            unmount(Path(os.fsdecode(target)))
+
+
 def export_layer(upper: Path, dest: Path) -> int:
     """Write the writable layer as an overlay-native tar; returns its size in bytes."""
     excludes = [f"--xattrs-exclude={x}" for x in NODE_BOUND_XATTRS]

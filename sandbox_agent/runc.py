@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal as signals
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import _command, network, overlay, seccomp
+from sandbox_agent import _command, idmap, network, overlay, seccomp
 from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, STOP_TIMEOUT_S, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import CommandFailed, FailedPrecondition
@@ -56,6 +57,17 @@ class RuncBackend:
         self.criu_restore_config = criu_restore_config
         self.criu = criu
         state_root.mkdir(parents=True, exist_ok=True)
+        self._idmaps: dict[int, idmap.IdMap] = {}
+        self._idmaps_lock = threading.Lock()
+
+    def _idmap(self, userns_base: int) -> idmap.IdMap | None:
+        """The node's id map for sandboxes whose ids start at that host id; None for no user namespace."""
+        if not userns_base:
+            return None
+        with self._idmaps_lock:
+            if userns_base not in self._idmaps:
+                self._idmaps[userns_base] = idmap.IdMap(userns_base)
+            return self._idmaps[userns_base]
 
     def _runc(self, *args: str, check: bool = True, what: str = "") -> _command.Completed:
         return _command.run(
@@ -71,9 +83,18 @@ class RuncBackend:
     def oci_spec(self, record: SandboxRecord, layout: SandboxLayout) -> dict[str, Any]:
         spec = record.spec
         res = spec.resources
-        namespaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+        ids = self._idmap(spec.userns_base)
+        kinds = ("pid", "ipc", "uts", "mount", *(("user",) if ids else ()))
+        namespaces: list[dict[str, str]] = [{"type": t} for t in kinds]
+        # The netns stays the node's, so that it can wire it; the sandbox only uses it.
         namespaces.append({"type": "network", "path": str(network.netns_path(self.node, record.id))})
         caps = list(CAPABILITIES)
+        mounts = _MOUNTS
+        if ids:
+            # sysfs may be mounted only by the owner of the netns: the node mounts one for it.
+            sysfs = {"destination": "/sys", "type": "bind", "source": str(layout.sysfs),
+                     "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}  # fmt: skip
+            mounts = [sysfs if m["destination"] == "/sys" else m for m in _MOUNTS]
         return {
             "ociVersion": "1.0.2",
             "process": {
@@ -93,7 +114,7 @@ class RuncBackend:
             },
             "root": {"path": str(layout.rootfs), "readonly": False},
             "hostname": spec.hostname,
-            "mounts": _MOUNTS,
+            "mounts": mounts,
             "annotations": {"org.criu.config": str(self.criu_restore_config)},
             "linux": {
                 "resources": {
@@ -104,6 +125,7 @@ class RuncBackend:
                 },
                 "cgroupsPath": self._cgroups_path(record),
                 "namespaces": namespaces,
+                **(ids.oci() if ids else {}),
                 "seccomp": seccomp.profile(),
                 "maskedPaths": _MASKED_PATHS,
                 "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
@@ -115,17 +137,50 @@ class RuncBackend:
         res = record.spec.resources
         overlay.mount_layer_disk(layout.layer_image, layout.layer, res.disk_mb, res.inodes)
 
-    def _write_bundle(
-        self, record: SandboxRecord, layout: SandboxLayout, image: Image, graded: Path | None = None
-    ) -> None:
-        overlay.mount([image.rootfs], layout.upper, layout.work, layout.rootfs)
+    def _mount_root(self, record: SandboxRecord, layout: SandboxLayout, image: Image) -> None:
+        """The sandbox's root: its layer over its image, as its own ids see them."""
+        ids = self._idmap(record.spec.userns_base)
+        if ids is None:
+            overlay.mount([image.rootfs], layout.upper, layout.work, layout.rootfs)
+            return
+        for d in (layout.upper, layout.work):
+            d.mkdir(exist_ok=True)
+        image_view, layer_view = layout.mapped / "image", layout.mapped / "layer"
+        ids.mount_view(image.rootfs, image_view)
+        ids.mount_view(layout.layer, layer_view)
+        ids.mount_overlay([image_view], layer_view / "upper", layer_view / "work", layout.rootfs)
+        layout.sysfs.mkdir(parents=True, exist_ok=True)
+        _command.run(
+            ["nsenter", f"--net={network.netns_path(self.node, record.id)}",
+             "mount", "-t", "sysfs", "-o", "ro,nosuid,nodev,noexec", "sysfs", str(layout.sysfs)],
+            what=f"mounting the sysfs of sandbox {record.id}'s netns",
+        )  # fmt: skip
+
+    def _write_bundle(self, record: SandboxRecord, layout: SandboxLayout, graded: Path | None = None) -> None:
         spec = self.oci_spec(record, layout)
         if graded is not None:
             spec["mounts"] = [*spec["mounts"], {
                 "destination": GRADED_MOUNT, "type": "bind", "source": str(graded),
                 "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
             }]  # fmt: skip
+        layout.bundle.mkdir(parents=True, exist_ok=True)
         (layout.bundle / "config.json").write_text(json.dumps(spec, indent=1))
+
+    @staticmethod
+    def _prepare_layer(
+        record: SandboxRecord, layout: SandboxLayout, image: Image, files: dict[str, bytes]
+    ) -> None:
+        """Write the state folder and the spec's files into the layer as the node sees its tree,
+        which is how it lies on disk (a sandbox's id-mapped view refuses the node's root as owner)."""
+        staging = layout.dir / "prepare"
+        overlay.mount([image.rootfs], layout.upper, layout.work, staging)
+        try:
+            state = staging / STATE_DIR.lstrip("/")
+            state.mkdir(exist_ok=True)
+            os.chown(state, *record.spec.ids)  # the harness writes its log and exit code as its own user
+            overlay.place_files(staging, files)
+        finally:
+            overlay.unmount(staging)
 
     def create(
         self,
@@ -136,11 +191,21 @@ class RuncBackend:
         graded: Path | None = None,
     ) -> None:
         self._layer_disk(record, layout)
-        self._write_bundle(record, layout, image, graded)
-        state = layout.rootfs / STATE_DIR.lstrip("/")
-        state.mkdir(exist_ok=True)
-        os.chown(state, *record.spec.ids)  # the harness writes its log and exit code as its own user
-        overlay.place_files(layout.rootfs, files)
+        self._prepare_layer(record, layout, image, files)
+        self._mount_root(record, layout, image)
+        self._write_bundle(record, layout, graded)
+
+    def mount_graded(self, layout: SandboxLayout, image: Image, userns_base: int) -> Path:
+        """Mount an exited sandbox's final tree, read-only, as a verifier with those ids sees it."""
+        lowers = [layout.upper, image.rootfs]
+        ids = self._idmap(userns_base)
+        if ids is not None:
+            layer_view, image_view = layout.mapped / "graded-layer", layout.mapped / "graded-image"
+            ids.mount_view(layout.layer, layer_view)
+            ids.mount_view(image.rootfs, image_view)
+            lowers = [layer_view / "upper", image_view]
+        overlay.mount_read_only(lowers, layout.graded)
+        return layout.graded
 
     def start(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self._runc(
@@ -175,12 +240,19 @@ class RuncBackend:
     ) -> None:
         self._layer_disk(record, layout)
         overlay.import_layer(checkpoint.layer, layout.upper)
-        self._write_bundle(record, layout, image)
+        self._mount_root(record, layout, image)
+        self._write_bundle(record, layout)
         self._criu_restore(record, layout, checkpoint.criu_dir)
 
     def _criu_restore(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         work = layout.criu_work / "restore"
         work.mkdir(parents=True, exist_ok=True)
+        if record.spec.userns_base:
+            # The restored tasks read their own images, as their unprivileged host ids: let them
+            # pass through the directory CRIU holds open and read what is in it, nothing more.
+            images_dir.chmod(0o711)
+            for image in images_dir.iterdir():
+                image.chmod(0o644)
         try:
             self._runc(
                 "restore", "--detach", "--tcp-established", "--file-locks",
@@ -231,7 +303,8 @@ class RuncBackend:
 
     def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self._runc("delete", "--force", record.id, check=False)
-        overlay.unmount(layout.rootfs)
+        overlay.unmount_below(layout.reachable)
+        overlay.unmount_below(layout.mapped)
         self._remove_cgroups(record.id)
 
     def _remove_cgroups(self, sandbox_id: str) -> None:

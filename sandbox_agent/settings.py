@@ -24,6 +24,13 @@ class AgentSettings:
     """Read-only image trees, keyed by digest; default <root>/images. Nodes on one machine may share one."""
     base_image_tar: Path | None = DEFAULT_BASE_IMAGE_TAR
     """Imported as image `base` at start if the cache lacks it; built by scripts/host-setup.sh."""
+    run_dir: Path = Path("/run/stasis")
+    """Where sandboxes' root filesystems are mounted (under <run_dir>/<node>): every directory on
+    the way must be searchable by others, since a sandbox's ids are unprivileged on the host."""
+    userns_base: int = 100_000
+    """The host uid and gid of a sandbox's root: its ids 0..65535 are host ids from here on, on
+    every node alike (a snapshot carries the map). 0 runs sandboxes without a user namespace, as
+    the node's own root; only for hosts without id-mapped mounts."""
     criu: str = "criu"
     """CRIU binary; 4.2 or newer is needed on kernels >= 6.16 for TCP sockets."""
     allowed_ports: tuple[int, ...] = ()

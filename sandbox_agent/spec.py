@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import network
+from sandbox_agent import idmap, network
 from sandbox_agent.errors import InvalidSpec
 from sandbox_agent.overlay import sandbox_path
 
@@ -70,6 +70,10 @@ class SandboxSpec:
     """None: the image's Entrypoint."""
     user: str = ""
     """Empty: the image's User, else root. Once launched, always numeric uid:gid."""
+    userns_base: int = 0
+    """The host id of the sandbox's uid and gid 0; its ids 0..65535 are host ids from there on
+    (`idmap`). 0: no user namespace, and the sandbox's root is the node's root. A node sets it
+    when it makes a sandbox; a restore keeps the one its checkpoint was taken with."""
 
     def validated(self) -> SandboxSpec:
         if not self.image:
@@ -91,6 +95,13 @@ class SandboxSpec:
         if not _HOSTNAME.match(self.hostname):
             raise InvalidSpec("hostname", f"{self.hostname!r} is not a valid lowercase host name")
         network.validate_address(self.address)
+        if self.userns_base:
+            if not 0 < self.userns_base <= (1 << 32) - idmap.SIZE:
+                raise InvalidSpec(
+                    "userns_base", f"{self.userns_base} must be between 1 and {(1 << 32) - idmap.SIZE}"
+                )
+            if self.user and any(int(i) >= idmap.SIZE for i in self.user.split(":") if i.isdigit()):
+                raise InvalidSpec("user", f"{self.user!r} is outside the sandbox's ids 0..{idmap.SIZE - 1}")
         r = self.resources
         if not 0 < r.cpus <= 256:
             raise InvalidSpec("resources.cpus", f"{r.cpus} must be > 0 and <= 256")
@@ -129,6 +140,7 @@ class SandboxSpec:
             resources=Resources(**d.get("resources", {})),
             entrypoint=tuple(entrypoint) if entrypoint is not None else None,
             user=d.get("user", ""),
+            userns_base=d.get("userns_base", 0),
         )
 
 

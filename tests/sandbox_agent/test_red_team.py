@@ -258,3 +258,41 @@ def test_a_full_disk_fails_its_own_sandbox_alone(make_node: NodeFactory, tmp_pat
     # The full sandbox still checkpoints and restores elsewhere, and goes on running there.
     a.checkpoint("full", tmp_path / "ck", leave_running=False)
     assert b.restore("full", tmp_path / "ck").state == SandboxState.RUNNING
+
+
+ROOT_INSIDE = r"""set -e
+echo "uid $(id -u) map" $(cat /proc/self/uid_map)
+echo mine > /root/mine
+mkdir -p /home/u && echo theirs > /home/u/f && chown 1000:1000 /home/u/f
+chown 1000 /etc/hostname
+python3 -c 'import socket; socket.create_server(("0.0.0.0", 80)).close(); print("port 80 bound")'
+mknod /dev/sda1 b 8 1 2>/dev/null && echo "mknod ALLOWED" || echo "mknod refused"
+echo ready; sleep 600
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_sandboxs_root_is_an_unprivileged_host_user(make_node: NodeFactory, tmp_path: Path) -> None:
+    """A user namespace maps the sandbox's ids 0..65535 to host ids from 100000: its root owns its
+    own tree and nothing of the node's. Its files lie on disk as it sees them, so layers and
+    snapshots do not depend on the map, and a restore elsewhere keeps it."""
+    a, b = make_node("node-a"), make_node("node-b")
+    a.create("rooted", SandboxSpec(image="base", command=("sh", "-c", ROOT_INSIDE), address="10.205.0.4"))
+    log = wait_for_log(a, "rooted", lambda t: "ready" in t or "exit" in t)
+    assert "uid 0 map 0 100000 65536" in log and "port 80 bound" in log and "mknod refused" in log, log
+
+    def host_uids(node: object) -> set[str]:
+        init = node.get("rooted").pid  # type: ignore[attr-defined]
+        tasks = [init, *map(int, Path(f"/proc/{init}/task/{init}/children").read_text().split())]
+        return {Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[0] for p in tasks}
+
+    assert host_uids(a) == {"100000"}, "every process of the sandbox runs as host uid 100000"
+    upper = a.settings.root / "sandboxes" / "rooted" / "layer" / "upper"
+    owners = {p: (upper / p).stat().st_uid for p in ("root/mine", "home/u/f", "etc/hostname")}
+    assert owners == {"root/mine": 0, "home/u/f": 1000, "etc/hostname": 1000}, owners
+
+    a.checkpoint("rooted", tmp_path / "ck", leave_running=False)
+    assert b.restore("rooted", tmp_path / "ck").state == SandboxState.RUNNING
+    assert host_uids(b) == {"100000"}
+    moved = b.settings.root / "sandboxes" / "rooted" / "layer" / "upper"
+    assert (moved / "home/u/f").stat().st_uid == 1000 and (moved / "root/mine").read_text() == "mine\n"

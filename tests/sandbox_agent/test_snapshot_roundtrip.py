@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -80,11 +81,12 @@ def test_corrupt_chunk_fails_the_restore(make_node: NodeFactory, tmp_path: Path)
 
 
 DIRTY_TENTH = r"""
-import os, random, time
-size = 64 << 20
+import random, signal, time
+size, asked = 64 << 20, []
+signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
 buf = bytearray(random.Random(2).randbytes(size))
 print("ready", flush=True)
-while not os.path.exists("/go"):
+while not asked:
     time.sleep(0.05)
 # Dirty a tenth of the memory in 16 stretches spread over the buffer.
 rng, stretch = random.Random(3), size // 10 // 16
@@ -105,7 +107,7 @@ def test_snapshot_after_a_tenth_of_memory_changed_adds_little(make_node: NodeFac
     _, first = node.checkpoint_to_store(
         "dirty", SnapshotTarget("d-s1", "d", 1, "autosave"), leave_running=True
     )
-    (node.settings.root / "sandboxes" / "dirty" / "bundle" / "rootfs" / "go").write_text("")
+    node.kill("dirty", signal.SIGUSR1)
     wait_for_log(node, "dirty", lambda t: "changed" in t)
     _, second = node.checkpoint_to_store(
         "dirty", SnapshotTarget("d-s2", "d", 2, "autosave", parent_id="d-s1"), leave_running=True
