@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STATE_DIR ?= $(CURDIR)/.state
 
-.PHONY: setup run test lint protos check-protos bench clean-state
+.PHONY: setup run test lint protos check-protos bench fuzz clean-state
 
 setup:
 	@./scripts/host-setup.sh
@@ -31,6 +31,14 @@ bench: setup
 	$(PY) benchmarks/snapshot_throughput.py
 	$(PY) benchmarks/gateway_latency.py
 	$(PY) benchmarks/image_pull.py
+
+FUZZ_SECONDS ?= 300
+
+# Coverage-guided fuzzing (atheris) of every parser a stranger or a harness feeds, each for
+# FUZZ_SECONDS; corpora are kept in .cache/fuzz between runs.
+fuzz: setup
+	for target in spec image-config gateway manifest archive; do \
+	  $(PY) -m tests.fuzz_coverage $$target --seconds $(FUZZ_SECONDS) || exit 1; done
 
 clean-state:
 	rm -rf $(STATE_DIR)

@@ -392,7 +392,7 @@ def import_checkpoint_archive(archive: str | os.PathLike[str], dest: str | os.Pa
             checkpoint_json = json.dumps(_synthesise_checkpoint(small, source), indent=2).encode()
         (work / CHECKPOINT_JSON).write_bytes(checkpoint_json)
         os.rename(work, target)
-    except tarfile.TarError as exc:
+    except (tarfile.TarError, zstandard.ZstdError) as exc:
         shutil.rmtree(work, ignore_errors=True)
         raise InvalidCheckpoint(str(source), f"not a readable checkpoint archive: {exc}") from None
     except BaseException:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -182,3 +184,18 @@ def test_the_archive_importer_imports_or_refuses_and_writes_nothing_outside(
         assert sorted(p.name for p in work.iterdir()) == ["in", "out"]
         assert [p.name for p in (work / "in").iterdir()] == ["archive.tar"]
         assert [p.name for p in dest.parent.iterdir()] in ([], ["checkpoint"]), "no partial left"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("target", ["spec", "image-config", "gateway", "manifest", "archive"])
+def test_a_coverage_guided_pass_finds_no_crash(target: str, tmp_path: Path) -> None:
+    """A short atheris (libFuzzer) run per parser with the same oracles; `make fuzz` runs longer."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.fuzz_coverage", target, "--seconds", "8", "--dir", str(tmp_path)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Done " in done.stderr and not list((tmp_path / "corpus" / "crashes").iterdir())

@@ -16,6 +16,7 @@ import base64
 import binascii
 import dataclasses
 import enum
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -109,6 +110,8 @@ class _Decoder:
                 return data
         elif hint is int or hint is float:
             if isinstance(data, int | float) and not isinstance(data, bool):
+                if not math.isfinite(data):
+                    raise InvalidArgument(where, f"must be a finite number, not {data!r}")
                 if hint is int and data != int(data):
                     raise InvalidArgument(where, f"must be a whole number, not {_kind(data)}")
                 return hint(data)

@@ -106,6 +106,24 @@ def require(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what:
     return value
 
 
+def listed(value: Any, where: str) -> list[Any]:
+    """A list the harness may leave out."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise GatewayError(400, f"{where}: must be a list")
+    return value
+
+
+def mapped(value: Any, where: str) -> dict[str, Any]:
+    """An object the harness may leave out."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise GatewayError(400, f"{where}: must be an object")
+    return value
+
+
 def pick(body: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
     """Copy the fields the upstream understands, renamed (harness name -> upstream name)."""
     return {up: body[name] for name, up in names.items() if body.get(name) is not None}

@@ -15,7 +15,16 @@ from typing import Any
 
 from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.gateway.generation import Generation
-from orchestrator.gateway.protocols import GatewayError, Protocol, Request, StreamEncoder, pick, require, sse
+from orchestrator.gateway.protocols import (
+    GatewayError,
+    Protocol,
+    Request,
+    StreamEncoder,
+    listed,
+    pick,
+    require,
+    sse,
+)
 
 DROPPED = (
     "thinking", "context_management", "output_config", "metadata", "service_tier", "container",
@@ -114,7 +123,7 @@ def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def to_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
     out, dropped = [], []
-    for i, tool in enumerate(tools or []):
+    for i, tool in enumerate(listed(tools, "tools")):
         if not isinstance(tool, dict):
             raise GatewayError(400, f"tools[{i}]: must be an object")
         if "input_schema" not in tool:

@@ -16,7 +16,17 @@ from typing import Any
 
 from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.gateway.generation import Generation, ToolCall
-from orchestrator.gateway.protocols import GatewayError, Protocol, Request, StreamEncoder, pick, require, sse
+from orchestrator.gateway.protocols import (
+    GatewayError,
+    Protocol,
+    Request,
+    StreamEncoder,
+    listed,
+    mapped,
+    pick,
+    require,
+    sse,
+)
 
 DROPPED = (
     "store", "include", "reasoning", "metadata", "user", "prompt_cache_key", "service_tier", "truncation",
@@ -111,7 +121,7 @@ def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 def to_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], list[str]]:
     """Chat tools, the names of custom tools, and the tools left out (hosted ones)."""
     out, custom, dropped = [], set(), []
-    for i, tool in enumerate(tools or []):
+    for i, tool in enumerate(listed(tools, "tools")):
         if not isinstance(tool, dict):
             raise GatewayError(400, f"tools[{i}]: must be an object")
         kind, name = tool.get("type"), str(tool.get("name", ""))
@@ -120,7 +130,7 @@ def to_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], list[str]]:
                         "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}  # fmt: skip
         elif kind == "custom":
             custom.add(name)
-            described = (tool.get("format") or {}).get("definition") or "free-form text"
+            described = mapped(tool.get("format"), f"tools[{i}].format").get("definition") or "free-form text"
             function = {
                 "name": name,
                 "description": tool.get("description") or "",
@@ -170,7 +180,7 @@ class Responses(Protocol):
             upstream["tools"] = tools
             if body.get("tool_choice") is not None:
                 upstream["tool_choice"] = _tool_choice(body["tool_choice"])
-        fmt = (body.get("text") or {}).get("format") or {}
+        fmt = mapped(mapped(body.get("text"), "text").get("format"), "text.format")
         if fmt.get("type") == "json_schema":
             upstream["response_format"] = {
                 "type": "json_schema",
