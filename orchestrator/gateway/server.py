@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from orchestrator.domain import Episode, EpisodeState
+from orchestrator.gateway.door import Door
 from orchestrator.gateway.generation import Generation, UpstreamFault
 from orchestrator.gateway.ledger import Ledger
 from orchestrator.gateway.ledger import Turn as RecordedTurn
@@ -172,6 +173,7 @@ class Gateway:
         self._loop = asyncio.new_event_loop()
         self._slots: asyncio.Semaphore | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="gateway", daemon=True)
         self.port = 0
 
@@ -192,13 +194,24 @@ class Gateway:
         app.router.add_route("*", "/{tail:.*}", self._unknown)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=False)
         await self._runner.setup()
-        host, _, port = self.settings.listen.rpartition(":")
-        site = web.TCPSite(self._runner, host or "0.0.0.0", int(port), backlog=1024, reuse_address=True)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        server = self._runner.server
+        assert server is not None
+        s = self.settings
+        host, _, port = s.listen.rpartition(":")
+        self._listener = await asyncio.get_running_loop().create_server(
+            lambda: Door(server, s.max_connections, s.max_connections_per_peer),
+            host or "0.0.0.0",
+            int(port),
+            backlog=1024,
+            reuse_address=True,
+        )
+        self.port = int(self._listener.sockets[0].getsockname()[1])
 
     def stop(self) -> None:
         async def shutdown() -> None:
+            if self._listener is not None:
+                self._listener.close()
+                await self._listener.wait_closed()
             if self._runner is not None:
                 await self._runner.cleanup()
             await self.upstream.close()

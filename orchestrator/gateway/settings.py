@@ -29,6 +29,12 @@ class GatewaySettings:
     max_concurrent_turns: int = 256
     """Generations in flight upstream at once; later requests wait their turn. Well above the
     slots a cluster's nodes offer, well below what exhausts the orchestrator's file descriptors."""
+    max_connections: int = 4096
+    """Connections the gateway holds open at once; one more is answered 503 and closed. Well
+    below the orchestrator's file descriptors, well above what a cluster's sandboxes keep open."""
+    max_connections_per_peer: int = 256
+    """Connections one peer may hold open: a sandbox, or a node that relays for its sandboxes.
+    A harness keeps a few; one that opens them without end takes no one else's."""
     upstream_connections: int = 256
     """Size of the pooled keep-alive connections to the upstream."""
     upstream_timeout_s: float = 600.0

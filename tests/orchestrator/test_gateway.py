@@ -508,3 +508,50 @@ def test_only_the_live_run_is_heard_and_a_stale_sandbox_gets_409(world: World) -
     status, body = world.post(_chat(USER, seed=3), source="127.0.0.2")
     assert status == 409 and b"PREEMPTED" in body, "a preempted episode has no live run"
     assert len(world.ledger.turns("ep-1")) == 2
+
+
+@pytest.mark.timeout(60)
+def test_one_peer_cannot_take_every_connection(world: World, tmp_path: Path) -> None:
+    bounded = _world(
+        tmp_path / "bounded", world.model.url, world.model, max_connections=5, max_connections_per_peer=3
+    )
+    held: list[socket.socket] = []
+
+    def hold(source: str) -> socket.socket:
+        sock = socket.create_connection(
+            ("127.0.0.1", bounded.gateway.port), timeout=10, source_address=(source, 0)
+        )
+        held.append(sock)
+        time.sleep(0.1)  # the gateway admits it on its own loop
+        return sock
+
+    def refusal(source: str) -> str:
+        sock = socket.create_connection(
+            ("127.0.0.1", bounded.gateway.port), timeout=10, source_address=(source, 0)
+        )
+        with sock:
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 Service Unavailable") and b"Retry-After: 1" in head, answer
+        return str(json.loads(body)["error"]["message"])
+
+    try:
+        first = hold("127.0.0.1")
+        for _ in range(2):
+            hold("127.0.0.1")
+        assert "127.0.0.1 holds 3 connections" in refusal("127.0.0.1")
+        assert bounded.post(_chat(USER), token="nobody", source="127.0.0.3")[0] == 401, "another peer gets in"
+        hold("127.0.0.3")
+        hold("127.0.0.4")
+        assert "holds 5 connections" in refusal("127.0.0.5")
+        first.close()
+        time.sleep(0.2)
+        assert bounded.post(_chat(USER))[0] == 200, "a closed connection frees its place"
+        assert len(bounded.ledger.turns("ep-1")) == 1, "nothing refused was recorded"
+    finally:
+        for sock in held:
+            sock.close()
+        bounded.gateway.stop()
+        bounded.ledger.close()
