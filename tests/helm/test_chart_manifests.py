@@ -79,6 +79,8 @@ def test_agent_flags_point_at_the_orchestrator_service(reference_install: list[M
         "--slots", "4",
         "--memory-mb", "16384",
         "--backend", "runc",
+        "--run-dir", "/run/stasis",
+        "--userns-base", "100000",
         "--insecure",
     ]  # fmt: skip
     assert agent["readinessProbe"]["grpc"] == {"port": 7071}
