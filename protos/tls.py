@@ -66,6 +66,17 @@ class TlsFiles:
         )
 
 
+def anonymous_channel(address: str, ca: Path, server: str) -> grpc.Channel:
+    """A channel for a caller with no certificate yet (a node about to join): it still accepts
+    only a server whose certificate, from the cluster CA, names `server`."""
+    try:
+        root = ca.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the TLS CA certificate {ca}: {exc.strerror}") from None
+    credentials = grpc.ssl_channel_credentials(root_certificates=root)
+    return grpc.secure_channel(address, credentials, [("grpc.ssl_target_name_override", server)])
+
+
 def peer_identity(context: grpc.ServicerContext) -> str:
     """The common name of the caller's verified certificate; empty without one."""
     names = context.auth_context().get("x509_common_name") or []

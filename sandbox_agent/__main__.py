@@ -8,16 +8,18 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from protos.tls import TlsFiles
 from sandbox_agent.errors import AgentError
 from sandbox_agent.forwarder import Forwarder, parse_target
+from sandbox_agent.joining import joined
 from sandbox_agent.network import GATEWAY_IP
 from sandbox_agent.node import Node
 from sandbox_agent.registration import Registration
 from sandbox_agent.service import serve
-from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR, AgentSettings
+from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR, AgentSettings, JoinSettings
 
 
 def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
@@ -68,6 +70,13 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         "--gateway-forward", default=env("STASIS_GATEWAY_FORWARD", ""), help="HOST:PORT of the gateway"
     )
     p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process dies")
+    p.add_argument(
+        "--drain-on-stop",
+        type=float,
+        default=float(env("STASIS_DRAIN_ON_STOP_S", "0")),
+        metavar="SECONDS",
+        help="on SIGTERM, have the orchestrator drain this node and wait up to SECONDS for its sandboxes to move",
+    )
     p.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
     p.add_argument(
         "--registry-auth-file",
@@ -95,6 +104,17 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     )
     p.add_argument("--tls-key", type=Path, default=_path(env("STASIS_TLS_KEY", "")), help="its private key")
     p.add_argument(
+        "--join",
+        default=env("STASIS_JOIN", ""),
+        help="HOST:PORT of the orchestrator's public API: get this node's certificate there (with --tls-ca and --join-token-file)",
+    )
+    p.add_argument(
+        "--join-token-file",
+        type=Path,
+        default=_path(env("STASIS_JOIN_TOKEN_FILE", "")),
+        help="this pod's Kubernetes service-account token (audience stasis), proving which node it is",
+    )
+    p.add_argument(
         "--insecure",
         action="store_true",
         default=bool(env("STASIS_INSECURE")),
@@ -102,12 +122,15 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     )
     a = p.parse_args(argv)
     tls_files = (a.tls_ca, a.tls_cert, a.tls_key)
-    if any(tls_files) and not all(tls_files):
+    if a.join:
+        if not (a.tls_ca and a.join_token_file) or a.tls_cert or a.tls_key or a.insecure:
+            p.error("--join takes --tls-ca and --join-token-file, and no --tls-cert, --tls-key or --insecure")
+    elif any(tls_files) and not all(tls_files):
         p.error("--tls-ca, --tls-cert and --tls-key go together")
-    if not all(tls_files) and not a.insecure:
+    elif not all(tls_files) and not a.insecure:
         p.error(
             "give this node's certificate from the cluster CA (--tls-ca, --tls-cert, --tls-key), "
-            "or --insecure to accept calls from anyone who reaches --listen"
+            "--join to get one from the orchestrator, or --insecure to accept calls from anyone"
         )
     labels = dict(kv.split("=", 1) for kv in a.label if "=" in kv)
     return AgentSettings(
@@ -128,12 +151,14 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         orchestrator=a.orchestrator,
         advertise=a.advertise,
         heartbeat_s=a.heartbeat,
+        drain_on_stop_s=a.drain_on_stop,
         gateway_forward=a.gateway_forward,
         gateway_port=a.gateway_port,
         registry_auth_file=a.registry_auth_file,
         registry_certs=a.registry_certs,
         insecure_registries=tuple(a.insecure_registry),
         tls=TlsFiles(a.tls_ca, a.tls_cert, a.tls_key) if all(tls_files) else None,
+        join=JoinSettings(a.join, a.join_token_file, a.tls_ca) if a.join else None,
     )
 
 
@@ -154,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     exit_with_parent = "--exit-with-parent" in (argv if argv is not None else sys.argv[1:])
     settings = settings_from_args(argv)
     try:
+        if settings.join is not None:
+            settings = replace(settings, tls=joined(settings.node, settings.root, settings.join))
         node = Node(settings)
         server, port = serve(node, settings.listen, settings.tls)
     except AgentError as exc:
@@ -182,7 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     if exit_with_parent:
         threading.Thread(target=_watch_parent, args=(stop,), daemon=True).start()
     stop.wait()
-    # Sandboxes keep running: a restarted agent picks them up from its records.
+    if registration and settings.drain_on_stop_s > 0:
+        registration.leave(settings.drain_on_stop_s)
+    # Sandboxes still here keep running: a restarted agent picks them up from its records.
     if registration:
         registration.stop()
     if forwarder:

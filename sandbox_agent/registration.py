@@ -37,6 +37,29 @@ class Registration:
     def start(self) -> None:
         self._thread.start()
 
+    def leave(self, timeout_s: float) -> bool:
+        """Have the orchestrator drain this node, then wait up to timeout_s for every sandbox to be
+        checkpointed and moved away (heartbeats go on meanwhile). True if none is left."""
+        try:
+            self._registry.Leave(spb.LeaveRequest(node=self.node.name), timeout=10)
+        except grpc.RpcError as exc:
+            log.warning(
+                "node %s could not ask to be drained: %s: %s", self.node.name, exc.code().name, exc.details()
+            )
+            return False
+        log.info(
+            "node %s is leaving: waiting up to %.0f s for its sandboxes to move", self.node.name, timeout_s
+        )
+        deadline = time.monotonic() + timeout_s
+        while self.node.list():
+            if time.monotonic() > deadline:
+                log.warning(
+                    "node %s still holds sandboxes after %.0f s; stopping anyway", self.node.name, timeout_s
+                )
+                return False
+            time.sleep(1.0)
+        return True
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)

@@ -11,6 +11,18 @@ DEFAULT_BASE_IMAGE_TAR = Path("/var/cache/stasis/images/base/rootfs.tar")
 
 
 @dataclass(frozen=True)
+class JoinSettings:
+    """How a node without a certificate gets one (`joining`)."""
+
+    address: str
+    """HOST:PORT of the orchestrator's public API."""
+    token_file: Path
+    """The proof: this agent pod's Kubernetes service-account token, for the audience `stasis`."""
+    ca: Path
+    """The cluster CA's certificate: the orchestrator's own must come from it."""
+
+
+@dataclass(frozen=True)
 class AgentSettings:
     node: str
     """Node name; unique in the cluster, it also keys this agent's runc state, cgroups and netns names."""
@@ -52,6 +64,10 @@ class AgentSettings:
     Empty when the gateway listens on 169.254.1.1 itself (the local stack)."""
     gateway_port: int = 8080
     """Port on 169.254.1.1 where sandboxes find the gateway; also allowed through the isolation rules."""
+    drain_on_stop_s: float = 0.0
+    """On SIGTERM, have the orchestrator drain this node and wait up to this long for its
+    sandboxes to be checkpointed away before stopping; 0 stops at once (sandboxes keep running,
+    and a restarted agent picks them up)."""
     heartbeat_s: float = 1.0
     """Heartbeat period; the orchestrator declares a node lost after several missed ones."""
     labels: dict[str, str] = field(default_factory=dict)
@@ -62,5 +78,7 @@ class AgentSettings:
     tls: TlsFiles | None = None
     """This node's certificate from the cluster CA: it serves only the orchestrator with it, and
     registers as the node it names. None (`--insecure`) accepts calls from anyone."""
+    join: JoinSettings | None = None
+    """Get `tls` from the orchestrator at start-up, by proving which node this is."""
     insecure_registries: tuple[str, ...] = ()
     """Registries (host[:port]) spoken to over plain HTTP; those on loopback addresses always may."""

@@ -60,3 +60,8 @@ class RegistryService(pb_grpc.NodeRegistryServicer):
             _images(request.images),
         )
         return pb.HeartbeatResponse(known=known)
+
+    @rpc
+    def Leave(self, request: pb.LeaveRequest, context: grpc.ServicerContext) -> pb.LeaveResponse:
+        self.control.commands.drain(self._speaks_for(context, "node", request.node), "its agent is stopping")
+        return pb.LeaveResponse()

@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from orchestrator.api.access import PublicAccess, Tokens
+from orchestrator.api.join import JoinService
 from orchestrator.api.registry import RegistryService
 from orchestrator.api.service import StasisService
 from orchestrator.api.settings import AuthSettings, OrchestratorSettings
@@ -26,7 +27,8 @@ from orchestrator.control import AgentPool, Control, Verifier
 from orchestrator.domain import Episode, FailedPrecondition, NotFound
 from orchestrator.gateway import Gateway, Ledger, live_peer
 from orchestrator.state import SqliteStateStore
-from protos.admission import Admission
+from protos import pki
+from protos.admission import OPEN, Admission
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 from protos.tls import bind
@@ -58,7 +60,10 @@ class Orchestrator:
         self.gateway: Gateway | None = None
         self.watcher: Any = None
         try:
-            admission = [Admission(PublicAccess(Tokens(auth.tokens_file)))] if auth else []
+            # Joining nodes have no token and no certificate yet: they bring their own proof.
+            admission = (
+                [Admission(PublicAccess(Tokens(auth.tokens_file)), (*OPEN, JOIN_METHODS))] if auth else []
+            )
         except (OSError, ValueError) as exc:
             raise FailedPrecondition(f"cannot read the tokens file: {exc}") from None
         self.server = _server(API_WORKERS, "api", admission)
@@ -70,8 +75,11 @@ class Orchestrator:
         pb_grpc.add_StasisServicer_to_server(service, self.server)
         registry = RegistryService(self.control, certified=auth is not None)
         pb_grpc.add_NodeRegistryServicer_to_server(registry, self.cluster or self.server)
+        pb_grpc.add_ClusterJoinServicer_to_server(_joining(auth), self.server)
         self.health = health.HealthServicer()
-        services = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Stasis", "NodeRegistry")]
+        services = [
+            pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Stasis", "NodeRegistry", "ClusterJoin")
+        ]
         for name in [*services, ""]:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         for server in (self.server, self.cluster):
@@ -192,3 +200,24 @@ def _listen(server: grpc.Server, address: str, auth: AuthSettings | None, *, cli
         return bind(server, address, auth.tls if auth else None, require_client_cert=client_certs)
     except ValueError as exc:
         raise FailedPrecondition(str(exc)) from None
+
+
+JOIN_METHODS = "/stasis.v1.ClusterJoin/"
+
+
+def _joining(auth: AuthSettings | None) -> JoinService:
+    """The join service: signing for nodes that prove themselves, when given the CA's key."""
+    if auth is None or auth.ca_key is None:
+        return JoinService(None, None)
+    if not auth.join_service_account:
+        raise FailedPrecondition("--tls-ca-key needs --join-service-account: who may join, if not anyone")
+    try:
+        ca = pki.load_ca(auth.tls.ca.read_bytes(), auth.ca_key.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise FailedPrecondition(f"cannot use the cluster CA ({auth.tls.ca}, {auth.ca_key}): {exc}") from None
+    from orchestrator.control.kube import NodeIdentities
+
+    try:
+        return JoinService(ca, NodeIdentities(auth.join_service_account))
+    except ValueError as exc:
+        raise FailedPrecondition(f"--join-service-account: {exc}") from None

@@ -21,6 +21,12 @@ class AuthSettings:
     """Bearer tokens of the public API, with their roles (see `api.access`)."""
     cluster_listen: str = "0.0.0.0:7071"
     """Mutual-TLS address for the node registry: only nodes, each with its own certificate."""
+    ca_key: Path | None = None
+    """The cluster CA's key. With it (and `join_service_account`) nodes without a certificate
+    get one here by proving which node they are (`api.join`); without it, each node is given
+    its certificate by whoever runs it (`stasis up` does)."""
+    join_service_account: str = ""
+    """NAMESPACE:NAME of the agents' Kubernetes service account, whose pod tokens prove a node."""
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,11 @@ class Commands:
             "--tokens-file": a.tokens_file,
         }
         missing = [flag for flag, value in given.items() if not value]
-        if a.insecure and len(missing) < len(given):
-            raise InvalidArgument("--insecure", "excludes --tls-ca, --tls-cert, --tls-key and --tokens-file")
+        if a.insecure and (len(missing) < len(given) or a.tls_ca_key or a.join_service_account):
+            raise InvalidArgument(
+                "--insecure",
+                "excludes --tls-ca, --tls-cert, --tls-key, --tokens-file, --tls-ca-key and --join-service-account",
+            )
         if not a.insecure and missing:
             raise InvalidArgument(
                 missing[0],
@@ -119,6 +122,8 @@ class Commands:
                 tls=TlsFiles(Path(a.tls_ca), Path(a.tls_cert), Path(a.tls_key)),
                 tokens_file=Path(a.tokens_file),
                 cluster_listen=a.cluster_listen,
+                ca_key=Path(a.tls_ca_key) if a.tls_ca_key else None,
+                join_service_account=a.join_service_account,
             )
         )
         orchestrator = Orchestrator(

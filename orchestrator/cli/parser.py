@@ -106,6 +106,16 @@ def parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--tls-key", default=env("STASIS_TLS_KEY", ""), help="its private key")
     srv.add_argument(
+        "--tls-ca-key",
+        default=env("STASIS_TLS_CA_KEY", ""),
+        help="the cluster CA's key: sign certificates for nodes that prove who they are",
+    )
+    srv.add_argument(
+        "--join-service-account",
+        default=env("STASIS_JOIN_SERVICE_ACCOUNT", ""),
+        help="NAMESPACE:NAME of the agents' Kubernetes service account, whose pod tokens prove a node",
+    )
+    srv.add_argument(
         "--tokens-file",
         default=env("STASIS_TOKENS_FILE", ""),
         help="bearer tokens and their roles (`stasis token create`)",

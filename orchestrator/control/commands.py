@@ -69,8 +69,8 @@ class Commands:
         self._wake()
         return e
 
-    def drain(self, name: str) -> NodeRecord:
-        node = self.store.set_node_state(name, NodeState.DRAINING, "drain requested")
+    def drain(self, name: str, reason: str = "drain requested") -> NodeRecord:
+        node = self.store.set_node_state(name, NodeState.DRAINING, reason)
         self._wake()
         return node
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 
 import pytest
 
 from orchestrator import StasisClient
-from orchestrator.cli.local import LocalStack
+from orchestrator.cli.local import AgentProcess, LocalStack
 from tests.orchestrator.conftest import remove_node_sandboxes, wait_until
 from tests.orchestrator.programs import counter_spec
 
@@ -55,6 +56,38 @@ def test_drain_moves_episodes_to_the_other_node(make_stack: Callable[..., LocalS
         for episode_id in ids:
             assert [s.reason for s in client.snapshots(episode_id)] == ["drain"]
             client.wait(episode_id, ["SUCCEEDED"], timeout_s=120)
+
+
+@pytest.mark.timeout(240)
+def test_an_agent_asked_to_stop_has_its_node_drained_first(make_stack: Callable[..., LocalStack]) -> None:
+    """What a node being taken away does (`--drain-on-stop`, as the Helm chart runs agents): on
+    SIGTERM its agent asks to be drained, stays until its sandboxes have moved, then exits."""
+    stack = make_stack(nodes=2, slots=2)
+    with stack.client() as client:
+        client.drain("node-2")
+        episode = client.submit(counter_spec(60))
+        assert client.wait(episode.id, ["RUNNING"], timeout_s=60).node == "node-1"
+        client.uncordon("node-2")
+        agent = stack.agents["node-1"]
+        agent.stop()  # its sandboxes go on running; the agent restarts with the flag
+        leaving = AgentProcess(agent.name, [*agent.argv, "--drain-on-stop", "120"], agent.log_path)
+        stack.agents["node-1"] = leaving
+        logged = agent.log_path.stat().st_size
+        leaving.start()
+        assert leaving.process is not None
+        wait_until(
+            lambda: b"registered" in agent.log_path.read_bytes()[logged:], 30, "the agent to register again"
+        )
+        leaving.process.send_signal(signal.SIGTERM)
+        wait_until(
+            lambda: client.get(episode.id).node == "node-2" and client.get(episode.id).state == "RUNNING",
+            120,
+            "the episode to move before the agent stops",
+        )
+        assert leaving.process.wait(timeout=60) == 0
+        assert {n.name: n.state for n in client.nodes()}["node-1"] == "DRAINING"
+        assert any(e.reason == "its agent is stopping" for e in client.events() if e.kind == "node")
+        assert [s.reason for s in client.snapshots(episode.id)] == ["drain"]
 
 
 @pytest.mark.timeout(240)

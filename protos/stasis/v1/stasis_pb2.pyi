@@ -505,6 +505,34 @@ class UncordonNodeRequest(_message.Message):
     request_id: str
     def __init__(self, node: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
+class JoinClusterRequest(_message.Message):
+    __slots__ = ("node", "csr_pem", "token")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    csr_pem: bytes
+    token: str
+    def __init__(self, node: _Optional[str] = ..., csr_pem: _Optional[bytes] = ..., token: _Optional[str] = ...) -> None: ...
+
+class JoinClusterResponse(_message.Message):
+    __slots__ = ("certificate_pem", "ca_pem")
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: bytes
+    ca_pem: bytes
+    def __init__(self, certificate_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("info", "address", "sandboxes")
     INFO_FIELD_NUMBER: _ClassVar[int]

@@ -943,6 +943,11 @@ class NodeRegistryStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/stasis.v1.NodeRegistry/Leave',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.LeaveResponse.FromString,
+                _registered_method=True)
 
 
 class NodeRegistryServicer:
@@ -961,6 +966,13 @@ class NodeRegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Leave(self, request, context):
+        """The node is going away (its agent was asked to stop): drain it, as `stasis drain` does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeRegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -973,6 +985,11 @@ def add_NodeRegistryServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.HeartbeatRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.LeaveRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.LeaveResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1030,6 +1047,117 @@ class NodeRegistry:
             '/stasis.v1.NodeRegistry/Heartbeat',
             protos_dot_stasis_dot_v1_dot_stasis__pb2.HeartbeatRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_stasis__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.NodeRegistry/Leave',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.LeaveRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.LeaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class ClusterJoinStub:
+    """How a node without a certificate gets one: it proves which node it is (in Kubernetes, with its
+    pod's service-account token) and sends a signing request; the orchestrator, holding the
+    cluster CA's key, signs it for that node alone. Served on the public port, to callers without
+    a certificate, since they have none yet.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.JoinCluster = channel.unary_unary(
+                '/stasis.v1.ClusterJoin/JoinCluster',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.JoinClusterRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.JoinClusterResponse.FromString,
+                _registered_method=True)
+
+
+class ClusterJoinServicer:
+    """How a node without a certificate gets one: it proves which node it is (in Kubernetes, with its
+    pod's service-account token) and sends a signing request; the orchestrator, holding the
+    cluster CA's key, signs it for that node alone. Served on the public port, to callers without
+    a certificate, since they have none yet.
+    """
+
+    def JoinCluster(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ClusterJoinServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'JoinCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinCluster,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.JoinClusterRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.JoinClusterResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'stasis.v1.ClusterJoin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('stasis.v1.ClusterJoin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ClusterJoin:
+    """How a node without a certificate gets one: it proves which node it is (in Kubernetes, with its
+    pod's service-account token) and sends a signing request; the orchestrator, holding the
+    cluster CA's key, signs it for that node alone. Served on the public port, to callers without
+    a certificate, since they have none yet.
+    """
+
+    @staticmethod
+    def JoinCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.ClusterJoin/JoinCluster',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.JoinClusterRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.JoinClusterResponse.FromString,
             options,
             channel_credentials,
             insecure,

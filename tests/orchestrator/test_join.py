@@ -1,0 +1,163 @@
+"""Nodes join a cluster by proving which node they are: the orchestrator asks Kubernetes whose
+service-account token a node brings and which node that token's pod runs on, then signs the
+node's certificate for that node alone.
+
+Kubernetes here is `tests.kubeapi.StandInApiServer`, a stand-in API server over real HTTP (no
+API server can run on these machines); the orchestrator reaches it with the real `kubernetes`
+client through a kubeconfig, as it would reach a cluster's from outside one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+
+from orchestrator.api import AuthSettings, Orchestrator, OrchestratorSettings, add_token
+from orchestrator.cli.pki import ClusterPki
+from orchestrator.domain import NodeState, Role
+from protos import pki
+from protos.stasis.v1 import agent_pb2 as apb
+from protos.stasis.v1 import stasis_pb2 as pb
+from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
+from protos.tls import ORCHESTRATOR, anonymous_channel, node_identity
+from sandbox_agent import FailedPrecondition
+from sandbox_agent.joining import joined
+from sandbox_agent.settings import JoinSettings
+from tests.kubeapi import Pod, StandInApiServer
+
+AGENTS = "stasis:stasis-agent"
+
+
+@dataclass
+class Cluster:
+    orchestrator: Orchestrator
+    pki: ClusterPki
+    kube: StandInApiServer
+    pods: dict[str, Pod]
+    root: Path
+
+    def token_file(self, token: str, name: str) -> Path:
+        path = self.root / f"{name}.token"
+        path.write_text(token + "\n")
+        return path
+
+    def join(self, node: str, token: str) -> JoinSettings:
+        return JoinSettings(self.orchestrator.address, self.token_file(token, node), self.pki.ca_cert)
+
+    def ask(self, node: str, token: str, csr: bytes | None = None) -> tuple[grpc.StatusCode, str]:
+        request = pb.JoinClusterRequest(
+            node=node, token=token, csr_pem=csr if csr is not None else pki.request(pki.new_key(), node)
+        )
+        with anonymous_channel(self.orchestrator.address, self.pki.ca_cert, ORCHESTRATOR) as channel:
+            try:
+                pb_grpc.ClusterJoinStub(channel).JoinCluster(request, timeout=30)
+            except grpc.RpcError as exc:
+                return exc.code(), exc.details() or ""
+        return grpc.StatusCode.OK, ""
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    kube = StandInApiServer()
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
+    pods = {node: kube.add_pod("stasis", f"stasis-agent-{node}", node) for node in ("node-a", "node-b")}
+    certs = ClusterPki(tmp_path / "pki")
+    tokens_file = tmp_path / "tokens.yaml"
+    add_token(tokens_file, "ops", Role.OPERATOR)
+    auth = AuthSettings(
+        certs.orchestrator(), tokens_file, cluster_listen="127.0.0.1:0",
+        ca_key=certs.ca_key, join_service_account=AGENTS,
+    )  # fmt: skip
+    orchestrator = Orchestrator(
+        OrchestratorSettings(state_dir=tmp_path / "state", listen="127.0.0.1:0", auth=auth)
+    ).start()
+    try:
+        yield Cluster(orchestrator, certs, kube, pods, tmp_path)
+    finally:
+        orchestrator.stop()
+        kube.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_node_that_proves_itself_gets_a_certificate_for_itself_alone(cluster: Cluster) -> None:
+    token = cluster.kube.issue_token(AGENTS, cluster.pods["node-a"])
+    files = joined("node-a", cluster.root / "agent-a", cluster.join("node-a", token))
+    cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(cluster.pki.ca_cert.read_bytes()))
+    assert cert.subject.rfc4514_string() == f"CN={node_identity('node-a')}"
+    assert files.key.stat().st_mode & 0o077 == 0, "the node's key is its own"
+    assert cluster.kube.reviews[-1]["spec"]["audiences"] == ["stasis"], "a token for this use alone"
+
+    # The certificate is the node's name: it registers as node-a and as nothing else.
+    info = apb.NodeInfo(name="node-a", slots=1, memory_mb=1024)
+    with files.channel(cluster.orchestrator.cluster_address, ORCHESTRATOR) as channel:
+        registry = pb_grpc.NodeRegistryStub(channel)
+        registry.RegisterNode(pb.RegisterNodeRequest(info=info, address="127.0.0.1:1"), timeout=10)
+        with pytest.raises(grpc.RpcError) as err:
+            registry.Leave(pb.LeaveRequest(node="node-b"), timeout=10)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        registry.Leave(pb.LeaveRequest(node="node-a"), timeout=10)
+    assert cluster.orchestrator.store.node("node-a").state == NodeState.DRAINING
+
+    reviews = len(cluster.kube.reviews)
+    assert joined("node-a", cluster.root / "agent-a", cluster.join("node-a", token)) == files
+    assert len(cluster.kube.reviews) == reviews, "a current certificate is kept, not asked for again"
+
+
+@pytest.mark.timeout(60)
+def test_no_other_proof_gets_a_certificate(cluster: Cluster) -> None:
+    a = cluster.kube.issue_token(AGENTS, cluster.pods["node-a"])
+    intruder = cluster.kube.issue_token("stasis:default", cluster.pods["node-a"])
+    refusals = [
+        (cluster.ask("node-b", a), grpc.StatusCode.PERMISSION_DENIED, "runs on node 'node-a', not 'node-b'"),
+        (cluster.ask("node-a", "forged"), grpc.StatusCode.UNAUTHENTICATED, "does not vouch for it"),
+        (
+            cluster.ask("node-a", intruder),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "not to the agents' service account",
+        ),
+        (cluster.ask("node-a", a, b"not a request"), grpc.StatusCode.INVALID_ARGUMENT, "csr_pem:"),
+        (cluster.ask("node-a", ""), grpc.StatusCode.INVALID_ARGUMENT, "token: is required"),
+    ]
+    for (code, details), want, words in refusals:
+        assert code == want and words in details, (code, details)
+    # The agent's side says why, rather than serve without a certificate.
+    with pytest.raises(FailedPrecondition, match="did not let node node-b join: PERMISSION_DENIED"):
+        joined("node-b", cluster.root / "agent-b", cluster.join("node-b", a))
+    assert not (cluster.root / "agent-b" / "tls" / "node.crt").exists()
+
+    del cluster.kube.pods[("stasis", cluster.pods["node-a"].name)]
+    code, details = cluster.ask("node-a", a)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "no longer exists" in details
+    cluster.kube.stop()
+    code, details = cluster.ask("node-b", cluster.kube.issue_token(AGENTS, cluster.pods["node-b"]))
+    assert code == grpc.StatusCode.UNAVAILABLE and "Kubernetes API did not answer" in details
+
+
+@pytest.mark.timeout(60)
+def test_an_orchestrator_without_the_ca_key_signs_nothing(tmp_path: Path) -> None:
+    certs = ClusterPki(tmp_path / "pki")
+    tokens_file = tmp_path / "tokens.yaml"
+    add_token(tokens_file, "ops", Role.OPERATOR)
+    auth = AuthSettings(certs.orchestrator(), tokens_file, cluster_listen="127.0.0.1:0")
+    orchestrator = Orchestrator(
+        OrchestratorSettings(state_dir=tmp_path / "state", listen="127.0.0.1:0", auth=auth)
+    ).start()
+    try:
+        request = pb.JoinClusterRequest(
+            node="node-a", token="t", csr_pem=pki.request(pki.new_key(), "node-a")
+        )
+        with (
+            anonymous_channel(orchestrator.address, certs.ca_cert, ORCHESTRATOR) as channel,
+            pytest.raises(grpc.RpcError) as err,
+        ):
+            pb_grpc.ClusterJoinStub(channel).JoinCluster(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "issues no node certificates" in (err.value.details() or "")
+    finally:
+        orchestrator.stop()
