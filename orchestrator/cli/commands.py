@@ -17,6 +17,7 @@ import yaml
 from orchestrator.cli.progress import PullBoard, human_size
 from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file
 from orchestrator.domain import EpisodeState, InvalidArgument, Role, StasisError
+from protos.tls import TlsFiles
 
 
 def _millis(value: float | None) -> str:
@@ -90,17 +91,34 @@ class Commands:
         )
         return run_foreground(settings, self.out)
 
+    def _orchestrator_certificate(self) -> TlsFiles:
+        """The certificate given, or one issued from the CA's key (`--tls-ca-key`) into the state
+        dir for the names `--tls-hosts` lists, and kept while it is current."""
+        from orchestrator.cli.pki import ClusterPki
+
+        a = self.args
+        if a.tls_cert:
+            return TlsFiles(Path(a.tls_ca), Path(a.tls_cert), Path(a.tls_key))
+        hosts = tuple(h.strip() for h in a.tls_hosts.split(",") if h.strip())
+        try:
+            return ClusterPki(Path(a.state_dir) / "pki", (Path(a.tls_ca), Path(a.tls_ca_key))).orchestrator(
+                hosts
+            )
+        except (OSError, ValueError) as exc:
+            raise InvalidArgument(
+                "--tls-ca-key", f"cannot issue the orchestrator's certificate: {exc}"
+            ) from None
+
     def server(self) -> int:
         from orchestrator.api import AuthSettings, Orchestrator, OrchestratorSettings
         from orchestrator.control import ControlSettings
         from orchestrator.gateway import GatewaySettings
-        from protos.tls import TlsFiles
 
         a = self.args
+        issues_its_own = bool(a.tls_ca_key) and not (a.tls_cert or a.tls_key)
         given = {
             "--tls-ca": a.tls_ca,
-            "--tls-cert": a.tls_cert,
-            "--tls-key": a.tls_key,
+            **({} if issues_its_own else {"--tls-cert": a.tls_cert, "--tls-key": a.tls_key}),
             "--tokens-file": a.tokens_file,
         }
         missing = [flag for flag, value in given.items() if not value]
@@ -119,7 +137,7 @@ class Commands:
             None
             if a.insecure
             else AuthSettings(
-                tls=TlsFiles(Path(a.tls_ca), Path(a.tls_cert), Path(a.tls_key)),
+                tls=self._orchestrator_certificate(),
                 tokens_file=Path(a.tokens_file),
                 cluster_listen=a.cluster_listen,
                 ca_key=Path(a.tls_ca_key) if a.tls_ca_key else None,
@@ -376,6 +394,23 @@ class Commands:
             for chunk in c.logs(self.args.id, run=self.args.run, follow=self.args.follow):
                 self.out.write(chunk.decode(errors="replace"))
                 self.out.flush()
+        return 0
+
+    def config(self) -> int:
+        from orchestrator.client import config_path, merge_context
+
+        a = self.args
+        path = config_path(a.config)
+        cluster = {"server": a.server}
+        for key, value in (
+            ("certificate-authority", a.certificate_authority),
+            ("tls-server-name", a.tls_server_name),
+        ):
+            if value:
+                cluster[key] = str(Path(value).resolve()) if key == "certificate-authority" else value
+        user = {"token-file": str(Path(a.token_file).resolve())} if a.token_file else {}
+        merge_context(path, a.name, cluster=cluster, user=user)
+        self.progress(f"context {a.name} ({a.server}) is current in {path}")
         return 0
 
     def token(self) -> int:

@@ -111,6 +111,11 @@ def parser() -> argparse.ArgumentParser:
         help="the cluster CA's key: sign certificates for nodes that prove who they are",
     )
     srv.add_argument(
+        "--tls-hosts",
+        default=env("STASIS_TLS_HOSTS", ""),
+        help="with --tls-ca-key and no --tls-cert: names and addresses, comma-separated, of the certificate it issues itself",
+    )
+    srv.add_argument(
         "--join-service-account",
         default=env("STASIS_JOIN_SERVICE_ACCOUNT", ""),
         help="NAMESPACE:NAME of the agents' Kubernetes service account, whose pod tokens prove a node",
@@ -223,4 +228,13 @@ def parser() -> argparse.ArgumentParser:
     tc.add_argument("name", help="who holds it; events of the changes it asks for record this name")
     tc.add_argument("--role", required=True, choices=("viewer", "trainer", "operator"))
     tc.add_argument("--tokens-file", required=True, help="the file `stasis server --tokens-file` reads")
+
+    cf = sub.add_parser("config", help="the client config's contexts, as kubectl config")
+    cf_sub = cf.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    sc = cf_sub.add_parser("set-context", help="add or replace a context and make it current")
+    sc.add_argument("name")
+    sc.add_argument("--server", required=True, help="HOST:PORT of the orchestrator's public API")
+    sc.add_argument("--certificate-authority", default="", help="PEM file of the cluster CA")
+    sc.add_argument("--tls-server-name", default="", help="the name the orchestrator's certificate carries")
+    sc.add_argument("--token-file", default="", help="a file holding the bearer token")
     return p

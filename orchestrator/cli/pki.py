@@ -13,10 +13,12 @@ from protos.tls import ORCHESTRATOR, TlsFiles, node_identity
 
 
 class ClusterPki:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, ca: tuple[Path, Path] | None = None) -> None:
+        """Certificates under root, from the CA in root (made there if missing), or from `ca`, an
+        existing CA's certificate and key (a cluster's, given to `stasis server`)."""
         self.root = root
-        self.ca_cert = root / "ca.crt"
-        self.ca_key = root / "ca.key"
+        self.ca_cert, self.ca_key = ca or (root / "ca.crt", root / "ca.key")
+        self._makes_ca = ca is None
 
     def orchestrator(self, hosts: tuple[str, ...] = ()) -> TlsFiles:
         """The orchestrator's certificate: it serves both ports and dials the nodes with it."""
@@ -26,7 +28,7 @@ class ClusterPki:
         return self._leaf(f"nodes/{name}", node_identity(name), ())
 
     def _ca(self) -> tuple[x509.Certificate, pki.CaKey]:
-        if not (self.ca_cert.exists() and self.ca_key.exists()):
+        if self._makes_ca and not (self.ca_cert.exists() and self.ca_key.exists()):
             cert, key = pki.new_ca()
             pki.write_key(self.ca_key, key)
             self.ca_cert.write_bytes(pki.pem(cert))

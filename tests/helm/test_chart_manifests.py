@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-
 import pytest
 
 from orchestrator import cli
@@ -72,7 +70,10 @@ def test_agent_flags_point_at_the_orchestrator_service(reference_install: list[M
         "--root", "/var/lib/stasis/agent",
         "--listen", "0.0.0.0:7071",
         "--advertise", "$(POD_IP):7071",
-        "--orchestrator", f"{ORCHESTRATOR_HOST}:7070",
+        "--orchestrator", f"{ORCHESTRATOR_HOST}:7071",
+        "--tls-ca", "/etc/stasis/ca/ca.crt",
+        "--join", f"{ORCHESTRATOR_HOST}:7070",
+        "--join-token-file", "/var/run/secrets/stasis/token",
         "--snapshot-store", "file:///var/lib/stasis/snapshots",
         "--gateway-forward", f"{ORCHESTRATOR_HOST}:8080",
         "--allow-port", "8080",
@@ -81,9 +82,44 @@ def test_agent_flags_point_at_the_orchestrator_service(reference_install: list[M
         "--backend", "runc",
         "--run-dir", "/run/stasis",
         "--userns-base", "100000",
-        "--insecure",
+        "--drain-on-stop", "870",
     ]  # fmt: skip
-    assert agent["readinessProbe"]["grpc"] == {"port": 7071}
+    # The kubelet's gRPC probe speaks no TLS: a TCP connect it is.
+    assert agent["readinessProbe"]["tcpSocket"] == {"port": 7071}
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_agents_join_with_a_pod_token_and_see_only_the_cas_certificate(
+    reference_install: list[Manifest],
+) -> None:
+    daemonset = find(reference_install, "DaemonSet", AGENT)
+    volumes = by_name(pod_spec(daemonset)["volumes"])
+    assert volumes["ca"]["secret"] == {
+        "secretName": f"{FULLNAME}-ca",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }, "never the CA's key"
+    token = volumes["join-token"]["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == "stasis" and token["path"] == "token"
+    assert pod_spec(daemonset)["automountServiceAccountToken"] is False, "no API token, only the join proof"
+    mounts = by_name(container(daemonset, "agent")["volumeMounts"])
+    assert mounts["join-token"]["mountPath"] == "/var/run/secrets/stasis"
+
+    orchestrator = container(find(reference_install, "Deployment", FULLNAME), "orchestrator")
+    args = cli.parser().parse_args(
+        [a.replace("$(STASIS_NODE_LOST_AFTER)", "30") for a in orchestrator["args"]]
+    )
+    assert (args.tls_ca, args.tls_ca_key) == ("/etc/stasis/ca/ca.crt", "/etc/stasis/ca/ca.key")
+    assert args.join_service_account == f"{NAMESPACE}:{AGENT}"
+    assert ORCHESTRATOR_HOST in args.tls_hosts.split(",") and "localhost" in args.tls_hosts.split(",")
+    assert not args.insecure and args.tokens_file == "/etc/stasis/tokens/tokens.yaml"
+    secrets = {m["metadata"]["name"]: m for m in reference_install if m["kind"] == "Secret"}
+    assert {f"{FULLNAME}-ca", f"{FULLNAME}-tokens", f"{FULLNAME}-operator-token"} <= set(secrets)
+    assert (
+        by_name(pod_spec(find(reference_install, "Deployment", FULLNAME))["volumes"])["ca"]["secret"][
+            "secretName"
+        ]
+        == f"{FULLNAME}-ca"
+    )
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -100,23 +136,18 @@ def test_agent_flags_parse_with_the_real_agent(reference_install: list[Manifest]
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_agent_drains_its_node_before_stopping(chart: Chart, reference_install: list[Manifest]) -> None:
-    """The preStop hook is a `stasis drain` that the real CLI parser accepts."""
+    """On SIGTERM the agent has its node drained (`--drain-on-stop`), within the grace period."""
     daemonset = find(reference_install, "DaemonSet", AGENT)
     grace = pod_spec(daemonset)["terminationGracePeriodSeconds"]
     assert grace >= 300
-    command = container(daemonset, "agent")["lifecycle"]["preStop"]["exec"]["command"]
-    # Exec hooks get no $(VAR) expansion from the kubelet, so the node name comes from a shell.
-    assert command[:2] == ["/bin/sh", "-c"]
-    argv = shlex.split(command[2])
-    assert argv[:2] == ["exec", "stasis"]
-    args = cli.parser().parse_args([a.replace("$NODE_NAME", "node-a") for a in argv[2:]])
-    assert (args.command, args.node, args.wait) == ("drain", "node-a", True)
-    assert args.addr == f"{ORCHESTRATOR_HOST}:7070"
+    agent = container(daemonset, "agent")
+    assert "lifecycle" not in agent, "no preStop hook: the agent drains itself"
+    expanded = [a.replace("$(NODE_NAME)", "node-a").replace("$(POD_IP)", "10.0.0.7") for a in agent["args"]]
     # The drain gives up before the kubelet would kill the agent mid-checkpoint.
-    assert 0 < args.timeout < grace
+    assert 0 < agent_main.settings_from_args(expanded).drain_on_stop_s < grace
 
     quick = chart.render("reference-model-values.yaml", sets={"agent.drainOnStop": False})
-    assert "lifecycle" not in container(find(quick, "DaemonSet", AGENT), "agent")
+    assert "--drain-on-stop" not in container(find(quick, "DaemonSet", AGENT), "agent")["args"]
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -134,10 +165,16 @@ def test_orchestrator_is_a_single_recreated_writer(reference_install: list[Manif
         "--gateway-listen", "0.0.0.0:8080",
         "--upstream", f"http://{RELEASE}-stasis-reference-model.{NAMESPACE}.svc:8000",
         "--node-lost-after", "$(STASIS_NODE_LOST_AFTER)",
-        "--insecure",
+        "--tls-ca", "/etc/stasis/ca/ca.crt",
+        "--tls-ca-key", "/etc/stasis/ca/ca.key",
+        "--tls-hosts",
+        f"{FULLNAME},{FULLNAME}.{NAMESPACE},{ORCHESTRATOR_HOST},{ORCHESTRATOR_HOST}.cluster.local,localhost,127.0.0.1",
+        "--tokens-file", "/etc/stasis/tokens/tokens.yaml",
+        "--cluster-listen", "0.0.0.0:7071",
+        "--join-service-account", f"{NAMESPACE}:{AGENT}",
     ]  # fmt: skip
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert orchestrator[probe]["grpc"] == {"port": 7070}, probe
+        assert orchestrator[probe]["tcpSocket"] == {"port": 7070}, probe
     volumes = by_name(pod_spec(deployment)["volumes"])
     assert volumes["state"]["persistentVolumeClaim"]["claimName"] == f"{FULLNAME}-state"
     assert find(reference_install, "PersistentVolumeClaim", f"{FULLNAME}-state")["spec"]["accessModes"] == [
@@ -181,13 +218,14 @@ def test_orchestrator_service_exposes_grpc_and_gateway(reference_install: list[M
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_rbac_is_read_only_nodes_and_namespaced_pods(reference_install: list[Manifest]) -> None:
+def test_rbac_reads_nodes_and_namespaced_pods_and_reviews_tokens(reference_install: list[Manifest]) -> None:
     cluster_roles = [m for m in reference_install if m["kind"] == "ClusterRole"]
     assert len(cluster_roles) == 1
     cluster_role = cluster_roles[0]
     assert "namespace" not in cluster_role["metadata"]
     assert cluster_role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
     ]
 
     role = find(reference_install, "Role", f"{FULLNAME}-pods")
@@ -353,3 +391,15 @@ def test_registry_credentials_reach_the_agent_and_nothing_else(chart: Chart) -> 
     orchestrator = container(find(manifests, "Deployment", FULLNAME), "orchestrator")
     args = orchestrator["args"]
     assert args[args.index("--import-registry") + 1] == "registry.internal:5000"
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_without_auth_everything_is_plaintext(chart: Chart) -> None:
+    manifests = chart.render("reference-model-values.yaml", sets={"auth.enabled": False})
+    agent = container(find(manifests, "DaemonSet", AGENT), "agent")
+    orchestrator = container(find(manifests, "Deployment", FULLNAME), "orchestrator")
+    assert "--insecure" in agent["args"] and "--join" not in agent["args"]
+    assert orchestrator["args"][-1] == "--insecure" and "--tls-ca" not in orchestrator["args"]
+    assert agent["readinessProbe"]["grpc"] == {"port": 7071}
+    assert not [m for m in manifests if m["kind"] == "Secret"]
+    assert "cluster" not in by_name(find(manifests, "Service", FULLNAME)["spec"]["ports"])

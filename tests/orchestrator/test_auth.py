@@ -3,6 +3,9 @@ with node certificates on the registry; every RPC of both services is tried."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,7 @@ from protos.stasis.v1 import agent_pb2 as apb
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 from protos.tls import ORCHESTRATOR, TlsFiles
+from tests.orchestrator.conftest import STASIS as STASIS_CLI
 from tests.orchestrator.conftest import cli, wait_until
 from tests.rpcs import methods, status_of
 
@@ -221,3 +225,23 @@ def test_events_record_who_asked_and_only_operators_see_hidden_files(
     assert [e.actor for e in node_events] == ["local-operator (operator)"]
     shown = cli(stack, "events", episode.id, "-o", "json").stdout
     assert "alice (trainer)" in shown
+
+
+@pytest.mark.timeout(60)
+def test_a_context_made_with_the_cli_reaches_the_orchestrator(secured: Secured, tmp_path: Path) -> None:
+    """What an operator does with a cluster's CA and token (docs/helm.md): one command, then plain calls."""
+    token_file = tmp_path / "ops.token"
+    token_file.write_text(secured.tokens[Role.OPERATOR] + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "STASIS_ADDR"} | {
+        "STASIS_CONFIG": str(tmp_path / "cfg")
+    }
+    made = subprocess.run(
+        [STASIS_CLI, "config", "set-context", "rl", "--server", secured.orchestrator.address,
+         "--certificate-authority", str(secured.pki.ca_cert), "--token-file", str(token_file)],
+        capture_output=True, text=True, env=env, timeout=30,
+    )  # fmt: skip
+    assert made.returncode == 0 and "context rl" in made.stderr, made.stderr
+    listed = subprocess.run(
+        [STASIS_CLI, "nodes", "-o", "json"], capture_output=True, text=True, env=env, timeout=30
+    )
+    assert listed.returncode == 0 and json.loads(listed.stdout) == {"items": []}, listed.stderr

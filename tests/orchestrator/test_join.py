@@ -9,6 +9,10 @@ client through a kubeconfig, as it would reach a cluster's from outside one.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,7 @@ from sandbox_agent import FailedPrecondition
 from sandbox_agent.joining import joined
 from sandbox_agent.settings import JoinSettings
 from tests.kubeapi import Pod, StandInApiServer
+from tests.orchestrator.conftest import free_port, wait_until
 
 AGENTS = "stasis:stasis-agent"
 
@@ -161,3 +166,57 @@ def test_an_orchestrator_without_the_ca_key_signs_nothing(tmp_path: Path) -> Non
         assert "issues no node certificates" in (err.value.details() or "")
     finally:
         orchestrator.stop()
+
+
+@pytest.mark.timeout(90)
+def test_the_cluster_configuration_serves_and_signs_from_the_ca_alone(tmp_path: Path) -> None:
+    """As the Helm chart runs it: the orchestrator gets the CA (certificate and key) and a tokens
+    file, issues its own certificate for the names it is reached by, and signs joining nodes'."""
+    kube = StandInApiServer()
+    try:
+        certs = ClusterPki(tmp_path / "ca")
+        certs.orchestrator()  # makes the CA; the server issues its own certificate from it
+        tokens_file = tmp_path / "tokens.yaml"
+        add_token(tokens_file, "ops", Role.OPERATOR)
+        port, cluster_port = free_port(), free_port()
+        argv = [
+            sys.executable, "-m", "orchestrator.cli", "server",
+            "--listen", f"127.0.0.1:{port}", "--cluster-listen", f"127.0.0.1:{cluster_port}",
+            "--state-dir", str(tmp_path / "state"),
+            "--tls-ca", str(certs.ca_cert), "--tls-ca-key", str(certs.ca_key),
+            "--tls-hosts", "stasis.stasis.svc,localhost,127.0.0.1",
+            "--tokens-file", str(tokens_file), "--join-service-account", AGENTS,
+        ]  # fmt: skip
+        env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig"))}
+        with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as server:
+            try:
+                wait_until(lambda: _listening(port) or server.poll() is not None, 30, "the orchestrator")
+                assert server.poll() is None, server.stdout.read() if server.stdout else ""
+                issued = x509.load_pem_x509_certificate(
+                    (tmp_path / "state/pki/orchestrator.crt").read_bytes()
+                )
+                names = issued.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                assert {"stasis.stasis.svc", "localhost", ORCHESTRATOR} <= set(
+                    names.get_values_for_type(x509.DNSName)
+                )
+                pod = kube.add_pod("stasis", "stasis-agent-x", "node-x")
+                token_file = tmp_path / "agent.token"
+                token_file.write_text(kube.issue_token(AGENTS, pod))
+                files = joined(
+                    "node-x", tmp_path / "agent", JoinSettings(f"127.0.0.1:{port}", token_file, certs.ca_cert)
+                )
+                info = apb.NodeInfo(name="node-x", slots=1, memory_mb=1024)
+                with files.channel(f"127.0.0.1:{cluster_port}", ORCHESTRATOR) as channel:
+                    pb_grpc.NodeRegistryStub(channel).RegisterNode(
+                        pb.RegisterNodeRequest(info=info, address="127.0.0.1:1"), timeout=10
+                    )
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
+    finally:
+        kube.stop()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

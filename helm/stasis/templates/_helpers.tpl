@@ -116,6 +116,25 @@ ClusterFirstWithHostNet DNS, so <service>.<namespace>.svc resolves through the s
 {{- printf "%s:%d" (include "stasis.orchestratorHost" .) (int .Values.orchestrator.grpcPort) }}
 {{- end }}
 
+{{- define "stasis.clusterAddr" -}}
+{{- printf "%s:%d" (include "stasis.orchestratorHost" .) (int .Values.orchestrator.clusterPort) }}
+{{- end }}
+
+{{- define "stasis.caSecretName" -}}
+{{- default (printf "%s-ca" (include "stasis.fullname" .)) .Values.auth.caSecret }}
+{{- end }}
+
+{{- define "stasis.tokensSecretName" -}}
+{{- default (printf "%s-tokens" (include "stasis.fullname" .)) .Values.auth.tokensSecret }}
+{{- end }}
+
+{{/* The names the orchestrator's certificate carries: its Service, however it is reached. */}}
+{{- define "stasis.orchestratorHosts" -}}
+{{- $svc := include "stasis.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- printf "%s,%s.%s,%s.%s.svc,%s.%s.svc.cluster.local,localhost,127.0.0.1" $svc $svc $ns $svc $ns $svc $ns }}
+{{- end }}
+
 {{- define "stasis.gatewayAddr" -}}
 {{- printf "%s:%d" (include "stasis.orchestratorHost" .) (int .Values.gateway.port) }}
 {{- end }}
@@ -213,5 +232,20 @@ the schema is skipped (--skip-schema-validation). Each message names the value t
 {{- end }}
 {{- if eq (int .Values.orchestrator.grpcPort) (int .Values.gateway.port) }}
 {{- fail "orchestrator.grpcPort and gateway.port must differ" }}
+{{- end }}
+{{- if and .Values.auth.enabled (has (int .Values.orchestrator.clusterPort) (list (int .Values.orchestrator.grpcPort) (int .Values.gateway.port))) }}
+{{- fail "orchestrator.clusterPort must differ from orchestrator.grpcPort and gateway.port" }}
+{{- end }}
+{{- end }}
+
+{{/* A probe of a gRPC port: gRPC health checking when it is plaintext, a TCP connect when it
+serves TLS (the kubelet's gRPC probe speaks no TLS). Takes (dict "auth" bool "port" int). */}}
+{{- define "stasis.probe" -}}
+{{- if .auth }}
+tcpSocket:
+  port: {{ .port }}
+{{- else }}
+grpc:
+  port: {{ .port }}
 {{- end }}
 {{- end }}
