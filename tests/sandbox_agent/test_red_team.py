@@ -296,3 +296,29 @@ def test_the_sandboxs_root_is_an_unprivileged_host_user(make_node: NodeFactory, 
     assert host_uids(b) == {"100000"}
     moved = b.settings.root / "sandboxes" / "rooted" / "layer" / "upper"
     assert (moved / "home/u/f").stat().st_uid == 1000 and (moved / "root/mine").read_text() == "mine\n"
+
+
+SNOOP = r"""import os
+found = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            found += [pid] if b"key-of-b" in open(f"/proc/{pid}/environ", "rb").read() else []
+        except OSError:
+            pass
+print("processes seen:", len([p for p in os.listdir("/proc") if p.isdigit()]), "with b's key:", found or "none")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_sandbox_cannot_read_a_neighbours_key(make_node: NodeFactory) -> None:
+    """Keys live in each harness's environment. A neighbour's processes are in another pid
+    namespace and owned by nobody the snooper's root maps to, so there is nothing to read (and a
+    key heard from the wrong sandbox is refused by the gateway anyway: `test_gateway.py`)."""
+    node = make_node("node-a")
+    node.create("b", SandboxSpec(image="base", command=("sleep", "600"), env={"OPENAI_API_KEY": "key-of-b"}))
+    node.create("snoop", SandboxSpec(image="base", command=("python3", "-c", SNOOP)))
+    _wait_exited(node, "snoop")
+    log = node.harness_log("snoop", 4096).decode()
+    assert "with b's key: none" in log, log
+    assert int(log.split("processes seen: ")[1].split()[0]) <= 3, "only its own few processes"
