@@ -2,7 +2,8 @@
 
 Usage: python benchmarks/snapshot_throughput.py [--tree DIR] [--memory-mib 256] [--workdir DIR]
 
-Without --tree it builds a checkpoint-like directory: a memory image mixing
+Each measurement runs --repeat times (default 3), the store and tar|zstd alternating, and
+the medians are shown. Without --tree it builds a checkpoint-like directory: a memory image mixing
 random pages, zero pages and repeated text (runs of pages, as heaps and
 mapped regions look), a few small CRIU image files and a layer tar. It then
 prints local-backend write and read(+verify) throughput beside tar+zstd, and
@@ -12,6 +13,7 @@ the deduplication of a second snapshot after ~10% of the memory changed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import random
@@ -156,6 +158,21 @@ def measure(
     return Measurement(durable, write_s, read_s, tar_write_s, tar_read_s, tar_bytes, manifest.sizes)
 
 
+def _median(runs: list[Measurement]) -> Measurement:
+    """Each time the median of the runs (a shared 2-core VM is noisy); sizes from the first."""
+
+    def mid(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    return dataclasses.replace(
+        runs[0],
+        write_s=mid([r.write_s for r in runs]),
+        read_s=mid([r.read_s for r in runs]),
+        tar_write_s=mid([r.tar_write_s for r in runs]),
+        tar_read_s=mid([r.tar_read_s for r in runs]),
+    )
+
+
 def meta(snapshot_id: str, seq: int, parent: str | None) -> SnapshotMeta:
     return SnapshotMeta(
         snapshot_id=snapshot_id,
@@ -184,6 +201,12 @@ def main() -> None:
     )
     parser.add_argument("--avg-kib", type=int, default=ChunkingSettings().avg_size // 1024)
     parser.add_argument("--threads", type=int, default=None, help="io_threads (default: the store default)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs of each measurement, alternating the two; medians are shown",
+    )
     args = parser.parse_args()
 
     avg = args.avg_kib * 1024
@@ -203,7 +226,10 @@ def main() -> None:
         )
         print(f"threads: {args.threads}, cpus: {os.cpu_count()}")
 
-        rows = [measure(tree, scratch, chunking, args.threads, durable) for durable in (False, True)]
+        rows = [
+            _median([measure(tree, scratch, chunking, args.threads, durable) for _ in range(args.repeat)])
+            for durable in (False, True)
+        ]
         page_cache, durable = rows
         read_s = min(r.read_s for r in rows)
         tar_read_s = min(r.tar_read_s for r in rows)

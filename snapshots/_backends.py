@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -55,6 +55,14 @@ class Backend(Protocol):
         """Read a whole object; raises ObjectMissing."""
         ...
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Read `length` bytes at `offset` of an object (fewer only past its end); raises ObjectMissing."""
+        ...
+
+    def writer(self, key: str) -> ObjectWriter:
+        """Write a large object piece by piece; it appears, whole, only once committed."""
+        ...
+
     def size(self, key: str) -> int | None:
         """Stored size of an object, or None if it does not exist."""
         ...
@@ -80,6 +88,76 @@ class Backend(Protocol):
         ...
 
 
+class ObjectWriter(Protocol):
+    """An object being written: appended to, then committed (it appears whole) or aborted."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+_WRITEBACK_BYTES = 32 << 20
+"""A durable object being written is synced every this many bytes, by a helper thread, so that
+the sync at its commit finds little left to write: the disk works while the CPUs compress."""
+
+
+class _LocalWriter:
+    """A temporary file beside the object's path, renamed into place on commit."""
+
+    def __init__(self, backend: LocalBackend, key: str) -> None:
+        self._backend, self._key = backend, key
+        self._path = backend._path(key)
+        self._temp = self._path.with_name(f"{TEMP_PREFIX}{self._path.name}.{uuid.uuid4().hex}")
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._file = open(self._temp, "xb")  # noqa: SIM115 - closed by commit or abort
+        except OSError as exc:
+            raise backend._error(key, exc) from None
+        self._unsynced = 0
+        self._syncing: threading.Thread | None = None
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            self.abort()
+            raise self._backend._error(self._key, exc) from None
+        self._unsynced += len(data)
+        if self._backend.durable and self._unsynced >= _WRITEBACK_BYTES and not self._sync_running():
+            self._file.flush()
+            self._unsynced = 0
+            self._syncing = threading.Thread(target=os.fdatasync, args=(self._file.fileno(),), daemon=True)
+            self._syncing.start()
+
+    def _sync_running(self) -> bool:
+        return self._syncing is not None and self._syncing.is_alive()
+
+    def _settle(self) -> None:
+        if self._syncing is not None:
+            self._syncing.join()
+            self._syncing = None
+
+    def commit(self) -> None:
+        try:
+            self._settle()
+            if self._backend.durable:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            self._file.close()
+            os.rename(self._temp, self._path)
+        except OSError as exc:
+            self.abort()
+            raise self._backend._error(self._key, exc) from None
+        self._backend.renamed_in(self._path.parent)
+
+    def abort(self) -> None:
+        self._settle()
+        self._file.close()
+        self._temp.unlink(missing_ok=True)
+
+
 def _check_key(key: str) -> None:
     parts = key.split("/")
     if (
@@ -96,12 +174,13 @@ class LocalBackend:
 
     def __init__(self, root: Path, durable: bool) -> None:
         self._root = root
-        self._durable = durable
+        self.durable = durable
+        self._renamed_in: set[Path] = set()
+        self._renamed_lock = threading.Lock()
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise self._error(None, exc) from None
-        self._libc = ctypes.CDLL(None, use_errno=True)
 
     @property
     def location(self) -> str:
@@ -155,15 +234,16 @@ class LocalBackend:
     def put(self, key: str, blob: bytes) -> None:
         path = self._path(key)
         try:
-            temp = self._write_temp(path, blob, sync=False)
+            temp = self._write_temp(path, blob, sync=self.durable)
             os.rename(temp, path)
         except OSError as exc:
             raise self._error(key, exc) from None
+        self.renamed_in(path.parent)
 
     def put_if_absent(self, key: str, blob: bytes) -> bool:
         path = self._path(key)
         try:
-            temp = self._write_temp(path, blob, sync=self._durable)
+            temp = self._write_temp(path, blob, sync=self.durable)
             try:
                 # link(2), unlike rename(2), fails when the target exists: an atomic create-if-absent.
                 os.link(temp, path)
@@ -171,7 +251,7 @@ class LocalBackend:
                 return False
             finally:
                 temp.unlink(missing_ok=True)
-            if self._durable:
+            if self.durable:
                 self._sync_dir(path.parent)
             return True
         except OSError as exc:
@@ -184,6 +264,23 @@ class LocalBackend:
             raise ObjectMissing(key) from None
         except OSError as exc:
             raise self._error(key, exc) from None
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise ObjectMissing(key) from None
+        except OSError as exc:
+            raise self._error(key, exc) from None
+        try:
+            return os.pread(fd, length, offset)
+        except OSError as exc:
+            raise self._error(key, exc) from None
+        finally:
+            os.close(fd)
+
+    def writer(self, key: str) -> ObjectWriter:
+        return _LocalWriter(self, key)
 
     def size(self, key: str) -> int | None:
         try:
@@ -216,26 +313,30 @@ class LocalBackend:
                 path.unlink(missing_ok=True)
             except OSError as exc:
                 raise self._error(key, exc) from None
-            if not key.startswith("chunks/"):
+            if not key.startswith(("chunks/", "packs/")):
                 parents.add(path.parent)
-        # Per-episode directories would otherwise pile up forever; chunk fan-out dirs stay.
+        # Per-episode directories would otherwise pile up forever; chunk and pack dirs stay.
         for parent in parents:
             if parent != self._root:
                 with contextlib.suppress(OSError):  # Not empty, or already gone.
                     parent.rmdir()
 
+    def renamed_in(self, directory: Path) -> None:
+        """A durable object was renamed into this directory: flush() makes the name durable too."""
+        if self.durable:
+            with self._renamed_lock:
+                self._renamed_in.add(directory)
+
     def flush(self) -> None:
-        if not self._durable:
-            return
-        # One syncfs(2) flushes every chunk written so far with one journal commit, where an
-        # fsync per chunk would pay a commit (and a device cache flush) for each of thousands.
-        fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            if self._libc.syncfs(fd) != 0:
-                err = ctypes.get_errno()
-                raise self._error(None, OSError(err, os.strerror(err)))
-        finally:
-            os.close(fd)
+        # Objects written piece by piece (packs, their indexes) were fsynced as they were
+        # committed; their names are made durable here, one directory fsync for all of them.
+        with self._renamed_lock:
+            directories, self._renamed_in = self._renamed_in, set()
+        for directory in directories:
+            try:
+                self._sync_dir(directory)
+            except OSError as exc:
+                raise self._error(None, exc) from None
 
     def discard_partial(self, older_than_s: float) -> int:
         cutoff = time.time() - older_than_s

@@ -1,4 +1,5 @@
-"""Content-defined chunking (FastCDC) and the stored chunk encoding (sha256-addressed zstd frames)."""
+"""Content-defined chunking (FastCDC) and the stored chunk encoding: zstd frames named by the hash
+of their raw bytes (BLAKE3 for chunks in packs; SHA-256 for the objects of format v1)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import hashlib
 import threading
 from collections.abc import Iterator
 
+import blake3
 import zstandard
 from fastcdc.fastcdc_cy import fastcdc_cy
 
@@ -40,7 +42,7 @@ def describe(settings: ChunkingSettings) -> dict[str, object]:
         "min_size": settings.min_size,
         "avg_size": settings.avg_size,
         "max_size": settings.max_size,
-        "hash": "sha256",
+        "hash": "blake3",
         "compression": f"zstd-{settings.compression_level}",
     }
 
@@ -74,15 +76,15 @@ class ChunkCodec:
         return d
 
     @staticmethod
-    def digest(raw: memoryview | bytes) -> str:
-        """sha256 hex of raw chunk bytes."""
-        return hashlib.sha256(raw).hexdigest()
+    def digest(raw: memoryview | bytes, packed: bool = True) -> str:
+        """The name of a chunk: BLAKE3 hex of its raw bytes, or SHA-256 hex for a v1 object."""
+        return blake3.blake3(raw).hexdigest() if packed else hashlib.sha256(raw).hexdigest()
 
     def encode(self, raw: memoryview | bytes) -> bytes:
         """The stored form of a chunk: one zstd frame that records its content size."""
         return self._compressor().compress(raw)
 
-    def decode(self, blob: bytes, digest: str, length: int) -> bytes:
+    def decode(self, blob: bytes, digest: str, length: int, packed: bool = True) -> bytes:
         """Decompress and verify a stored chunk against its hash and expected raw length."""
         try:
             # A corrupt header could claim any size; refuse before allocating it.
@@ -96,7 +98,7 @@ class ChunkCodec:
             raise ChunkMismatch("undecodable-chunk", f"zstd frame does not decode: {exc}") from None
         if len(raw) != length:
             raise ChunkMismatch("length-mismatch", f"decodes to {len(raw)} bytes, manifest says {length}")
-        actual = hashlib.sha256(raw).hexdigest()
+        actual = self.digest(raw, packed)
         if actual != digest:
             raise ChunkMismatch("hash-mismatch", f"content hashes to {actual}")
         return raw

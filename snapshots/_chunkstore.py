@@ -15,11 +15,17 @@ from typing import TypeVar
 from ._backends import Backend, ObjectMissing
 from ._chunking import ChunkCodec, ChunkMismatch, chunk_key, cut_points
 from ._errors import InvalidCheckpoint, SnapshotCorrupt
+from ._layout import pack_key
 from ._manifest import ChunkRef, Entry
+from ._packs import Located, PackIndex, PackWriter
 from ._settings import ChunkingSettings
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+_BATCH_BYTES = 1 << 20
+"""Chunks go to the pool a megabyte at a time: a task per 64 KiB chunk spends more on handing
+work between threads than a 2-core node can spare."""
 
 
 @dataclass(frozen=True)
@@ -75,11 +81,11 @@ class _MappedFile:
 
 
 class _Uploads:
-    """Per-put bookkeeping of which chunks were seen, their stored sizes and which were new."""
+    """Per-put bookkeeping of which chunks were seen, where they lie and which were new."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.stored: dict[str, int] = {}
+        self.located: dict[str, Located] = {}
         self.new: set[str] = set()
         self.claimed: set[str] = set()
 
@@ -87,9 +93,13 @@ class _Uploads:
 class ChunkStore:
     """Chunk-level operations over a backend, with a small thread pool doing hashing, zstd and I/O."""
 
-    def __init__(self, backend: Backend, chunking: ChunkingSettings, io_threads: int) -> None:
+    def __init__(
+        self, backend: Backend, chunking: ChunkingSettings, io_threads: int, pack_bytes: int
+    ) -> None:
         self._backend = backend
         self._chunking = chunking
+        self._packs = PackIndex(backend)
+        self._pack_bytes = pack_bytes
         self._codec = ChunkCodec(chunking.compression_level)
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="stasis-chunks")
         # Enough work queued to keep every thread busy while the producer cuts the next chunks,
@@ -128,12 +138,15 @@ class ChunkStore:
     def store_files(
         self, files: Sequence[tuple[Path, int]]
     ) -> tuple[list[tuple[ChunkRef, ...]], UploadTally]:
-        """Chunk, deduplicate and upload each (path, size); returns chunk lists in the same order."""
+        """Chunk, deduplicate and pack each (path, size); returns chunk lists in the same order.
+        Call under the store lock: chunks are reused only from packs no GC can remove meanwhile."""
+        self._packs.refresh()
         uploads = _Uploads()
+        packs = PackWriter(self._backend, self._packs, self._pack_bytes)
         cuts: list[list[tuple[int, int]]] = [[] for _ in files]
         mapped: list[_MappedFile] = []
 
-        def work() -> Generator[tuple[_MappedFile, int, int]]:
+        def work() -> Generator[tuple[_MappedFile, list[tuple[int, int]]]]:
             for index, (path, size) in enumerate(files):
                 if size == 0:
                     continue
@@ -143,25 +156,36 @@ class ChunkStore:
                     raise InvalidCheckpoint(str(path), f"cannot read: {exc.strerror or exc}") from None
                 mapped.append(mf)
                 try:
+                    batch: list[tuple[int, int]] = []
                     for offset, length in cut_points(mf.view, self._chunking):
                         cuts[index].append((offset, length))
+                        batch.append((offset, length))
+                        if offset + length - batch[0][0] >= _BATCH_BYTES:
+                            mf.retain()
+                            yield mf, batch
+                            batch = []
+                    if batch:
                         mf.retain()
-                        yield mf, offset, length
+                        yield mf, batch
                 finally:
                     mf.release()
 
-        def upload(item: tuple[_MappedFile, int, int]) -> str:
-            mf, offset, length = item
-            piece = mf.view[offset : offset + length]
+        def upload(item: tuple[_MappedFile, list[tuple[int, int]]]) -> list[str]:
+            mf, batch = item
             try:
-                return self._upload_chunk(piece, uploads)
+                return [
+                    self._upload_chunk(mf.view, offset, length, uploads, packs) for offset, length in batch
+                ]
             finally:
-                piece.release()
                 mf.release()
 
         producer = work()
         try:
-            digests = iter(self._windowed(upload, producer))
+            digests = iter([d for batch in self._windowed(upload, producer) for d in batch])
+            packs.finish()
+        except BaseException:
+            packs.abort()
+            raise
         finally:
             producer.close()
             # After a failure, cancelled tasks never drop their references; every task has ended.
@@ -169,34 +193,36 @@ class ChunkStore:
                 mf.close()
         chunk_lists = [
             tuple(
-                ChunkRef(d, length, uploads.stored[d])
+                _ref(d, length, uploads.located[d])
                 for (_offset, length), d in zip(file_cuts, digests, strict=False)
             )
             for file_cuts in cuts
         ]
         tally = UploadTally(
-            stored_bytes=sum(uploads.stored.values()),
-            new_bytes=sum(uploads.stored[d] for d in uploads.new),
-            unique_chunks=len(uploads.stored),
+            stored_bytes=sum(at.stored_length for at in uploads.located.values()),
+            new_bytes=sum(uploads.located[d].stored_length for d in uploads.new),
+            unique_chunks=len(uploads.located),
             new_chunks=len(uploads.new),
         )
         return chunk_lists, tally
 
-    def _upload_chunk(self, piece: memoryview, uploads: _Uploads) -> str:
-        digest = self._codec.digest(piece)
+    def _upload_chunk(
+        self, view: memoryview, offset: int, length: int, uploads: _Uploads, packs: PackWriter
+    ) -> str:
+        with view[offset : offset + length] as piece:
+            digest = self._codec.digest(piece)
+            with uploads.lock:
+                if digest in uploads.claimed:
+                    return digest  # Another task of this put owns it (zero pages repeat a lot).
+                uploads.claimed.add(digest)
+            at = self._packs.find(digest)
+            blob = None if at is not None else self._codec.encode(piece)
+        new = at is None
+        if blob is not None:
+            at = packs.append(digest, length, blob)
+        assert at is not None
         with uploads.lock:
-            if digest in uploads.claimed:
-                return digest  # Another task of this put owns it (zero pages repeat a lot).
-            uploads.claimed.add(digest)
-        key = chunk_key(digest)
-        stored = self._backend.size(key)
-        new = stored is None
-        if stored is None:
-            blob = self._codec.encode(piece)
-            self._backend.put(key, blob)
-            stored = len(blob)
-        with uploads.lock:
-            uploads.stored[digest] = stored
+            uploads.located[digest] = at
             if new:
                 uploads.new.add(digest)
         return digest
@@ -206,51 +232,104 @@ class ChunkStore:
     def read_chunk(self, ref: ChunkRef) -> bytes:
         """Fetch and verify one chunk; raises ChunkMismatch (kind missing-chunk when absent)."""
         try:
-            blob = self._backend.get(chunk_key(ref.hash))
+            if ref.pack:
+                blob = self._backend.get_range(pack_key(ref.pack), ref.offset, ref.stored_length)
+            else:
+                blob = self._backend.get(chunk_key(ref.hash))
         except ObjectMissing:
-            raise ChunkMismatch("missing-chunk", "chunk object is missing from the store") from None
-        return self._codec.decode(blob, ref.hash, ref.length)
+            where = f"pack {ref.pack}" if ref.pack else "chunk object"
+            raise ChunkMismatch("missing-chunk", f"{where} is missing from the store") from None
+        if ref.pack and len(blob) != ref.stored_length:
+            raise ChunkMismatch(
+                "missing-chunk",
+                f"pack {ref.pack} ends {ref.stored_length - len(blob)} bytes short of the chunk",
+            )
+        return self._codec.decode(blob, ref.hash, ref.length, packed=bool(ref.pack))
+
+    def _read_run(self, refs: Sequence[ChunkRef]) -> list[bytes | ChunkMismatch]:
+        """Read chunks that lie one after another in one pack with one request, and verify each."""
+        first = refs[0]
+        if len(refs) == 1 or not first.pack:
+            return [self._read_or_mismatch(r) for r in refs]
+        span = refs[-1].offset + refs[-1].stored_length - first.offset
+        try:
+            data = self._backend.get_range(pack_key(first.pack), first.offset, span)
+        except ObjectMissing:
+            return [ChunkMismatch("missing-chunk", f"pack {first.pack} is missing from the store")] * len(
+                refs
+            )
+        out: list[bytes | ChunkMismatch] = []
+        for ref in refs:
+            at = ref.offset - first.offset
+            blob = data[at : at + ref.stored_length]
+            if len(blob) != ref.stored_length:
+                out.append(ChunkMismatch("missing-chunk", f"pack {ref.pack} ends short of the chunk"))
+                continue
+            try:
+                out.append(self._codec.decode(blob, ref.hash, ref.length, packed=True))
+            except ChunkMismatch as exc:
+                out.append(exc)
+        return out
+
+    def _read_or_mismatch(self, ref: ChunkRef) -> bytes | ChunkMismatch:
+        try:
+            return self.read_chunk(ref)
+        except ChunkMismatch as exc:
+            return exc
 
     def restore_files(self, snapshot_id: str, targets: Sequence[tuple[Entry, Path]]) -> None:
-        """Write each entry's content into its (already created, sized) target file, verifying every chunk."""
+        """Write each entry's content into its (already created, sized) target file, verifying every
+        chunk. Chunks go a megabyte at a time, read in one request where they lie together."""
 
-        def work() -> Iterable[tuple[Entry, Path, ChunkRef, int]]:
+        def work() -> Iterable[tuple[Entry, Path, int, list[ChunkRef]]]:
             for entry, path in targets:
-                offset = 0
+                offset, start = 0, 0
+                run: list[ChunkRef] = []
                 for ref in entry.chunks:
-                    yield entry, path, ref, offset
+                    adjacent = (
+                        run
+                        and ref.pack == run[-1].pack
+                        and ref.offset == run[-1].offset + run[-1].stored_length
+                    )
+                    if run and (not adjacent or offset - start >= _BATCH_BYTES):
+                        yield entry, path, start, run
+                        start, run = offset, []
+                    run.append(ref)
                     offset += ref.length
+                if run:
+                    yield entry, path, start, run
 
-        def restore(item: tuple[Entry, Path, ChunkRef, int]) -> None:
-            entry, path, ref, offset = item
-            try:
-                raw = self.read_chunk(ref)
-            except ChunkMismatch as exc:
-                raise SnapshotCorrupt(
-                    snapshot_id, entry.path, ref.hash, f"{exc.kind}: {exc.detail}"
-                ) from None
+        def restore(item: tuple[Entry, Path, int, list[ChunkRef]]) -> None:
+            entry, path, offset, run = item
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
-                view = memoryview(raw)
-                while view:
-                    written = os.pwrite(fd, view, offset)
-                    view = view[written:]
-                    offset += written
+                for ref, raw in zip(run, self._read_run(run), strict=True):
+                    if isinstance(raw, ChunkMismatch):
+                        raise SnapshotCorrupt(snapshot_id, entry.path, ref.hash, f"{raw.kind}: {raw.detail}")
+                    view = memoryview(raw)
+                    while view:
+                        written = os.pwrite(fd, view, offset)
+                        view = view[written:]
+                        offset += written
             finally:
                 os.close(fd)
 
         self._windowed(restore, work())
 
-    def check(self, refs: Iterable[ChunkRef]) -> dict[tuple[str, int], ChunkMismatch | None]:
-        """Read and verify each distinct (hash, length); None marks a good chunk."""
-        distinct = list(dict.fromkeys((r.hash, r.length, r.stored_length) for r in refs))
+    def check(self, refs: Iterable[ChunkRef]) -> dict[ChunkRef, ChunkMismatch | None]:
+        """Read and verify each distinct chunk (a copy in another pack is another chunk); None
+        marks a good one."""
+        distinct = list(dict.fromkeys(refs))
 
-        def probe(item: tuple[str, int, int]) -> ChunkMismatch | None:
+        def probe(ref: ChunkRef) -> ChunkMismatch | None:
             try:
-                self.read_chunk(ChunkRef(*item))
+                self.read_chunk(ref)
             except ChunkMismatch as exc:
                 return exc
             return None
 
-        results = self._windowed(probe, distinct)
-        return {(h, n): result for (h, n, _z), result in zip(distinct, results, strict=True)}
+        return dict(zip(distinct, self._windowed(probe, distinct), strict=True))
+
+
+def _ref(digest: str, length: int, at: Located) -> ChunkRef:
+    return ChunkRef(digest, length, at.stored_length, at.pack, at.offset)

@@ -27,7 +27,7 @@ class SnapshotCorrupt(SnapshotError):
     """Stored snapshot content does not match its manifest.
 
     ``path`` is the file inside the snapshot (``None`` when the manifest itself
-    is unreadable) and ``chunk`` the sha256 of the chunk that failed.
+    is unreadable) and ``chunk`` the hash of the chunk that failed.
     """
 
     def __init__(self, snapshot_id: str, path: str | None, chunk: str | None, detail: str) -> None:

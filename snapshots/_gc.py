@@ -6,20 +6,24 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._backends import Backend
+from ._backends import Backend, ObjectMissing
 from ._chunking import CHUNK_PREFIX, digest_of_key
 from ._chunkstore import ChunkStore
 from ._errors import InvalidSettings, SnapshotCorrupt
 from ._layout import (
     EPISODE_PREFIX,
     MANIFEST_PREFIX,
+    PACK_PREFIX,
     episode_key,
     manifest_id,
     manifest_key,
+    pack_index_key,
     split_episode_key,
+    split_pack_key,
 )
 from ._locks import StoreLock, remove_stale
 from ._manifest import Manifest
+from ._packs import decode_index
 from ._settings import LockSettings
 
 _SWEEP_BATCH = 1000
@@ -106,6 +110,8 @@ def run(
     # Mark from every manifest, listed now, not only those reached through markers.
     manifest_ids = [found for key in backend.list(MANIFEST_PREFIX) if (found := manifest_id(key))]
     live: set[str] = set()
+    live_packs: set[str] = set()
+    live_objects: set[str] = set()
     unreadable: list[str] = []
     kept = 0
     for sid, manifest in zip(manifest_ids, chunks.map(load_quietly, manifest_ids), strict=True):
@@ -114,24 +120,43 @@ def run(
                 unreadable.append(sid)
             continue
         kept += 1
-        live.update(ref.hash for entry in manifest.files() for ref in entry.chunks)
+        for entry in manifest.files():
+            for ref in entry.chunks:
+                live.add(ref.hash)
+                if ref.pack:
+                    live_packs.add(ref.pack)
+                else:
+                    live_objects.add(ref.hash)
 
     deleted = 0
     freed = 0
     swept = not unreadable
     if swept:
+        # A pack goes once no snapshot refers to any chunk in it; its index goes first, so no
+        # later put can pick a chunk of it for reuse.
+        dead_packs: dict[str, list[str]] = defaultdict(list)
+        for key in backend.list(PACK_PREFIX):
+            if (parsed := split_pack_key(key)) is not None and parsed[0] not in live_packs:
+                dead_packs[parsed[0]].append(key)
         garbage = [
             key
             for key in backend.list(CHUNK_PREFIX)
-            if (d := digest_of_key(key)) is not None and d not in live
+            if (d := digest_of_key(key)) is not None and d not in live_objects
+        ] + [
+            key for keys in dead_packs.values() for key in sorted(keys, key=lambda k: not k.endswith(".idx"))
         ]
+        deleted = len(garbage) - sum(len(keys) for keys in dead_packs.values())
+        deleted += sum(chunks.map(_chunks_in, [(backend, pack) for pack in dead_packs]))
         for start in range(0, len(garbage), _SWEEP_BATCH):
             batch = garbage[start : start + _SWEEP_BATCH]
-            freed += sum(size or 0 for size in chunks.map(backend.size, batch))
+            freed += sum(
+                size or 0
+                for key, size in zip(batch, chunks.map(backend.size, batch), strict=True)
+                if not key.endswith(".idx")
+            )
             # Re-checked before every batch: if our lock went stale a writer may be live again.
             lock.ensure_held()
             backend.delete(batch)
-            deleted += len(batch)
     partial = backend.discard_partial(locks.stale_after_s)
     return GcReport(
         deleted_snapshots=tuple(sorted(sid for _e, sid in doomed)),
@@ -145,3 +170,12 @@ def run(
         swept=swept,
         unreadable=tuple(sorted(unreadable)),
     )
+
+
+def _chunks_in(item: tuple[Backend, str]) -> int:
+    """How many chunks a pack holds, by its index (0 if that is gone or unreadable)."""
+    backend, pack_id = item
+    try:
+        return len(decode_index(pack_id, backend.get(pack_index_key(pack_id))))
+    except (ObjectMissing, ValueError, TypeError, KeyError):
+        return 0

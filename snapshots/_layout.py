@@ -4,6 +4,7 @@ from __future__ import annotations
 
 MANIFEST_PREFIX = "snapshots/"
 EPISODE_PREFIX = "episodes/"
+PACK_PREFIX = "packs/"
 
 
 def manifest_key(snapshot_id: str) -> str:
@@ -29,3 +30,21 @@ def split_episode_key(key: str) -> tuple[str, str] | None:
     if len(parts) == 3 and parts[0] + "/" == EPISODE_PREFIX and parts[1] and parts[2]:
         return parts[1], parts[2]
     return None
+
+
+def pack_key(pack_id: str) -> str:
+    """Key of a pack: stored chunks, one after another."""
+    return f"{PACK_PREFIX}{pack_id}.pack"
+
+
+def pack_index_key(pack_id: str) -> str:
+    """Key of a pack's index: which chunk lies where in it; written after the pack."""
+    return f"{PACK_PREFIX}{pack_id}.idx"
+
+
+def split_pack_key(key: str) -> tuple[str, str] | None:
+    """(pack id, "pack" or "idx") of a pack or index key, or None for any other key."""
+    if not key.startswith(PACK_PREFIX) or key.count("/") != 1:
+        return None
+    pack_id, _, kind = key[len(PACK_PREFIX) :].rpartition(".")
+    return (pack_id, kind) if pack_id and kind in ("pack", "idx") else None

@@ -13,7 +13,9 @@ from typing import Any
 
 from ._errors import InvalidSnapshotMeta, SnapshotCorrupt
 
-FORMAT = "stasis.snapshot/v1"
+FORMAT = "stasis.snapshot/v2"
+"""Written by this store. v2 adds where each chunk lies in a pack; v1 (one object per chunk) is read too."""
+READABLE = frozenset({"stasis.snapshot/v1", FORMAT})
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
@@ -23,6 +25,7 @@ _SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _BACKEND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _CRIU_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)*(?:[-+~][A-Za-z0-9.+~-]+)?")
 _CHUNK_HASH = re.compile(r"[0-9a-f]{64}")
+PACK_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class Reason(enum.StrEnum):
@@ -65,11 +68,15 @@ class SnapshotMeta:
 
 @dataclass(frozen=True)
 class ChunkRef:
-    """One chunk of a file: sha256 of the raw bytes, raw length and stored (compressed) length."""
+    """One chunk of a file: the hash of its raw bytes, raw length and stored (compressed) length,
+    and where it lies: at `offset` in pack `pack` (hash BLAKE3), or, in snapshots of format v1, in
+    an object of its own (hash SHA-256)."""
 
     hash: str
     length: int
     stored_length: int
+    pack: str = ""
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,12 @@ def encode(manifest: Manifest) -> bytes:
         item: dict[str, Any] = {"path": e.path, "type": e.kind.value, "mode": e.mode}
         if e.kind is EntryKind.FILE:
             item["size"] = e.size
-            item["chunks"] = [[c.hash, c.length, c.stored_length] for c in e.chunks]
+            item["chunks"] = [
+                [c.hash, c.length, c.stored_length, c.pack, c.offset]
+                if c.pack
+                else [c.hash, c.length, c.stored_length]
+                for c in e.chunks
+            ]
         elif e.kind is EntryKind.SYMLINK:
             item["target"] = e.target
         entries.append(item)
@@ -248,8 +260,8 @@ def decode(raw: bytes, snapshot_id: str) -> Manifest:
         raise bad(f"not JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise bad("not a JSON object")
-    if doc.get("format") != FORMAT:
-        raise bad(f"format {doc.get('format')!r}, this reader understands {FORMAT!r}")
+    if not isinstance(doc.get("format"), str) or doc["format"] not in READABLE:
+        raise bad(f"format {doc.get('format')!r}, this reader understands {sorted(READABLE)}")
     try:
         if doc["snapshot_id"] != snapshot_id:
             raise bad(f"records snapshot id {doc['snapshot_id']!r}")
@@ -308,10 +320,7 @@ def _decode_entry(item: dict[str, Any]) -> Entry:
     if not 0 <= mode <= 0o7777:
         raise ValueError(f"{path}: mode {mode:o} out of range")
     if kind is EntryKind.FILE:
-        chunks = tuple(ChunkRef(str(h), int(n), int(z)) for h, n, z in item["chunks"])
-        for c in chunks:
-            if not _CHUNK_HASH.fullmatch(c.hash) or c.length <= 0 or c.stored_length <= 0:
-                raise ValueError(f"{path}: bad chunk reference {c}")
+        chunks = tuple(_decode_chunk(path, c) for c in item["chunks"])
         size = int(item["size"])
         if sum(c.length for c in chunks) != size:
             raise ValueError(f"{path}: chunk lengths do not add up to size {size}")
@@ -322,3 +331,16 @@ def _decode_entry(item: dict[str, Any]) -> Entry:
             raise ValueError(f"{path}: symlink without target")
         return Entry(path, kind, mode, target=target)
     return Entry(path, kind, mode)
+
+
+def _decode_chunk(path: str, item: Any) -> ChunkRef:
+    if not isinstance(item, list) or len(item) not in (3, 5):
+        raise ValueError(f"{path}: bad chunk reference {item!r}")
+    ref = ChunkRef(
+        str(item[0]), int(item[1]), int(item[2]), *((str(item[3]), int(item[4])) if len(item) == 5 else ())
+    )
+    if not _CHUNK_HASH.fullmatch(ref.hash) or ref.length <= 0 or ref.stored_length <= 0:
+        raise ValueError(f"{path}: bad chunk reference {item!r}")
+    if len(item) == 5 and (not PACK_ID.fullmatch(ref.pack) or ref.offset < 0):
+        raise ValueError(f"{path}: bad chunk location {item!r}")
+    return ref

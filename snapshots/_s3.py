@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import boto3
+import boto3.s3.transfer
 import botocore.config
 import botocore.exceptions
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
@@ -82,6 +84,11 @@ class S3Backend:
         self._client: Any = boto3.session.Session().client(
             "s3", endpoint_url=endpoint, region_name=region or "us-east-1", config=config
         )
+        self._transfer = boto3.s3.transfer.TransferConfig(
+            multipart_threshold=64 << 20,
+            multipart_chunksize=16 << 20,
+            max_concurrency=settings.threads_for(remote=True),
+        )
         retry = settings.retry
         self._retrying = Retrying(
             stop=stop_after_attempt(retry.attempts),
@@ -143,6 +150,26 @@ class S3Backend:
 
         return self._call(key, attempt)
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        def attempt() -> bytes:
+            span = f"bytes={offset}-{offset + length - 1}"
+            body: bytes = self._client.get_object(Bucket=self._bucket, Key=self._prefix + key, Range=span)[
+                "Body"
+            ].read()
+            return body
+
+        return self._call(key, attempt)
+
+    def writer(self, key: str) -> _S3Writer:
+        return _S3Writer(self, key)
+
+    def _upload(self, key: str, path: str) -> None:
+        """One object from a local file, in parallel multipart pieces for a large one."""
+        self._call(
+            key,
+            lambda: self._client.upload_file(path, self._bucket, self._prefix + key, Config=self._transfer),
+        )
+
     def _head(self, key: str) -> dict[str, Any] | None:
         try:
             head: dict[str, Any] = self._call(
@@ -196,3 +223,25 @@ class S3Backend:
 
     def close(self) -> None:
         self._client.close()
+
+
+class _S3Writer:
+    """A local spool file, uploaded as one object on commit (in parallel parts when large): an
+    object in S3 appears whole or not at all."""
+
+    def __init__(self, backend: S3Backend, key: str) -> None:
+        self._backend, self._key = backend, key
+        self._spool = tempfile.NamedTemporaryFile(prefix="stasis-pack-")  # noqa: SIM115 - closed below
+
+    def write(self, data: bytes) -> None:
+        self._spool.write(data)
+
+    def commit(self) -> None:
+        try:
+            self._spool.flush()
+            self._backend._upload(self._key, self._spool.name)
+        finally:
+            self._spool.close()
+
+    def abort(self) -> None:
+        self._spool.close()

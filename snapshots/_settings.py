@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ._errors import InvalidSettings
@@ -108,15 +109,20 @@ class StoreSettings:
     """Lock timing for the GC protocol."""
 
     io_threads: int | None = None
-    """Worker threads for hashing, compressing and moving chunks; None picks by backend:
-    4 for a local directory, where the work is CPU (sha256, zstd and inode creation all
-    release the GIL, and the nodes have 2 cores), and 16 for S3, where each request
-    waits ~10 ms on the network and 16 in flight keep a 64 KiB-chunk upload streaming."""
+    """Worker threads for hashing, compressing and moving chunks; None picks by backend: one
+    per core for a local directory, where the work is CPU (sha256 and zstd release the GIL;
+    more threads than cores only contend for it), and 16 for S3, where each range read
+    waits ~10 ms on the network and 16 in flight keep a restore streaming."""
+
+    pack_bytes: int = 256 * MiB
+    """Chunks are written into packs of about this many stored bytes (the last one of a put is
+    smaller): one object per few hundred megabytes, where one per chunk would cost a file or a
+    PUT per 64 KiB. GC removes a pack once no snapshot refers to any chunk in it."""
 
     durable: bool = True
-    """Local backend: make chunk data durable (one syncfs of the store's
-    filesystem) before publishing a manifest, and fsync the manifest. Turn off
-    only for throwaway stores; S3 PUTs are durable when acknowledged."""
+    """Local backend: fsync every object as it is committed (a pack, its index, a marker) and
+    their directories before publishing a manifest, then the manifest itself. Turn off only
+    for throwaway stores; S3 PUTs are durable when acknowledged."""
 
     s3_timeout_s: float = 30.0
     """Connect and read timeout of one S3 request in seconds; a hung request
@@ -126,8 +132,10 @@ class StoreSettings:
         """io_threads, or the backend's default when unset."""
         if self.io_threads is not None:
             return self.io_threads
-        return 16 if remote else 4
+        return 16 if remote else max(2, os.cpu_count() or 2)
 
     def __post_init__(self) -> None:
         if self.io_threads is not None and self.io_threads < 1:
             raise InvalidSettings("io_threads", "must be at least 1")
+        if self.pack_bytes < 1 * MiB:
+            raise InvalidSettings("pack_bytes", "must be at least 1 MiB")

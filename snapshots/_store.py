@@ -88,7 +88,7 @@ class SnapshotStore:
         self._settings = settings
         self._backend: Backend = open_backend(settings)
         threads = settings.threads_for(remote=self._backend.remote)
-        self._chunks = ChunkStore(self._backend, settings.chunking, threads)
+        self._chunks = ChunkStore(self._backend, settings.chunking, threads, settings.pack_bytes)
 
     @classmethod
     def open(cls, store: str | StoreSettings) -> SnapshotStore:

@@ -64,7 +64,7 @@ def run(
     for m in manifests:
         for entry in m.files():
             for ref in entry.chunks:
-                bad = results[(ref.hash, ref.length)]
+                bad = results[ref]
                 if bad is not None:
                     problems.append(Problem(bad.kind, m.snapshot_id, entry.path, ref.hash, bad.detail))
     return VerifyReport(tuple(checked), len(results), tuple(problems))

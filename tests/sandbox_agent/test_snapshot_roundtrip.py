@@ -14,6 +14,7 @@ from snapshots import SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
 from tests.s3server import MotoServer
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
+from tests.snapshots.conftest import damage
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -68,10 +69,11 @@ def test_corrupt_chunk_fails_the_restore(make_node: NodeFactory, tmp_path: Path)
     a.create("c1", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "4")))
     wait_for_log(a, "c1", lambda t: "sha " in t)
     a.checkpoint_to_store("c1", SnapshotTarget("c-s1", "c", 1, "manual"), leave_running=True)
-    chunk = max((tmp_path / "store").rglob("chunks/*/*"), key=lambda p: p.stat().st_size)
-    data = bytearray(chunk.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    chunk.write_bytes(bytes(data))
+    with SnapshotStore.open(url) as store:
+        biggest = max(
+            (r for e in store.manifest("c-s1").files() for r in e.chunks), key=lambda r: r.stored_length
+        )
+    damage(tmp_path / "store", biggest)
     with pytest.raises(SnapshotCorrupt, match="c-s1"):
         b.restore_from_store("c1", "c-s1")
     assert b.list() == []

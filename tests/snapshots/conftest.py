@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shutil
 import tempfile
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from snapshots import LockSettings, RetrySettings, SnapshotMeta, SnapshotStore, StoreSettings
+from snapshots import ChunkRef, LockSettings, RetrySettings, SnapshotMeta, SnapshotStore, StoreSettings
 from tests.s3server import MotoServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,3 +109,32 @@ def s3_store(moto_server: MotoServer, request: pytest.FixtureRequest) -> Iterato
     moto_server.create_bucket(bucket)
     with SnapshotStore(fast_settings(f"s3://{bucket}/snaps?endpoint={moto_server.endpoint}")) as store:
         yield store
+
+
+def stored_chunks(store_dir: Path) -> set[tuple[str, str]]:
+    """(pack, hash) of every chunk the store holds: in packs by their indexes, and ("", hash) of
+    objects of their own (snapshots of format v1)."""
+    held = {
+        (p.name.removesuffix(".idx"), row[0])
+        for p in (store_dir / "packs").glob("*.idx")
+        for row in json.loads(p.read_bytes())["chunks"]
+    }
+    return held | {
+        ("", p.name)
+        for p in (store_dir / "chunks").rglob("*")
+        if p.is_file() and not p.name.startswith(".tmp.")
+    }
+
+
+def damage(store_dir: Path, ref: ChunkRef, replacement: bytes | None = None) -> None:
+    """Flip a byte in the middle of a stored chunk, or write `replacement` (of its stored length) over it."""
+    with open(store_dir / "packs" / f"{ref.pack}.pack", "r+b") as f:
+        f.seek(ref.offset)
+        blob = bytearray(f.read(ref.stored_length))
+        if replacement is None:
+            blob[len(blob) // 2] ^= 0x01
+        else:
+            assert len(replacement) == ref.stored_length
+            blob = bytearray(replacement)
+        f.seek(ref.offset)
+        f.write(bytes(blob))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from snapshots import RetentionPolicy, SnapshotStore, StoreLocked
-from tests.snapshots.conftest import fast_settings, make_meta
+from tests.snapshots.conftest import fast_settings, make_meta, stored_chunks
 
 KiB = 1024
 
@@ -21,12 +21,6 @@ def write_memory(tree: Path, content: bytes) -> Path:
     (tree / "criu" / "pages-1.img").write_bytes(content)
     (tree / "checkpoint.json").write_text("{}")
     return tree
-
-
-def chunk_files(store_dir: Path) -> set[str]:
-    return {
-        p.name for p in (store_dir / "chunks").rglob("*") if p.is_file() and not p.name.startswith(".tmp.")
-    }
 
 
 @pytest.mark.timeout(60)
@@ -40,7 +34,7 @@ def test_retention_keeps_last_n_and_drops_ended_episodes(local_store: SnapshotSt
                 tree, make_meta(f"{episode}-{seq}", episode_id=episode, seq=seq, parent_id=parent)
             )
             parent = f"{episode}-{seq}"
-    before = chunk_files(scratch / "store")
+    before = stored_chunks(scratch / "store")
 
     report = local_store.gc(RetentionPolicy(keep_last=2), ended_episodes={"ep-done"})
 
@@ -52,9 +46,13 @@ def test_retention_keeps_last_n_and_drops_ended_episodes(local_store: SnapshotSt
         f"ep-done-{i}" for i in range(1, 5)
     }
     assert report.kept_snapshots == 4 and report.swept
-    after = chunk_files(scratch / "store")
+    after = stored_chunks(scratch / "store")
     assert report.deleted_chunks == len(before - after) > 0 and report.freed_bytes > 0
-    assert len(after) == report.live_chunks
+    live = {(r.pack, r.hash) for h in local_store.history("ep-a") + local_store.history("ep-b")
+            for e in local_store.manifest(h.snapshot_id).files() for r in e.chunks}  # fmt: skip
+    assert len({h for _p, h in live}) == report.live_chunks and live <= after
+    # What stays besides: chunks of deleted snapshots in packs a kept snapshot still refers to.
+    assert {p for p, _h in after} == {p for p, _h in live}
     verify = local_store.verify()
     assert verify.ok and len(verify.snapshots_checked) == 4
     # Shared chunks survived through the snapshots that still reference them.

@@ -73,8 +73,8 @@ def test_s3_gc_and_corruption_detection(moto_server: MotoServer, scratch: Path) 
     url = f"s3://gc-test/p?endpoint={moto_server.endpoint}"
     client = boto3.client("s3", endpoint_url=moto_server.endpoint, region_name="us-east-1")
 
-    def chunk_keys() -> set[str]:
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket="gc-test", Prefix="p/chunks/")
+    def pack_keys() -> set[str]:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket="gc-test", Prefix="p/packs/")
         return {o["Key"] for page in pages for o in page.get("Contents", ())}
 
     try:
@@ -90,13 +90,17 @@ def test_s3_gc_and_corruption_detection(moto_server: MotoServer, scratch: Path) 
             report = store.gc(RetentionPolicy(keep_last=1), ended_episodes={"ended"})
             assert sorted(report.deleted_snapshots) == ["ended-1", "ended-2", "ended-3", "live-1", "live-2"]
             assert report.deleted_chunks > 0
-            assert len(chunk_keys()) == report.live_chunks
+            live = {r.pack for e in store.manifest("live-3").files() for r in e.chunks}
+            assert pack_keys() == {f"p/packs/{p}.{kind}" for p in live for kind in ("pack", "idx")}
             assert [h.snapshot_id for h in store.history("live")] == ["live-3"]
             assert store.verify().ok
 
             victim = store.manifest("live-3").files()[-1]
-            key = f"p/chunks/{victim.chunks[0].hash[:2]}/{victim.chunks[0].hash}"
-            client.put_object(Bucket="gc-test", Key=key, Body=b"not a zstd frame")
+            ref = victim.chunks[0]
+            key = f"p/packs/{ref.pack}.pack"
+            blob = bytearray(client.get_object(Bucket="gc-test", Key=key)["Body"].read())
+            blob[ref.offset : ref.offset + ref.stored_length] = b"x" * ref.stored_length  # not a zstd frame
+            client.put_object(Bucket="gc-test", Key=key, Body=bytes(blob))
             problems = store.verify().problems
             assert [(p.snapshot_id, p.path, p.chunk) for p in problems] == [
                 ("live-3", victim.path, victim.chunks[0].hash)

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
+import blake3
 import pytest
+import zstandard
 
 from snapshots import (
     FORMAT,
     InvalidCheckpoint,
     InvalidSnapshotMeta,
     Reason,
+    RetentionPolicy,
     SnapshotExists,
     SnapshotNotFound,
     SnapshotStore,
@@ -166,6 +171,41 @@ def test_manifest_is_versioned_json(local_store: SnapshotStore, scratch: Path) -
     }
     assert by_path["pages-link"]["target"] == "criu/pages-1.img"
     pages = by_path["criu/pages-1.img"]
-    assert sum(length for _h, length, _z in pages["chunks"]) == pages["size"] == 300_000
-    for digest, _length, _stored in pages["chunks"]:
-        assert (scratch / "store" / "chunks" / digest[:2] / digest).is_file()
+    assert sum(length for _h, length, _z, _pack, _at in pages["chunks"]) == pages["size"] == 300_000
+    for digest, length, stored, pack, offset in pages["chunks"]:
+        with open(scratch / "store" / "packs" / f"{pack}.pack", "rb") as f:
+            f.seek(offset)
+            raw = zstandard.ZstdDecompressor().decompress(f.read(stored))
+        assert len(raw) == length and blake3.blake3(raw).hexdigest() == digest
+
+
+@pytest.mark.timeout(30)
+def test_snapshots_of_format_v1_still_read(local_store: SnapshotStore, scratch: Path) -> None:
+    """One object per chunk, as this store wrote before packs: fetched, verified, and collected."""
+    tree = make_tree(scratch / "tree")
+    local_store.put(tree, make_meta("snap-1"))
+    store_dir = scratch / "store"
+    doc = json.loads((store_dir / "snapshots" / "snap-1.json").read_bytes())
+    doc["format"] = "stasis.snapshot/v1"
+    for entry in doc["entries"]:
+        chunks = []
+        for _digest, length, stored, pack, offset in entry.get("chunks", []):
+            with open(store_dir / "packs" / f"{pack}.pack", "rb") as f:
+                f.seek(offset)
+                blob = f.read(stored)
+            named = hashlib.sha256(zstandard.ZstdDecompressor().decompress(blob)).hexdigest()  # v1: SHA-256
+            (store_dir / "chunks" / named[:2]).mkdir(parents=True, exist_ok=True)
+            (store_dir / "chunks" / named[:2] / named).write_bytes(blob)
+            chunks.append([named, length, stored])
+        if "chunks" in entry:
+            entry["chunks"] = chunks
+    (store_dir / "snapshots" / "snap-1.json").write_text(json.dumps(doc))
+    shutil.rmtree(store_dir / "packs")
+    assert local_store.verify().ok
+    local_store.fetch("snap-1", scratch / "out")
+    assert (scratch / "out" / "criu" / "pages-1.img").read_bytes() == (
+        tree / "criu" / "pages-1.img"
+    ).read_bytes()
+    local_store.delete("snap-1")
+    local_store.gc(RetentionPolicy(keep_last=1))
+    assert not [p for p in (store_dir / "chunks").rglob("*") if p.is_file()]

@@ -1,0 +1,155 @@
+"""Packs: stored chunks written one after another into a few large objects, and the index of
+where each chunk lies.
+
+One object per 64 KiB chunk costs a file (or a PUT) per chunk; a pack costs one per few hundred
+megabytes. Manifests record each chunk's pack and offset, so reads need no index. The indexes
+serve deduplication: before a put, the store learns every pack's chunks (once per pack, then
+only the packs that are new), and a chunk any pack already holds is not stored again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+
+from ._backends import Backend, ObjectMissing, ObjectWriter
+from ._layout import PACK_PREFIX, pack_index_key, pack_key, split_pack_key
+from ._manifest import PACK_ID
+
+log = logging.getLogger(__name__)
+
+INDEX_FORMAT = "stasis.pack-index/v1"
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a stored chunk lies: its pack, offset and stored (compressed) length."""
+
+    pack: str
+    offset: int
+    stored_length: int
+
+
+def encode_index(pack_id: str, chunks: dict[str, tuple[int, Located]]) -> bytes:
+    """A pack's index: [hash, raw length, offset, stored length] of each chunk in it."""
+    rows = [[digest, length, at.offset, at.stored_length] for digest, (length, at) in chunks.items()]
+    return json.dumps(
+        {"format": INDEX_FORMAT, "pack": pack_id, "chunks": rows}, separators=(",", ":")
+    ).encode()
+
+
+def decode_index(pack_id: str, raw: bytes) -> dict[str, Located]:
+    """The chunks of a pack by hash; ValueError if the index is not one this store wrote."""
+    doc = json.loads(raw)
+    if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT or doc.get("pack") != pack_id:
+        raise ValueError(f"not the index of pack {pack_id}")
+    found: dict[str, Located] = {}
+    for digest, _length, offset, stored in doc["chunks"]:
+        if not isinstance(digest, str) or len(digest) != 64 or int(offset) < 0 or int(stored) <= 0:
+            raise ValueError(f"bad row for {digest!r}")
+        found[digest] = Located(pack_id, int(offset), int(stored))
+    return found
+
+
+class PackIndex:
+    """What this process knows of the store's packs; refreshed under the store lock before a put,
+    so that no pack a GC removed is ever referred to again."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._lock = threading.Lock()
+        self._packs: dict[str, dict[str, Located]] = {}
+        self._by_hash: dict[str, Located] = {}
+
+    def refresh(self) -> None:
+        """Learn the packs written since the last refresh, and forget those that are gone."""
+        listed = {
+            found[0]
+            for key in self._backend.list(PACK_PREFIX)
+            if (found := split_pack_key(key)) and found[1] == "idx"
+        }
+        with self._lock:
+            known = set(self._packs)
+        learned: dict[str, dict[str, Located]] = {}
+        for pack_id in listed - known:
+            try:
+                learned[pack_id] = decode_index(pack_id, self._backend.get(pack_index_key(pack_id)))
+            except ObjectMissing:
+                continue  # removed since it was listed
+            except (ValueError, TypeError, KeyError) as exc:
+                # Its chunks are read through manifests all the same; they just do not deduplicate.
+                log.warning("pack index %s is unreadable (%s); its chunks are not reused", pack_id, exc)
+                learned[pack_id] = {}
+        with self._lock:
+            for pack_id in known - listed:
+                self._packs.pop(pack_id, None)
+            self._packs.update(learned)
+            if known - listed or learned:
+                self._by_hash = {d: at for chunks in self._packs.values() for d, at in chunks.items()}
+
+    def find(self, digest: str) -> Located | None:
+        with self._lock:
+            return self._by_hash.get(digest)
+
+    def learn(self, pack_id: str, chunks: dict[str, Located]) -> None:
+        """A pack this process has just written and committed."""
+        with self._lock:
+            self._packs[pack_id] = chunks
+            self._by_hash.update(chunks)
+
+
+class PackWriter:
+    """Appends stored chunks to packs of about `target_bytes`; each pack is committed, then its
+    index. Safe to call from many threads: appends are serialised, compression is not."""
+
+    def __init__(self, backend: Backend, index: PackIndex, target_bytes: int) -> None:
+        self._backend = backend
+        self._index = index
+        self._target = target_bytes
+        self._lock = threading.Lock()
+        self._pack_id = ""
+        self._writer: ObjectWriter | None = None
+        self._written = 0
+        self._chunks: dict[str, tuple[int, Located]] = {}
+        self.committed: list[str] = []
+
+    def append(self, digest: str, length: int, blob: bytes) -> Located:
+        with self._lock:
+            if self._writer is None:
+                self._pack_id = uuid.uuid4().hex
+                assert PACK_ID.fullmatch(self._pack_id)
+                self._writer = self._backend.writer(pack_key(self._pack_id))
+                self._written, self._chunks = 0, {}
+            self._writer.write(blob)
+            at = Located(self._pack_id, self._written, len(blob))
+            self._written += len(blob)
+            self._chunks[digest] = (length, at)
+            if self._written >= self._target:
+                self._commit()
+            return at
+
+    def finish(self) -> None:
+        """Commit the pack being written, if any."""
+        with self._lock:
+            self._commit()
+
+    def abort(self) -> None:
+        """Drop the pack being written. Committed ones stay until GC finds nothing refers to them."""
+        with self._lock:
+            if self._writer is not None:
+                self._writer.abort()
+                self._writer = None
+
+    def _commit(self) -> None:
+        if self._writer is None:
+            return
+        self._writer.commit()
+        self._writer = None
+        index = self._backend.writer(pack_index_key(self._pack_id))
+        index.write(encode_index(self._pack_id, self._chunks))
+        index.commit()
+        self._index.learn(self._pack_id, {d: at for d, (_n, at) in self._chunks.items()})
+        self.committed.append(self._pack_id)
