@@ -135,10 +135,7 @@ class IdMap:
         target.mkdir(parents=True, exist_ok=True)
         options = f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work}"
         with self.acting_as_root():
-            result = _libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode())
-        _check(result, f"mounting the sandbox's overlay at {target}")
-
-    def close(self) -> None:
-        if self._userns is not None:
-            os.close(self._userns)
-            self._userns = None
+            _check(
+                _libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()),
+                f"mounting the sandbox's overlay at {target}",
+            )
