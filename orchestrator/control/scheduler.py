@@ -96,11 +96,14 @@ def plan(
     decisions: list[Decision] = []
     chosen: set[str] = set()
 
-    for e in running:
-        room = rooms.get(e.node)
-        if room is not None and room.node.state == NodeState.DRAINING:
-            decisions.append(Checkpoint(e, Reason.DRAIN, f"node {e.node} is draining"))
-            chosen.add(e.id)
+    # A draining node may be gone before every episode on it is saved (a spot node's notice gives
+    # seconds): the ones with the most work since their last snapshot go first; any left when
+    # the node is lost resume from their last autosave.
+    draining = [e for e in running if (r := rooms.get(e.node)) and r.node.state == NodeState.DRAINING]
+    for e in sorted(draining, key=lambda e: (-e.unsaved_s(now), e.id)):
+        unsaved = e.unsaved_s(now)
+        decisions.append(Checkpoint(e, Reason.DRAIN, f"node {e.node} is draining ({unsaved:.0f}s unsaved)"))
+        chosen.add(e.id)
 
     ready = [r for r in rooms.values() if r.node.state == NodeState.READY]
     waiting = sorted(

@@ -115,6 +115,12 @@ class Episode:
     def total_run_s(self, now: float) -> float:
         return self.run_seconds + self.current_run_s(now)
 
+    def unsaved_s(self, now: float) -> float:
+        """How long it has run since its last snapshot: the work a lost node would take with it."""
+        if self.state != EpisodeState.RUNNING or not self.run_started_at:
+            return 0.0
+        return now - max(self.run_started_at, self.last_autosave_at)
+
 
 @dataclass(frozen=True)
 class Event:

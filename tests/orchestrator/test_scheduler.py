@@ -142,6 +142,19 @@ def test_drain_checkpoints_everything_on_the_node_and_places_nothing_there() -> 
     assert sorted((d.episode.id, d.reason) for d in decisions) == [("r1", Reason.DRAIN), ("r2", Reason.DRAIN)]
 
 
+def test_drain_saves_the_most_unsaved_work_first() -> None:
+    nodes = [node("a", slots=4, state=NodeState.DRAINING)]
+    running = [
+        episode("long-but-saved", EpisodeState.RUNNING, "a", ran_s=3600, last_autosave_at=NOW - 5),
+        episode("short", EpisodeState.RUNNING, "a", ran_s=60),
+        episode("long", EpisodeState.RUNNING, "a", ran_s=600),
+        episode("saved-a-while-ago", EpisodeState.RUNNING, "a", ran_s=3600, last_autosave_at=NOW - 300),
+    ]
+    decisions = scheduler.plan(running, nodes, NOW)
+    assert [d.episode.id for d in decisions] == ["long", "saved-a-while-ago", "short", "long-but-saved"]
+    assert "600s unsaved" in decisions[0].why
+
+
 @pytest.mark.parametrize("state", [NodeState.LOST, NodeState.CORDONED])
 def test_unusable_nodes_take_nothing(state: NodeState) -> None:
     assert scheduler.plan([episode("e")], [node("a", state=state)], NOW) == []
