@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from tests.s3server import MotoServer
 DOCKER_ROOT = Path("/var/lib/stasis-test-docker")
 DOCKER_EXEC_ROOT = Path("/run/stasis-test-docker")
 DOCKER_SOCKET = Path("/run/stasis-test-docker.sock")
+SUITE_LOCK = Path("/run/stasis-test-suite.lock")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,15 +38,49 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(Path(os.environ["STASIS_CONFIG"]).parent, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def owns_host() -> Iterator[bool]:
+    """Whether this run is the only Stasis suite on the host. Leaks are judged by what appears on
+    the host, so a second run at the same time (a single test file, say) cannot judge them, and
+    must never clean up what belongs to the other."""
+    with open(SUITE_LOCK, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_leftovers() -> Iterator[None]:
+def no_leftovers(owns_host: bool) -> Iterator[None]:
     """Fail the session if any test left sandbox mounts, netns, veths, cgroups or containers behind."""
+    if not owns_host:
+        yield
+        return
     before = hostcheck.leftovers()
     yield
     after = hostcheck.leftovers()
     leaked = {k: sorted(set(v) - set(before.get(k, []))) for k, v in after.items()}
     leaked = {k: v for k, v in leaked.items() if v}
     assert not leaked, f"the suite left these behind: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(owns_host: bool) -> Iterator[None]:
+    """Fail the test that leaks a sandbox's netns, veth or mounts, and clean up after it: a leak
+    found only at the end of the session would have broken every test in between."""
+    if not owns_host:
+        yield
+        return
+    before = hostcheck.sandbox_leftovers()
+    yield
+    after = hostcheck.sandbox_leftovers()
+    leaked = {k: sorted(set(v) - set(before[k])) for k, v in after.items()}
+    leaked = {k: v for k, v in leaked.items() if v}
+    if leaked:
+        hostcheck.remove(leaked)
+        pytest.fail(f"this test left these behind: {leaked}")
 
 
 @pytest.fixture(scope="session")

@@ -207,6 +207,12 @@ class Gateway:
         )
         self.port = int(self._listener.sockets[0].getsockname()[1])
 
+    @property
+    def connections(self) -> int:
+        """How many connections the front door has admitted and the HTTP server still holds."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
+
     def stop(self) -> None:
         async def shutdown() -> None:
             if self._listener is not None:

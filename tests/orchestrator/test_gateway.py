@@ -21,6 +21,7 @@ import pytest
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
 from orchestrator.gateway import Gateway, GatewaySettings, Ledger, live_peer
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from tests.orchestrator.conftest import wait_until
 
 PARAMETERS = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 TOOLS = [
@@ -516,13 +517,15 @@ def test_one_peer_cannot_take_every_connection(world: World, tmp_path: Path) -> 
         tmp_path / "bounded", world.model.url, world.model, max_connections=5, max_connections_per_peer=3
     )
     held: list[socket.socket] = []
+    closed = 0
 
     def hold(source: str) -> socket.socket:
         sock = socket.create_connection(
             ("127.0.0.1", bounded.gateway.port), timeout=10, source_address=(source, 0)
         )
         held.append(sock)
-        time.sleep(0.1)  # the gateway admits it on its own loop
+        admitted = len(held) - closed
+        wait_until(lambda: bounded.gateway.connections == admitted, 10, "the gateway to admit it")
         return sock
 
     def refusal(source: str) -> str:
@@ -547,7 +550,8 @@ def test_one_peer_cannot_take_every_connection(world: World, tmp_path: Path) -> 
         hold("127.0.0.4")
         assert "holds 5 connections" in refusal("127.0.0.5")
         first.close()
-        time.sleep(0.2)
+        closed += 1
+        wait_until(lambda: bounded.gateway.connections == len(held) - closed, 10, "the close to be seen")
         assert bounded.post(_chat(USER))[0] == 200, "a closed connection frees its place"
         assert len(bounded.ledger.turns("ep-1")) == 1, "nothing refused was recorded"
     finally:
