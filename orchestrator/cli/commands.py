@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -63,7 +64,20 @@ class Commands:
 
     def client(self) -> StasisClient:
         a = self.args
+        if self._in_kubernetes():
+            from orchestrator.client.kube import discover
+
+            found = discover(a.namespace, a.kube_context)
+            return StasisClient(context=found.context, retry_for_s=a.retry_for)
         return StasisClient(a.addr, config=a.config, context=a.context, retry_for_s=a.retry_for)
+
+    def _in_kubernetes(self) -> bool:
+        """Whether Stasis is to be found in Kubernetes: asked for by -n or --kube-context, or run
+        as `kubectl stasis` with no address and no context of the client config named."""
+        a = self.args
+        if a.addr or os.environ.get("STASIS_ADDR") or a.context:
+            return False
+        return bool(a.namespace or a.kube_context) or Path(sys.argv[0]).name == "kubectl-stasis"
 
     def progress(self, text: str) -> None:
         print(text, file=self.err, flush=True)

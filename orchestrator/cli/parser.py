@@ -33,6 +33,17 @@ def parser() -> argparse.ArgumentParser:
         "--config", default=None, help="client config file (default: $STASIS_CONFIG or ~/.stasis/config)"
     )
     p.add_argument(
+        "-n",
+        "--namespace",
+        default="",
+        help="find the orchestrator of the Stasis release in this Kubernetes namespace and reach it "
+        "through a port-forward (the default of `kubectl stasis` with no --addr or --context: the "
+        "kube context's namespace)",
+    )
+    p.add_argument(
+        "--kube-context", default="", help="Kubernetes context to find Stasis in (default: current)"
+    )
+    p.add_argument(
         "--retry-for", type=float, default=10.0, help="seconds to retry while the orchestrator is unreachable"
     )
     p.add_argument("-v", "--verbose", action="store_true")

@@ -20,7 +20,7 @@ import grpc
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from orchestrator import wire
-from orchestrator.client.config import config_path, load_context
+from orchestrator.client.config import Context, config_path, load_context
 from orchestrator.client.imagesource import is_registry_reference, push
 from orchestrator.client.records import (
     EpisodeInfo,
@@ -55,8 +55,9 @@ class StasisClient:
     """Talks to one orchestrator. Calls that change state carry a request id and are retried
     while the orchestrator is unreachable, so a retry never does the work twice.
 
-    Its server and credential come from a context of the client config (see `client.config`);
-    `address` (or $STASIS_ADDR) overrides the context's server and keeps its credential.
+    Its server and credential come from a context of the client config (see `client.config`),
+    or from a `Context` given as such; `address` (or $STASIS_ADDR) overrides the context's
+    server and keeps its credential.
     """
 
     def __init__(
@@ -64,11 +65,11 @@ class StasisClient:
         address: str | None = None,
         *,
         config: str | Path | None = None,
-        context: str | None = None,
+        context: str | Context | None = None,
         timeout_s: float = 30.0,
         retry_for_s: float = 30.0,
     ) -> None:
-        ctx = load_context(config_path(config), context)
+        ctx = context if isinstance(context, Context) else load_context(config_path(config), context)
         self.address = address or os.environ.get("STASIS_ADDR") or (ctx.server if ctx else "") or DEFAULT_ADDR
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
