@@ -7,7 +7,7 @@ makes, in the API's own JSON, so the real `kubernetes` client is what the tests 
   account's, bound to a pod; any other is not authenticated;
 * `GET /api/v1/namespaces/{ns}/pods/{name}`: the pods it was told of, or a 404 Status;
 * `GET /api/v1/namespaces/{ns}/{services,pods,secrets}?labelSelector=k=v,...`: the objects it
-  was given as manifests, filtered by equality selectors;
+  was given as manifests, filtered by equality selectors; `GET /api/v1/nodes`: its nodes;
 * `GET /api/v1/namespaces/{ns}/pods/{name}/portforward?ports=N` upgraded to a WebSocket
   (`v4.channel.k8s.io`, as the API server speaks it): the port's data channel carried to a
   loopback port the test named for that pod and port.
@@ -75,6 +75,11 @@ class StandInApiServer:
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 parts, query = url.path.strip("/").split("/"), parse_qs(url.query)
+                if parts == ["api", "v1", "nodes"]:
+                    nodes = api.objects.get("nodes", [])
+                    return self._send(
+                        200, {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": nodes}
+                    )
                 if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5:
                     return self._send(404, _status(404, f"no route {self.path}"))
                 namespace, plural = parts[3], parts[4]
@@ -190,6 +195,28 @@ class StandInApiServer:
 
     def add(self, plural: str, manifest: dict[str, Any]) -> None:
         self.objects.setdefault(plural, []).append(manifest)
+
+    def put(self, plural: str, manifest: dict[str, Any]) -> None:
+        """Add the object, or replace the one of the same namespace and name."""
+        key = (manifest["metadata"].get("namespace"), manifest["metadata"]["name"])
+        kept = [
+            o
+            for o in self.objects.get(plural, [])
+            if (o["metadata"].get("namespace"), o["metadata"]["name"]) != key
+        ]
+        self.objects[plural] = [*kept, manifest]
+
+    def remove(self, plural: str, namespace: str | None, name: str) -> None:
+        self.objects[plural] = [
+            o for o in self.objects.get(plural, [])
+            if (o["metadata"].get("namespace"), o["metadata"]["name"]) != (namespace, name)
+        ]  # fmt: skip
+
+    def client(self) -> Any:
+        """The real `kubernetes` client's CoreV1Api, pointed at this stand-in."""
+        from kubernetes import client
+
+        return client.CoreV1Api(client.ApiClient(client.Configuration(host=self.url)))
 
     def kubeconfig(self, path: Path, namespace: str = "") -> Path:
         """A kubeconfig that points the real client at this stand-in."""

@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Collection
 from typing import Any, Protocol
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from orchestrator.domain import NodeState, NotFound, PermissionDenied, TemporaryError, Unauthenticated
+from orchestrator.domain import Event, NodeState, NotFound, PermissionDenied, TemporaryError, Unauthenticated
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +33,26 @@ RECLAIM_TAINTS = frozenset(
 """Taints that cluster tooling puts on a node it is about to take away."""
 
 
+DRAINED_BY = "Kubernetes node watcher"
+"""How the reason of each drain the watcher asks for begins: after a restart, the last change of
+each draining node tells whether the watcher drained it, and so may uncordon it."""
+
+
 class NodeApi(Protocol):
     def list_node(self, **kwargs: Any) -> Any: ...
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
 
 
 class NodeControl(Protocol):
-    def drain(self, name: str) -> Any: ...
+    def drain(self, name: str, reason: str = ...) -> Any: ...
     def uncordon(self, name: str) -> Any: ...
 
 
 class NodeStates(Protocol):
     def nodes(self) -> list[Any]: ...
+    def events(
+        self, since_seq: int = 0, episode_ids: Collection[str] = (), limit: int = 1000
+    ) -> list[Event]: ...
 
 
 def reclaim_reason(node: Any) -> str:
@@ -57,18 +67,43 @@ def reclaim_reason(node: Any) -> str:
 
 
 class NodeWatcher:
-    """Polls the Kubernetes nodes and drains or uncordons the matching Stasis nodes."""
+    """Polls the Kubernetes nodes, and the agent pods in `namespace` matching `agent_selector`
+    (default: $STASIS_NAMESPACE and $STASIS_AGENT_POD_SELECTOR, which the chart sets). A node
+    being reclaimed, or whose agent pod is terminating, is drained; a node the watcher drained is
+    uncordoned once Kubernetes lets it go, across restarts of the orchestrator."""
 
     def __init__(
-        self, control: NodeControl, states: NodeStates, api: NodeApi | None = None, period_s: float = 5.0
+        self,
+        control: NodeControl,
+        states: NodeStates,
+        api: NodeApi | None = None,
+        period_s: float = 5.0,
+        namespace: str | None = None,
+        agent_selector: str | None = None,
     ):
         self.control = control
         self.states = states
         self.api = api or _in_cluster_api()
         self.period_s = period_s
-        self._drained_by_us: set[str] = set()
+        self.namespace = os.environ.get("STASIS_NAMESPACE", "") if namespace is None else namespace
+        self.agent_selector = (
+            os.environ.get("STASIS_AGENT_POD_SELECTOR", "") if agent_selector is None else agent_selector
+        )
+        self._drained_by_us = self._recall()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kube-node-watcher", daemon=True)
+
+    def _recall(self) -> set[str]:
+        """The draining nodes whose drain this watcher asked for, before a restart or now."""
+        draining = {n.name for n in self.states.nodes() if n.state == NodeState.DRAINING}
+        why: dict[str, str] = {}
+        seq = 0
+        while batch := self.states.events(since_seq=seq, episode_ids=("",), limit=1000):
+            for event in batch:
+                if event.kind == "node" and event.node in draining:
+                    why[event.node] = event.reason
+            seq = batch[-1].seq
+        return {name for name, reason in why.items() if reason.startswith(DRAINED_BY)}
 
     def start(self) -> NodeWatcher:
         self._thread.start()
@@ -83,7 +118,9 @@ class NodeWatcher:
             try:
                 self.sync()
             except ApiException as exc:
-                log.warning("listing Kubernetes nodes failed: %s %s", exc.status, exc.reason)
+                log.warning(
+                    "asking Kubernetes for nodes and agent pods failed: %s %s", exc.status, exc.reason
+                )
             except Exception:
                 log.exception("Kubernetes node watch failed")
             self._stop.wait(self.period_s)
@@ -91,18 +128,19 @@ class NodeWatcher:
     def sync(self) -> list[str]:
         """One pass; returns what it did, for logs and tests."""
         stasis = {n.name: n.state for n in self.states.nodes()}
-        actions = []
+        reasons = {}
         for node in self.api.list_node().items:
-            if node.metadata is None:
-                continue
-            name = str(node.metadata.name)
-            state = stasis.get(name)
-            if state is None:
-                continue
-            reason = reclaim_reason(node)
+            if node.metadata is not None and node.metadata.name in stasis:
+                reasons[str(node.metadata.name)] = reclaim_reason(node)
+        for name, why in self._leaving_agents().items():
+            if name in stasis and not reasons.get(name):
+                reasons[name] = why
+        actions = []
+        for name, reason in sorted(reasons.items()):
+            state = stasis[name]
             if reason and state in (NodeState.READY, NodeState.CORDONED):
                 log.info("draining node %s: %s", name, reason)
-                self._drain(name)
+                self._drain(name, reason)
                 actions.append(f"drain {name}: {reason}")
             elif not reason and state == NodeState.DRAINING and name in self._drained_by_us:
                 self.control.uncordon(name)
@@ -110,9 +148,27 @@ class NodeWatcher:
                 actions.append(f"uncordon {name}")
         return actions
 
-    def _drain(self, name: str) -> None:
+    def _leaving_agents(self) -> dict[str, str]:
+        """Nodes whose agent pod Kubernetes is deleting (a DaemonSet update, a node drain that
+        evicts it): their sandboxes go elsewhere before the agent stops."""
+        if not (self.namespace and self.agent_selector):
+            return {}
+        pods = self.api.list_namespaced_pod(self.namespace, label_selector=self.agent_selector).items
+        leaving, staying = {}, set()
+        for pod in pods:
+            node = pod.spec.node_name if pod.spec is not None else None
+            if pod.metadata is None or not node:
+                continue
+            if pod.metadata.deletion_timestamp:
+                leaving[str(node)] = f"its agent pod {self.namespace}/{pod.metadata.name} is terminating"
+            else:
+                staying.add(str(node))
+        # A DaemonSet update may start the new pod before the old one is gone.
+        return {node: why for node, why in leaving.items() if node not in staying}
+
+    def _drain(self, name: str, reason: str) -> None:
         try:
-            self.control.drain(name)
+            self.control.drain(name, f"{DRAINED_BY}: {reason}")
             self._drained_by_us.add(name)
         except NotFound:
             pass

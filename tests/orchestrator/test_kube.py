@@ -1,11 +1,12 @@
-"""Draining nodes that Kubernetes reclaims.
+"""Draining nodes that Kubernetes reclaims, and uncordoning them when it lets them go.
 
-No Kubernetes API server can run here, so a stand-in that returns real `kubernetes.client`
-model objects plays the API (the only mock in this file); the control plane is real.
+No Kubernetes API server can run here: the stand-in of `tests/kubeapi.py` serves nodes and pods
+over HTTP, and the real `kubernetes` client asks it; the control plane and its store are real.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,29 +18,38 @@ from orchestrator.control.kube import NodeWatcher, reclaim_reason
 from orchestrator.domain import NodeRecord, NodeState
 from orchestrator.state import SqliteStateStore
 from snapshots import SnapshotStore
+from tests.kubeapi import StandInApiServer
+
+AGENTS = "app.kubernetes.io/instance=rl,app.kubernetes.io/component=agent"
 
 
-class FakeNodeApi:
-    """Stands in for the Kubernetes API server's node list."""
+def _node(name: str, unschedulable: bool = False, taints: tuple[str, ...] = ()) -> dict[str, Any]:
+    spec: dict[str, Any] = {"unschedulable": unschedulable}
+    if taints:
+        spec["taints"] = [{"key": t, "effect": "NoSchedule"} for t in taints]
+    return {"metadata": {"name": name}, "spec": spec}
 
-    def __init__(self) -> None:
-        self.nodes: dict[str, client.V1Node] = {}
 
-    def set(self, name: str, unschedulable: bool = False, taints: tuple[str, ...] = ()) -> None:
-        self.nodes[name] = client.V1Node(
-            metadata=client.V1ObjectMeta(name=name),
-            spec=client.V1NodeSpec(
-                unschedulable=unschedulable,
-                taints=[client.V1Taint(key=t, effect="NoSchedule") for t in taints] or None,
-            ),
-        )
-
-    def list_node(self, **_: Any) -> client.V1NodeList:
-        return client.V1NodeList(items=list(self.nodes.values()))
+def _agent_pod(name: str, node: str, terminating: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "stasis",
+        "labels": {"app.kubernetes.io/instance": "rl", "app.kubernetes.io/component": "agent"},
+    }
+    if terminating:
+        meta["deletionTimestamp"] = "2026-12-04T10:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": node, "containers": [{"name": "agent"}]}}
 
 
 @pytest.fixture
-def control(tmp_path: Path) -> Any:
+def kube() -> Iterator[StandInApiServer]:
+    api = StandInApiServer()
+    yield api
+    api.stop()
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> Iterator[Control]:
     store = SqliteStateStore(tmp_path / "state.db")
     with SnapshotStore.open(f"file://{tmp_path}/snapshots") as snapshots:
         c = Control(ControlSettings(), store, snapshots)
@@ -49,18 +59,25 @@ def control(tmp_path: Path) -> Any:
         store.close()
 
 
+def _watcher(control: Control, kube: StandInApiServer) -> NodeWatcher:
+    return NodeWatcher(
+        control.commands, control.store, api=kube.client(), namespace="stasis", agent_selector=AGENTS
+    )
+
+
 @pytest.mark.timeout(30)
-def test_reclaimed_nodes_are_drained_and_uncordoned_when_kubernetes_lets_go(control: Control) -> None:
-    api = FakeNodeApi()
-    api.set("node-a")
-    api.set("node-b")
-    api.set("not-a-stasis-node", unschedulable=True)
-    watcher = NodeWatcher(control.commands, control.store, api=api)
+def test_reclaimed_nodes_are_drained_and_uncordoned_when_kubernetes_lets_go(
+    control: Control, kube: StandInApiServer
+) -> None:
+    for name in ("node-a", "node-b"):
+        kube.put("nodes", _node(name))
+    kube.put("nodes", _node("not-a-stasis-node", unschedulable=True))
+    watcher = _watcher(control, kube)
     assert watcher.sync() == []
 
-    api.set("node-a", taints=("ToBeDeletedByClusterAutoscaler",))
-    api.set("node-b", unschedulable=True)
-    assert sorted(watcher.sync()) == [
+    kube.put("nodes", _node("node-a", taints=("ToBeDeletedByClusterAutoscaler",)))
+    kube.put("nodes", _node("node-b", unschedulable=True))
+    assert watcher.sync() == [
         "drain node-a: Kubernetes taint ToBeDeletedByClusterAutoscaler",
         "drain node-b: cordoned in Kubernetes",
     ]
@@ -70,14 +87,52 @@ def test_reclaimed_nodes_are_drained_and_uncordoned_when_kubernetes_lets_go(cont
     }
     assert watcher.sync() == [], "a drain is asked once"
 
-    api.set("node-b")
+    kube.put("nodes", _node("node-b"))
     assert watcher.sync() == ["uncordon node-b"]
     assert control.store.node("node-b").state == NodeState.READY
 
 
+@pytest.mark.timeout(30)
+def test_which_nodes_it_drained_survives_a_restart(control: Control, kube: StandInApiServer) -> None:
+    kube.put("nodes", _node("node-a", unschedulable=True))
+    kube.put("nodes", _node("node-b"))
+    assert _watcher(control, kube).sync() == ["drain node-a: cordoned in Kubernetes"]
+    control.commands.drain("node-b", "drain requested")  # an operator's drain: not the watcher's to undo
+
+    kube.put("nodes", _node("node-a"))
+    restarted = _watcher(control, kube)
+    assert restarted.sync() == ["uncordon node-a"]
+    assert control.store.node("node-b").state == NodeState.DRAINING
+
+
+@pytest.mark.timeout(30)
+def test_a_node_whose_agent_pod_is_terminating_is_drained(control: Control, kube: StandInApiServer) -> None:
+    for name in ("node-a", "node-b"):
+        kube.put("nodes", _node(name))
+    kube.put("pods", _agent_pod("rl-agent-a", "node-a"))
+    kube.put("pods", _agent_pod("rl-agent-b", "node-b"))
+    other_release = _agent_pod("other-agent", "node-b", terminating=True)
+    other_release["metadata"]["labels"]["app.kubernetes.io/instance"] = "other"
+    kube.put("pods", other_release)
+    watcher = _watcher(control, kube)
+    assert watcher.sync() == []
+
+    kube.put("pods", _agent_pod("rl-agent-a", "node-a", terminating=True))
+    assert watcher.sync() == ["drain node-a: its agent pod stasis/rl-agent-a is terminating"]
+    assert control.store.node("node-a").state == NodeState.DRAINING
+
+    kube.remove("pods", "stasis", "rl-agent-a")
+    kube.put("pods", _agent_pod("rl-agent-a2", "node-a"))
+    assert watcher.sync() == ["uncordon node-a"], "the new agent pod runs"
+
+
 def test_reclaim_reasons() -> None:
-    api = FakeNodeApi()
-    api.set("n", taints=("cloud.google.com/impending-node-termination",))
-    assert reclaim_reason(api.nodes["n"]) == "Kubernetes taint cloud.google.com/impending-node-termination"
-    api.set("n", taints=("dedicated",))
-    assert reclaim_reason(api.nodes["n"]) == ""
+    def node(*taints: str) -> client.V1Node:
+        return client.V1Node(
+            spec=client.V1NodeSpec(taints=[client.V1Taint(key=t, effect="NoSchedule") for t in taints])
+        )
+
+    assert reclaim_reason(node("cloud.google.com/impending-node-termination")) == (
+        "Kubernetes taint cloud.google.com/impending-node-termination"
+    )
+    assert reclaim_reason(node("dedicated")) == ""
