@@ -261,6 +261,21 @@ def test_s3_credentials_reach_both_components(s3_install: list[Manifest]) -> Non
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_the_upstream_key_reaches_the_orchestrator_alone(
+    s3_install: list[Manifest], reference_install: list[Manifest]
+) -> None:
+    env = by_name(container(find(s3_install, "Deployment", FULLNAME), "orchestrator")["env"])
+    assert env["STASIS_UPSTREAM_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "vllm-key",
+        "key": "api-key",
+    }
+    agent = container(find(s3_install, "DaemonSet", AGENT), "agent")
+    assert "STASIS_UPSTREAM_API_KEY" not in by_name(agent.get("env", []))
+    without = by_name(container(find(reference_install, "Deployment", FULLNAME), "orchestrator")["env"])
+    assert "STASIS_UPSTREAM_API_KEY" not in without
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_local_store_is_one_shared_claim(chart: Chart, reference_install: list[Manifest]) -> None:
     claim = find(reference_install, "PersistentVolumeClaim", f"{FULLNAME}-snapshots")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
