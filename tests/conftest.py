@@ -6,10 +6,12 @@ import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -20,6 +22,7 @@ DOCKER_ROOT = Path("/var/lib/stasis-test-docker")
 DOCKER_EXEC_ROOT = Path("/run/stasis-test-docker")
 DOCKER_SOCKET = Path("/run/stasis-test-docker.sock")
 SUITE_LOCK = Path("/run/stasis-test-suite.lock")
+_LOCK = pytest.StashKey[IO[str]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -32,32 +35,26 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in ("STASIS_ADDR", "STASIS_CONTEXT"):
         os.environ.pop(name, None)
     os.environ["STASIS_CONFIG"] = str(Path(tempfile.mkdtemp(prefix="stasis-suite-")) / "config")
+    # One Stasis suite at a time on a host: they share iptables chains, the gateway address and
+    # the cgroup tree, and leaks are judged by what appears on the host, so a second run would
+    # take the first one's sandboxes for its own leaks (and clean them up).
+    lock = open(SUITE_LOCK, "w")  # noqa: SIM115 - held until pytest_unconfigure
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"waiting for the other Stasis suite on this host to finish ({SUITE_LOCK})", file=sys.stderr)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    config.stash[_LOCK] = lock
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    config.stash[_LOCK].close()
     shutil.rmtree(Path(os.environ["STASIS_CONFIG"]).parent, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def owns_host() -> Iterator[bool]:
-    """Whether this run is the only Stasis suite on the host. Leaks are judged by what appears on
-    the host, so a second run at the same time (a single test file, say) cannot judge them, and
-    must never clean up what belongs to the other."""
-    with open(SUITE_LOCK, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-
-
 @pytest.fixture(scope="session", autouse=True)
-def no_leftovers(owns_host: bool) -> Iterator[None]:
+def no_leftovers() -> Iterator[None]:
     """Fail the session if any test left sandbox mounts, netns, veths, cgroups or containers behind."""
-    if not owns_host:
-        yield
-        return
     before = hostcheck.leftovers()
     yield
     after = hostcheck.leftovers()
@@ -67,12 +64,9 @@ def no_leftovers(owns_host: bool) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_behind(owns_host: bool) -> Iterator[None]:
+def nothing_left_behind() -> Iterator[None]:
     """Fail the test that leaks a sandbox's netns, veth or mounts, and clean up after it: a leak
     found only at the end of the session would have broken every test in between."""
-    if not owns_host:
-        yield
-        return
     before = hostcheck.sandbox_leftovers()
     yield
     after = hostcheck.sandbox_leftovers()

@@ -519,13 +519,17 @@ def test_one_peer_cannot_take_every_connection(world: World, tmp_path: Path) -> 
     held: list[socket.socket] = []
     closed = 0
 
+    def settled() -> None:
+        """Wait until the gateway holds exactly the connections held here (the loop admits and
+        drops them on its own thread)."""
+        wait_until(lambda: bounded.gateway.connections == len(held) - closed, 10, "the gateway to settle")
+
     def hold(source: str) -> socket.socket:
         sock = socket.create_connection(
             ("127.0.0.1", bounded.gateway.port), timeout=10, source_address=(source, 0)
         )
         held.append(sock)
-        admitted = len(held) - closed
-        wait_until(lambda: bounded.gateway.connections == admitted, 10, "the gateway to admit it")
+        settled()
         return sock
 
     def refusal(source: str) -> str:
@@ -546,12 +550,13 @@ def test_one_peer_cannot_take_every_connection(world: World, tmp_path: Path) -> 
             hold("127.0.0.1")
         assert "127.0.0.1 holds 3 connections" in refusal("127.0.0.1")
         assert bounded.post(_chat(USER), token="nobody", source="127.0.0.3")[0] == 401, "another peer gets in"
+        settled()
         hold("127.0.0.3")
         hold("127.0.0.4")
         assert "holds 5 connections" in refusal("127.0.0.5")
         first.close()
         closed += 1
-        wait_until(lambda: bounded.gateway.connections == len(held) - closed, 10, "the close to be seen")
+        settled()
         assert bounded.post(_chat(USER))[0] == 200, "a closed connection frees its place"
         assert len(bounded.ledger.turns("ep-1")) == 1, "nothing refused was recorded"
     finally:
