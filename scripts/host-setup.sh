@@ -23,6 +23,7 @@ packages=(
   libprotobuf-dev libprotobuf-c-dev libnl-3-dev libnet1-dev libcap-dev libbsd-dev
   libgnutls28-dev libnftables-dev libaio-dev
   protobuf-c-compiler protobuf-compiler python3-protobuf python3-venv
+  postgresql-15
 )
 
 install_packages() {
@@ -81,6 +82,16 @@ SRC
   echo "$build_id" >"$stamp"
 }
 
+manual_postgres_cluster() {
+  # The suite starts a PostgreSQL server of its own (tests/postgres.py). The `main` cluster
+  # Debian's package creates would only hold port 5432 and memory, so it starts only by hand.
+  local conf=/etc/postgresql/15/main/start.conf
+  [ -f "$conf" ] && ! grep -qx manual "$conf" || return 0
+  log "PostgreSQL's main cluster: stopped, and started only by hand from now on"
+  echo manual >"$conf"
+  pg_ctlcluster 15 main stop >/dev/null 2>&1 || true
+}
+
 check_criu() {
   local stamp="$cache/criu-check.ok"
   [ -f "$stamp" ] && [ "$stamp" -nt /usr/local/sbin/criu ] && return 0
@@ -132,6 +143,7 @@ python_env() {
 }
 
 install_packages
+manual_postgres_cluster
 install_criu
 # Harness binaries from the npm registry, pinned by version and checked against the registry's
 # sha512 integrity, unpacked once into the cache. Test images are the base image plus these.

@@ -26,7 +26,7 @@ from orchestrator.api.streams import API_WORKERS
 from orchestrator.control import AgentPool, Control, Verifier
 from orchestrator.domain import Episode, FailedPrecondition, NotFound
 from orchestrator.gateway import Gateway, Ledger, live_peer
-from orchestrator.state import SqliteStateStore
+from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore
 from protos import pki
 from protos.admission import OPEN, Admission
 from protos.stasis.v1 import stasis_pb2 as pb
@@ -43,7 +43,7 @@ class Orchestrator:
     def __init__(self, settings: OrchestratorSettings) -> None:
         self.settings = settings
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        self.store = SqliteStateStore(settings.state_dir / "state.db")
+        self.store = _state_store(settings)
         self.ledger = Ledger(settings.state_dir / "state.db")
         self.snapshots = SnapshotStore.open(settings.store_url)
         auth = settings.auth
@@ -178,6 +178,15 @@ class Orchestrator:
         self.ledger.close()
         self.snapshots.close()
         self.store.close()
+
+
+def _state_store(settings: OrchestratorSettings) -> StateStore:
+    """The PostgreSQL store when given a database URL, else the embedded one in the state dir."""
+    if not settings.database_url:
+        return SqliteStateStore(settings.state_dir / "state.db")
+    store = PostgresStateStore(settings.database_url)
+    log.info("episodes, events and nodes in %s", store.where)
+    return store
 
 
 REGISTRY_WORKERS = 16

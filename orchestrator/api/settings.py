@@ -33,6 +33,10 @@ class AuthSettings:
 class OrchestratorSettings:
     state_dir: Path
     """Holds the embedded SQLite state (state.db) and, by default, the local snapshot store."""
+    database_url: str = field(default="", repr=False)
+    """postgresql://USER:PASSWORD@HOST:PORT/DATABASE: keep episodes, events, nodes and images
+    there instead of in state.db. Empty keeps them in state.db, which needs no server. Left out
+    of repr: it may hold a password."""
     listen: str = "127.0.0.1:7070"
     """gRPC address of the public API and the node registry."""
     snapshot_store: str = ""

@@ -161,6 +161,7 @@ class Commands:
         orchestrator = Orchestrator(
             OrchestratorSettings(
                 state_dir=Path(a.state_dir),
+                database_url=a.database_url,
                 listen=a.listen,
                 snapshot_store=a.snapshot_store,
                 import_registry=a.import_registry,

@@ -89,6 +89,12 @@ def parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--listen", default=env("STASIS_LISTEN", "0.0.0.0:7070"))
     srv.add_argument("--state-dir", default=env("STASIS_STATE_DIR", "/var/lib/stasis"))
+    srv.add_argument(
+        "--database-url",
+        default=env("STASIS_DATABASE_URL", ""),
+        help="postgresql://USER:PASSWORD@HOST:PORT/DATABASE to keep episodes, events and nodes in "
+        "(default: $STASIS_DATABASE_URL, else SQLite in --state-dir); prefer the variable, as flags show in ps",
+    )
     srv.add_argument("--snapshot-store", default=env("STASIS_SNAPSHOT_STORE", ""))
     srv.add_argument(
         "--import-registry",

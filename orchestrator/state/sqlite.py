@@ -8,9 +8,6 @@ read back without validation: they were validated once, when they were submitted
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
 import ipaddress
 import json
 import sqlite3
@@ -21,45 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.domain import (
-    ALLOWED,
-    TERMINAL,
-    Conflict,
     Episode,
     EpisodeSpec,
     EpisodeState,
     Event,
     FailedPrecondition,
     ImageRecord,
-    InvalidArgument,
     NodeRecord,
     NodeState,
     NotFound,
     SnapshotRecord,
-    codec,
     current_caller,
     ids,
 )
+from orchestrator.state import records
 from orchestrator.state.database import Database
 from orchestrator.state.schema import SCHEMA
-
-_EPISODE_COLUMNS = (
-    "node", "sandbox_id", "runs", "run_started_at", "run_seconds", "queued_at", "held", "pinned_node",
-    "snapshots", "last_snapshot_id", "restored_from", "pending_snapshot_id", "pending_reason", "last_autosave_at",
-    "exit_code", "reward", "finished_at", "not_before", "attempts", "reason", "updated_at", "log_offsets",
-)  # fmt: skip
-_EPISODE_FIELDS = tuple(f.name for f in dataclasses.fields(Episode))
-_SNAPSHOT_FIELDS = tuple(f.name for f in dataclasses.fields(SnapshotRecord))
-
-
-@functools.lru_cache(maxsize=8192)
-def _decode_spec(stored: str) -> EpisodeSpec:
-    """A stored spec as an EpisodeSpec. A spec never changes once submitted and EpisodeSpec is
-    frozen, so the control loop's passes over every live episode decode each one only once."""
-    return codec.decode(EpisodeSpec, json.loads(stored), "spec")
-
-
-def _fingerprint(method: str, payload: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps([method, payload], sort_keys=True, default=str).encode()).hexdigest()
 
 
 class SqliteStateStore:
@@ -85,13 +59,7 @@ class SqliteStateStore:
     # -- episodes ---------------------------------------------------------------------------
 
     def _row_to_episode(self, row: sqlite3.Row) -> Episode:
-        columns = dict(zip(row.keys(), row, strict=True))  # far quicker than row[name] for each
-        values = {name: columns[name] for name in _EPISODE_FIELDS}
-        values["spec"] = _decode_spec(columns["spec"])
-        values["state"] = EpisodeState(columns["state"])
-        values["held"] = bool(columns["held"])
-        values["log_offsets"] = tuple(json.loads(columns["log_offsets"]))
-        return Episode(**values)
+        return records.episode_from_row(dict(zip(row.keys(), row, strict=True)))  # quicker than row[name]
 
     def _free_address(self, db: sqlite3.Connection, pool: ipaddress.IPv4Network) -> str:
         """The next address of the pool that no live episode holds, going round from the last one
@@ -118,7 +86,7 @@ class SqliteStateStore:
     ) -> list[Episode]:
         """Accept episodes durably, all or none. Concurrent calls share one commit (group
         commit), so many submits cost one fsync. A request id seen before returns its episode."""
-        encoded = [(spec, json.dumps(codec.encode(spec), sort_keys=True), rid) for spec, rid in submits]
+        encoded = [(spec, records.encode_spec(spec), rid) for spec, rid in submits]
 
         def insert(db: sqlite3.Connection) -> list[Episode]:
             return [self._insert(db, spec, spec_json, rid, address_pool) for spec, spec_json, rid in encoded]
@@ -140,7 +108,7 @@ class SqliteStateStore:
             " submitted_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
                 episode_id, spec_json, EpisodeState.PENDING, "submitted", spec.preemption.priority,
-                json.dumps(spec.labels, sort_keys=True), self._free_address(db, address_pool),
+                records.encode_labels(spec.labels), self._free_address(db, address_pool),
                 ids.new_gateway_token(), now, now, now,
             ),
         )  # fmt: skip
@@ -176,16 +144,10 @@ class SqliteStateStore:
             args.append(node)
         with self._database.read() as db:
             rows = db.execute(query + " ORDER BY submitted_at, id", args).fetchall()
-        episodes = [self._row_to_episode(r) for r in rows]
-        if labels:
-            episodes = [e for e in episodes if all(e.spec.labels.get(k) == v for k, v in labels.items())]
-        return episodes
+        return records.with_labels([self._row_to_episode(r) for r in rows], labels)
 
     def _apply(self, db: sqlite3.Connection, episode_id: str, changes: Mapping[str, Any]) -> None:
-        unknown = set(changes) - set(_EPISODE_COLUMNS) - {"state"}
-        if unknown:
-            raise ValueError(f"not episode fields: {sorted(unknown)}")
-        if not changes:
+        if not records.checked_changes(changes):
             return
         values = [
             int(v) if isinstance(v, bool) else json.dumps(v) if isinstance(v, tuple) else v
@@ -211,26 +173,10 @@ class SqliteStateStore:
         now = time.time()
         with self._tx() as db:
             current = self._get(db, episode_id)
-            if expect and current.state not in expect:
-                raise FailedPrecondition(
-                    f"episode {episode_id} is {current.state}, not {' or '.join(sorted(expect))}"
-                )
-            if to != current.state and to not in ALLOWED[current.state]:
-                raise FailedPrecondition(f"episode {episode_id} cannot go from {current.state} to {to}")
-            if (
-                current.state == EpisodeState.RUNNING
-                and to != EpisodeState.RUNNING
-                and current.run_started_at
-            ):
-                changes.setdefault("run_seconds", current.run_seconds + (now - current.run_started_at))
-                changes.setdefault("run_started_at", 0.0)
-            if to in TERMINAL:
-                changes.setdefault("finished_at", now)
+            columns = records.transition_changes(current, to, reason, expect, snapshot, changes, now)
             if snapshot is not None:
                 self._insert_snapshot(db, snapshot)
-                changes.setdefault("snapshots", current.snapshots + 1)
-                changes.setdefault("last_snapshot_id", snapshot.id)
-            self._apply(db, episode_id, {"state": str(to), "reason": reason, "updated_at": now, **changes})
+            self._apply(db, episode_id, columns)
             self._event(
                 db, episode_id, "transition", current.state, to, reason, changes.get("node", current.node), ""
             )
@@ -251,12 +197,8 @@ class SqliteStateStore:
 
     def _insert_snapshot(self, db: sqlite3.Connection, s: SnapshotRecord) -> None:
         db.execute(
-            "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                s.id, s.episode_id, s.sequence, s.parent_id, s.node, s.reason, s.created_at,
-                s.logical_bytes, s.stored_bytes, s.new_bytes, json.dumps(s.trajectory_cursor), json.dumps(s.timings_ms),
-            ),
-        )  # fmt: skip
+            "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", records.snapshot_row(s)
+        )
 
     def add_snapshot(self, snapshot: SnapshotRecord, **changes: Any) -> Episode:
         """Record a snapshot that needs no state change (an autosave)."""
@@ -284,7 +226,7 @@ class SqliteStateStore:
             rows = db.execute(
                 "SELECT * FROM snapshots WHERE episode_id = ? ORDER BY sequence", (episode_id,)
             ).fetchall()
-        return [_row_to_snapshot(r) for r in rows]
+        return [records.snapshot_from_row(dict(r)) for r in rows]
 
     # -- events -----------------------------------------------------------------------------
 
@@ -329,17 +271,7 @@ class SqliteStateStore:
     # -- nodes ------------------------------------------------------------------------------
 
     def _row_to_node(self, r: sqlite3.Row) -> NodeRecord:
-        return NodeRecord(
-            name=r["name"],
-            address=r["address"],
-            state=NodeState(r["state"]),
-            backend=r["backend"],
-            slots=r["slots"],
-            memory_mb=r["memory_mb"],
-            images=json.loads(r["images"]),
-            labels=json.loads(r["labels"]),
-            registered_at=r["registered_at"],
-        )
+        return records.node_from_row(dict(r))
 
     def upsert_node(self, node: NodeRecord) -> NodeRecord:
         """Register or refresh a node. A node that comes back keeps a cordon or drain set on it."""
@@ -349,12 +281,8 @@ class SqliteStateStore:
             if row is not None and NodeState(row["state"]) in (NodeState.CORDONED, NodeState.DRAINING):
                 state = NodeState(row["state"])
             db.execute(
-                "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    node.name, node.address, str(state), node.backend, node.slots, node.memory_mb,
-                    json.dumps(node.images), json.dumps(node.labels), node.registered_at,
-                ),
-            )  # fmt: skip
+                "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?)", records.node_row(node, state)
+            )
             self._event(db, "", "node", "", str(state), "registered", node.name, node.address)
             return self._row_to_node(
                 db.execute("SELECT * FROM nodes WHERE name = ?", (node.name,)).fetchone()
@@ -429,23 +357,16 @@ class SqliteStateStore:
     def _known_request(
         self, db: sqlite3.Connection, request_id: str, method: str, payload: Mapping[str, Any]
     ) -> str | None:
-        if len(request_id) > 200:
-            raise InvalidArgument("request_id", "must be at most 200 characters")
+        records.check_request_id(request_id)
         row = db.execute("SELECT * FROM requests WHERE request_id = ?", (request_id,)).fetchone()
-        if row is None:
-            return None
-        if row["method"] != method or row["fingerprint"] != _fingerprint(method, payload):
-            raise Conflict(
-                f"request_id {request_id!r} was already used for a different {row['method']} request"
-            )
-        return str(row["target"])
+        return records.check_known_request(request_id, method, payload, dict(row)) if row else None
 
     def _store_request(
         self, db: sqlite3.Connection, request_id: str, method: str, payload: Mapping[str, Any], target: str
     ) -> None:
         db.execute(
             "INSERT INTO requests VALUES (?,?,?,?,?)",
-            (request_id, method, _fingerprint(method, payload), target, time.time()),
+            (request_id, method, records.fingerprint(method, payload), target, time.time()),
         )
 
     def known_request(self, request_id: str, method: str, payload: Mapping[str, Any]) -> str | None:
@@ -458,10 +379,3 @@ class SqliteStateStore:
         with self._tx() as db:
             if self._known_request(db, request_id, method, payload) is None:
                 self._store_request(db, request_id, method, payload, target)
-
-
-def _row_to_snapshot(row: sqlite3.Row) -> SnapshotRecord:
-    values = {name: row[name] for name in _SNAPSHOT_FIELDS}
-    values["trajectory_cursor"] = json.loads(row["trajectory_cursor"])
-    values["timings_ms"] = json.loads(row["timings_ms"])
-    return SnapshotRecord(**values)

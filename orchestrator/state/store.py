@@ -1,5 +1,5 @@
-"""What the control plane needs from its database. `SqliteStateStore` is the embedded one; a
-server database can stand in for it."""
+"""What the control plane needs from its database. `SqliteStateStore` is the embedded one;
+`PostgresStateStore` keeps the same state on a database server."""
 
 from __future__ import annotations
 

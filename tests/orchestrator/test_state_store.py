@@ -1,13 +1,20 @@
-"""The embedded state store on its own: transitions with their events, request ids, snapshot
-records, nodes, and specs read back as stored."""
+"""The state stores on their own, the embedded SQLite one and the PostgreSQL one held to the
+same tests: transitions with their events, request ids, snapshot records, nodes, images and
+logs, specs read back as stored, and what concurrent callers and watchers see.
+
+The PostgreSQL store runs against a real server the suite starts (`tests/postgres.py`), with a
+fresh database for each test."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import quote
 
+import psycopg
 import pytest
 
 from orchestrator.domain import (
@@ -17,6 +24,7 @@ from orchestrator.domain import (
     EpisodeSpec,
     EpisodeState,
     FailedPrecondition,
+    ImageRecord,
     InvalidArgument,
     NodeRecord,
     NodeState,
@@ -25,10 +33,12 @@ from orchestrator.domain import (
     RewardSpec,
     Role,
     SnapshotRecord,
+    TemporaryError,
     acting_for,
     ids,
 )
-from orchestrator.state import SqliteStateStore
+from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore
+from tests.postgres import PASSWORD, PostgresServer
 
 S = EpisodeState
 POOL = ids.address_pool("10.9.0.0/29")
@@ -42,12 +52,43 @@ SPEC = EpisodeSpec(
     reward=RewardSpec(command=("python3", "/grade.py"), files={"/grade.py": b"print(1)"}),
 )
 
+OpenStore = Callable[[], StateStore]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session; stopped, and its data removed, however it ends."""
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
+    """Opens a store on this test's own database. Each call opens it anew, as an orchestrator
+    that restarted would; every store opened is closed at the end."""
+    server: PostgresServer | None = (
+        request.getfixturevalue("postgres") if request.param == "postgres" else None
+    )
+    url = server.database() if server else ""
+    opened: list[StateStore] = []
+
+    def open_() -> StateStore:
+        opened.append(PostgresStateStore(url) if url else SqliteStateStore(tmp_path / "state.db"))
+        return opened[-1]
+
+    yield open_
+    for store in opened:
+        store.close()
+    if server:
+        server.drop(url)
+
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqliteStateStore]:
-    s = SqliteStateStore(tmp_path / "state.db")
-    yield s
-    s.close()
+def store(open_store: OpenStore) -> StateStore:
+    return open_store()
 
 
 def _snapshot(episode_id: str, sequence: int, parent: str = "") -> SnapshotRecord:
@@ -58,26 +99,31 @@ def _snapshot(episode_id: str, sequence: int, parent: str = "") -> SnapshotRecor
     )  # fmt: skip
 
 
+def _later(seconds: float, action: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), action()))
+    thread.start()
+    return thread
+
+
 @pytest.mark.timeout(30)
 def test_a_submitted_spec_reads_back_exactly_and_each_episode_gets_its_own_address(
-    store: SqliteStateStore, tmp_path: Path
+    open_store: OpenStore,
 ) -> None:
+    store = open_store()
     first = store.submit(SPEC, "", POOL)
     second = store.submit(SPEC, "", POOL)
     assert first.spec == SPEC and store.get(first.id).spec == SPEC
     assert ids.SandboxId.parse(ids.sandbox_id(first.id, 1)) == ids.SandboxId(first.id, 1)
     assert first.address != second.address and first.token != second.token
     store.close()
-    reopened = SqliteStateStore(tmp_path / "state.db")
-    try:
-        assert reopened.get(first.id).spec == SPEC
-        assert reopened.by_token(first.token) == reopened.get(first.id)
-    finally:
-        reopened.close()
+    reopened = open_store()
+    assert reopened.get(first.id).spec == SPEC
+    assert reopened.by_token(first.token) == reopened.get(first.id)
+    assert reopened.by_token("no-such-token") is None
 
 
 @pytest.mark.timeout(30)
-def test_stored_specs_are_not_validated_again_on_read(store: SqliteStateStore) -> None:
+def test_stored_specs_are_not_validated_again_on_read(store: StateStore) -> None:
     # Validation runs once, at the API; the store keeps what it was given and returns it as is.
     odd = EpisodeSpec(image="base", command=("true",), env={"1-not-a-name": "x"})
     with pytest.raises(InvalidArgument, match=r"spec\.env"):
@@ -88,13 +134,15 @@ def test_stored_specs_are_not_validated_again_on_read(store: SqliteStateStore) -
 
 
 @pytest.mark.timeout(30)
-def test_transitions_follow_the_state_machine_and_commit_with_their_event(store: SqliteStateStore) -> None:
+def test_transitions_follow_the_state_machine_and_commit_with_their_event(store: StateStore) -> None:
     e = store.submit(SPEC, "", POOL)
     store.transition(e.id, S.RUNNING, "started", node="node-1", run_started_at=100.0)
     with pytest.raises(FailedPrecondition, match="cannot go from RUNNING to RESTORING"):
         store.transition(e.id, S.RESTORING, "no")
     with pytest.raises(FailedPrecondition, match="not PREEMPTED"):
         store.transition(e.id, S.RESTORING, "no", expect=(S.PREEMPTED,))
+    with pytest.raises(NotFound, match="ep-missing"):
+        store.transition("ep-missing", S.RUNNING, "no")
     snap = _snapshot(e.id, 1)
     after = store.transition(e.id, S.PREEMPTED, "stored", expect=(S.RUNNING,), snapshot=snap, node="")
     assert (after.snapshots, after.last_snapshot_id, after.node) == (1, snap.id, "")
@@ -113,23 +161,76 @@ def test_transitions_follow_the_state_machine_and_commit_with_their_event(store:
 
 
 @pytest.mark.timeout(30)
-def test_request_ids_return_the_first_episode_and_refuse_another_request(store: SqliteStateStore) -> None:
+def test_fields_read_back_as_written_and_a_decision_becomes_an_event(store: StateStore) -> None:
+    e = store.submit(SPEC, "", POOL)
+    other = store.submit(EpisodeSpec(image="base", command=("true",), labels={"suite": "other"}), "", POOL)
+    changed = store.update(
+        e.id, decision="pinned by hand", held=True, pinned_node="node-2", log_offsets=(0, -1, 7),
+        exit_code=3, reward=0.25, attempts=2, not_before=12.5, node="node-2",
+    )  # fmt: skip
+    assert changed == store.get(e.id)
+    assert (changed.held, changed.pinned_node, changed.log_offsets) == (True, "node-2", (0, -1, 7))
+    assert (changed.exit_code, changed.reward, changed.attempts, changed.not_before) == (3, 0.25, 2, 12.5)
+    assert store.update(e.id, held=False, exit_code=None, reward=None).held is False
+    assert (store.get(e.id).exit_code, store.get(e.id).reward) == (None, None)
+    last = store.events(0, [e.id])[-1]
+    assert (last.kind, last.reason) == ("decision", "pinned by hand")
+    with pytest.raises(ValueError, match="not_a_field"):
+        store.update(e.id, not_a_field=1)
+    with pytest.raises(NotFound):
+        store.update("ep-missing", held=True)
+
+    assert [x.id for x in store.query(node="node-2")] == [e.id]
+    assert [x.id for x in store.query(labels={"suite": "other"})] == [other.id]
+    assert [x.id for x in store.query(states=[S.RUNNING, S.PENDING])] == [e.id, other.id]
+    assert store.query(states=[S.RUNNING]) == []
+    assert [ev.episode_id for ev in store.events(0, [other.id])] == [other.id]
+    first, second = store.events(limit=2)
+    assert second.seq > first.seq and [ev.seq for ev in store.events(first.seq, limit=1)] == [second.seq]
+
+
+@pytest.mark.timeout(30)
+def test_request_ids_return_the_first_episode_and_refuse_another_request(store: StateStore) -> None:
     first = store.submit(SPEC, "trainer-1", POOL)
     assert store.submit(SPEC, "trainer-1", POOL).id == first.id
     with pytest.raises(Conflict, match="trainer-1"):
         store.submit(EpisodeSpec(image="base", command=("other",)), "trainer-1", POOL)
     assert len(store.query()) == 1
+    with pytest.raises(InvalidArgument, match="request_id"):
+        store.submit(SPEC, "x" * 201, POOL)
+
+    assert store.known_request("cancel-1", "CancelEpisode", {"id": first.id}) is None
+    store.remember_request("cancel-1", "CancelEpisode", {"id": first.id}, first.id)
+    store.remember_request("cancel-1", "CancelEpisode", {"id": first.id}, first.id)  # a retry
+    assert store.known_request("cancel-1", "CancelEpisode", {"id": first.id}) == first.id
+    with pytest.raises(Conflict, match="different CancelEpisode request"):
+        store.known_request("cancel-1", "CancelEpisode", {"id": "ep-other"})
+    with pytest.raises(Conflict):
+        store.remember_request("trainer-1", "CancelEpisode", {"id": first.id}, first.id)
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_of_submits_is_stored_whole_or_not_at_all(open_store: OpenStore) -> None:
+    store = open_store()
+    taken = store.submit(SPEC, "taken", POOL)
+    other = EpisodeSpec(image="base", command=("other",))
+    with pytest.raises(Conflict, match="taken"):
+        store.submit_many([(SPEC, "a"), (SPEC, "b"), (other, "taken")], POOL)
+    with pytest.raises(FailedPrecondition, match="exhausted"):
+        store.submit_many([(SPEC, f"c{i}") for i in range(POOL.num_addresses - 2)], POOL)
+    assert [e.id for e in store.query()] == [taken.id]
+    assert [e.episode_id for e in store.events()] == [taken.id]
+    assert store.known_request("a", "SubmitEpisode", {}) is None
+
+    batch = store.submit_many([(SPEC, "a"), (other, "b"), (SPEC, "taken")], POOL)
+    assert batch[2].id == taken.id and len({e.address for e in batch}) == 3
+    store.close()
+    assert [e.id for e in open_store().query()] == [taken.id, batch[0].id, batch[1].id]
 
 
 @pytest.mark.timeout(60)
-def test_concurrent_submits_share_commits_and_each_is_durable_on_behalf_of_its_own_caller(
-    tmp_path: Path,
-) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
-    database = store._database
-    commits = []
-    notify = database._on_commit
-    database._on_commit = lambda: (commits.append(1), notify())[1]
+def test_concurrent_submits_are_each_durable_on_behalf_of_their_own_caller(open_store: OpenStore) -> None:
+    store = open_store()
     pool = ids.address_pool("10.9.0.0/22")
     store.submit(SPEC, "taken", pool)
     other = EpisodeSpec(image="base", command=("other",))
@@ -139,8 +240,10 @@ def test_concurrent_submits_share_commits_and_each_is_durable_on_behalf_of_its_o
         with acting_for(Caller(f"trainer-{i}", Role.TRAINER)):
             start.wait()
             try:
-                # Every sixth reuses a request id for another spec: refused, and alone.
-                return store.submit(other if i % 6 == 0 else SPEC, "taken" if i % 6 == 0 else f"r{i}", pool)
+                # Every sixth reuses a request id for another spec: refused, and alone. The
+                # others come in pairs that send the same request at once: one episode each.
+                rid = "taken" if i % 6 == 0 else f"r{i // 2}"
+                return store.submit(other if i % 6 == 0 else SPEC, rid, pool)
             except Conflict as exc:
                 return exc
 
@@ -150,32 +253,110 @@ def test_concurrent_submits_share_commits_and_each_is_durable_on_behalf_of_its_o
     refused = [i for i, o in enumerate(outcomes) if isinstance(o, Conflict)]
     assert refused == [0, 6, 12, 18]
     accepted = {i: o for i, o in enumerate(outcomes) if isinstance(o, Episode)}
-    assert len({e.address for e in accepted.values()}) == len({e.id for e in accepted.values()}) == 20
-    assert len(commits) < 1 + 20, "no two submits shared a commit"
+    episodes = {e.id: e for e in accepted.values()}
+    assert len(episodes) == len({e.address for e in episodes.values()}) == len({i // 2 for i in accepted})
+    assert all(accepted[i].id == accepted[i ^ 1].id for i in accepted if i ^ 1 in accepted)
 
-    reopened = SqliteStateStore(tmp_path / "state.db")
+    reopened = open_store()
+    events = {e.episode_id: e for e in reopened.events() if e.to_state == S.PENDING}
+    for episode_id, episode in episodes.items():
+        assert reopened.get(episode_id).address == episode.address
+        submitters = {f"trainer-{i} (trainer)" for i, o in accepted.items() if o.id == episode_id}
+        assert events[episode_id].actor in submitters
+    assert len(reopened.query()) == 1 + len(episodes)
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_sqlite_submits_share_commits(tmp_path: Path) -> None:
+    store = SqliteStateStore(tmp_path / "state.db")
+    database = store._database
+    commits = []
+    notify = database._on_commit
+    database._on_commit = lambda: (commits.append(1), notify())[1]
+    pool = ids.address_pool("10.9.0.0/22")
+    start = threading.Barrier(24)
+
+    def submit(i: int) -> Episode:
+        start.wait()
+        return store.submit(SPEC, f"r{i}", pool)
+
     try:
-        events = {e.episode_id: e for e in reopened.events() if e.to_state == S.PENDING}
-        for i, episode in accepted.items():
-            assert reopened.get(episode.id).address == episode.address
-            assert events[episode.id].actor == f"trainer-{i} (trainer)"
-        assert len(reopened.query()) == 21
+        with ThreadPoolExecutor(24) as threads:
+            assert len({e.id for e in threads.map(submit, range(24))}) == 24
     finally:
-        reopened.close()
+        store.close()
+    assert len(commits) < 24, "no two submits shared a commit"
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_changes_to_one_episode_are_neither_lost_nor_doubled(open_store: OpenStore) -> None:
+    # Through two stores on one database, as well as through one: the writers take turns in the
+    # database, not only in this process.
+    stores = [open_store(), open_store()]
+    store = stores[0]
+    e = store.submit(SPEC, "", POOL)
+    start = threading.Barrier(16)
+
+    def start_it(i: int) -> Episode | FailedPrecondition:
+        start.wait()
+        try:
+            return stores[i % 2].transition(
+                e.id, S.RUNNING, f"placed {i}", expect=(S.PENDING,), node=f"node-{i}"
+            )
+        except FailedPrecondition as exc:
+            return exc
+
+    def autosave(i: int) -> Episode:
+        start.wait()
+        return stores[i % 2].add_snapshot(_snapshot(e.id, i + 1))
+
+    with ThreadPoolExecutor(16) as threads:
+        started = [o for o in threads.map(start_it, range(16)) if isinstance(o, Episode)]
+        list(threads.map(autosave, range(16)))
+    assert len(started) == 1 and store.get(e.id).node == started[0].node
+    assert [ev.reason for ev in store.events(0, [e.id]) if ev.to_state == S.RUNNING][:1] == [
+        started[0].reason
+    ]
+    assert len([ev for ev in store.events(0, [e.id]) if ev.kind == "transition"]) == 2
+    assert store.get(e.id).snapshots == len(store.snapshots(e.id)) == 16
 
 
 @pytest.mark.timeout(30)
-def test_the_address_pool_runs_out_with_a_clear_error(store: SqliteStateStore) -> None:
-    for _ in range(POOL.num_addresses - 2):  # a /29 has six host addresses
-        store.submit(SPEC, "", POOL)
+def test_watchers_wake_when_an_event_commits_and_when_the_store_closes(store: StateStore) -> None:
+    e = store.submit(SPEC, "", POOL)
+    last = store.events()[-1].seq
+    assert store.wait_for_events(last - 1, timeout=0)
+    began = time.monotonic()
+    assert not store.wait_for_events(last, timeout=0.3)
+    assert time.monotonic() - began >= 0.3
+
+    waker = _later(0.3, lambda: store.update(e.id, decision="looked at"))
+    began = time.monotonic()
+    assert store.wait_for_events(last, timeout=20)
+    assert time.monotonic() - began < 10, "the watcher slept through the commit"
+    waker.join()
+    assert [ev.reason for ev in store.events(last)] == ["looked at"]
+
+    closer = _later(0.3, store.close)
+    began = time.monotonic()
+    assert store.wait_for_events(last + 1, timeout=20) and store.closed
+    assert time.monotonic() - began < 10, "the watcher slept through the close"
+    closer.join()
+
+
+@pytest.mark.timeout(30)
+def test_the_address_pool_runs_out_with_a_clear_error_and_a_finished_episode_frees_its_address(
+    store: StateStore,
+) -> None:
+    episodes = [store.submit(SPEC, "", POOL) for _ in range(POOL.num_addresses - 2)]  # a /29 has six
     with pytest.raises(FailedPrecondition, match=r"address pool 10\.9\.0\.0/29 is exhausted"):
         store.submit(SPEC, "", POOL)
+    store.transition(episodes[2].id, S.CANCELLED, "by user")
+    assert store.submit(SPEC, "", POOL).address == episodes[2].address
 
 
 @pytest.mark.timeout(30)
-def test_nodes_keep_a_drain_across_registration_and_unknown_ones_are_not_found(
-    store: SqliteStateStore,
-) -> None:
+def test_nodes_keep_a_drain_across_registration_and_unknown_ones_are_not_found(store: StateStore) -> None:
     node = NodeRecord(
         "node-1", "127.0.0.1:1", NodeState.READY, "runc", 2, 4096, {"sha256:a": ["base"]}, {}, 0
     )
@@ -185,3 +366,81 @@ def test_nodes_keep_a_drain_across_registration_and_unknown_ones_are_not_found(
     assert store.node("node-1").has_image("base") and store.node("node-1").has_image("sha256:a")
     with pytest.raises(NotFound, match="node-9"):
         store.node("node-9")
+    with pytest.raises(NotFound, match="node-9"):
+        store.set_node_state("node-9", NodeState.CORDONED, "no")
+    seen = len(store.events())
+    store.set_node_state("node-1", NodeState.DRAINING, "again")
+    assert len(store.events()) == seen, "a state it already had is no event"
+    store.update_node_images("node-1", {"sha256:b": ["other"]})
+    store.upsert_node(
+        NodeRecord("node-0", "127.0.0.1:2", NodeState.READY, "docker", 1, 1024, {}, {"z": "1"}, 5)
+    )
+    assert [(n.name, n.state, n.images) for n in store.nodes()] == [
+        ("node-0", NodeState.READY, {}),
+        ("node-1", NodeState.DRAINING, {"sha256:b": ["other"]}),
+    ]
+    assert [(ev.kind, ev.to_state, ev.node) for ev in store.events()][-1] == ("node", "READY", "node-0")
+
+
+@pytest.mark.timeout(30)
+def test_logs_and_images_are_kept_replaced_and_removed(store: StateStore) -> None:
+    assert store.log("ep-1") is None
+    store.put_log("ep-1", 0, b"first\x00\xff")
+    store.put_log("ep-1", 4096, b"tail")
+    assert store.log("ep-1") == (4096, b"tail")
+
+    image = ImageRecord("tool", "127.0.0.1:5000/tool@sha256:aa", "sha256:bb", 10, "/src", 1.0)
+    store.put_image(image)
+    store.put_image(ImageRecord("base", "r", "d", 1, "s", 2.0))
+    newer = ImageRecord("tool", "127.0.0.1:5000/tool@sha256:cc", "sha256:dd", 20, "/src", 3.0)
+    store.put_image(newer)
+    assert [i.name for i in store.images()] == ["base", "tool"] and store.image("tool") == newer
+    assert store.delete_image("tool") == newer and store.image("tool") is None
+    with pytest.raises(NotFound, match="imported images: base"):
+        store.delete_image("tool")
+
+
+@pytest.mark.timeout(30)
+def test_postgres_errors_name_the_database_but_never_its_password(postgres: PostgresServer) -> None:
+    with pytest.raises(InvalidArgument, match="database_url"):
+        PostgresStateStore("mysql://stasis:secret@127.0.0.1/stasis")
+    url = postgres.database()
+    try:
+        store = PostgresStateStore(url)
+        store.close()
+        assert store.where == f"postgresql://stasis@127.0.0.1:{postgres.port}/{url.rsplit('/', 1)[1]}"
+        for wrong, secret in (
+            (url.replace(f":{postgres.port}/", ":1/"), PASSWORD),
+            (url.replace("-Not", "-Nope"), "-Nope"),
+        ):
+            with pytest.raises(TemporaryError) as refused:
+                PostgresStateStore(wrong)
+            assert "127.0.0.1" in str(refused.value)
+            assert secret not in str(refused.value) and quote(secret, safe="") not in str(refused.value)
+    finally:
+        postgres.drop(url)
+
+
+@pytest.mark.timeout(60)
+def test_the_postgres_store_carries_on_after_the_server_drops_its_connections(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.database()
+    store = PostgresStateStore(url)
+    try:
+        e = store.submit(SPEC, "", POOL)
+        with psycopg.connect(postgres.url("postgres"), autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (url.rsplit("/", 1)[1],),
+            )
+        assert store.get(e.id).id == e.id
+        last = store.events()[-1].seq
+        waker = _later(0.5, lambda: store.update(e.id, decision="after the outage"))
+        began = time.monotonic()
+        assert store.wait_for_events(last, timeout=20)
+        assert time.monotonic() - began < 10, "the watcher slept through the commit"
+        waker.join()
+    finally:
+        store.close()
+        postgres.drop(url)

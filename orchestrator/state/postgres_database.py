@@ -1,0 +1,178 @@
+"""A PostgreSQL database as the control plane uses it: a pool of connections, one writer at a
+time, a listener that wakes watchers when events commit, and psycopg's errors translated into
+the control plane's. The one module that imports psycopg (a contract in pyproject.toml).
+
+The URL may carry a password. It is kept only to connect: everything shown to people, logs and
+errors alike, names the database by `where`, which has no password in it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import ConnectionPool
+
+from orchestrator.domain import InvalidArgument, TemporaryError
+
+log = logging.getLogger(__name__)
+
+Connection = psycopg.Connection[DictRow]
+
+EVENTS_CHANNEL = "stasis_events"
+"""Notified in every transaction that adds an event; delivered when it commits."""
+WRITER_LOCK = 0x5354_4153_4953  # "STASIS"
+"""Key of the advisory lock every write transaction takes first. Writers queue on it as they do
+on SQLite's single writer, so a transaction reads what all earlier ones wrote, and events commit
+in `seq` order: a watcher that has read up to some seq never misses a smaller one committed later.
+Within one process they queue on a threading lock before it, holding no connection meanwhile."""
+POOL_SIZE = 16
+"""Connections for the API threads and the control loop. Reads are short and writes use one
+at a time, so more would only hold server memory; PostgreSQL allows 100 by default."""
+CONNECT_TIMEOUT_S = 10
+"""How long to wait for the server at start-up or on a reconnect before calling it unavailable."""
+LISTEN_POLL_S = 0.25
+"""How often the listener looks up from its socket to see whether the store was closed."""
+RELISTEN_S = 1.0
+"""Pause before the listener reconnects after losing its connection."""
+
+
+def where(url: str) -> str:
+    """The URL without its password, for logs and errors; InvalidArgument if it is not a
+    PostgreSQL URL. The parser's own message is not repeated, as it may quote the password."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise InvalidArgument("database_url", "must be a postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL")
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        raise InvalidArgument("database_url", "is not a valid PostgreSQL URL") from None
+    user = f"{params['user']}@" if params.get("user") else ""
+    port = f":{params['port']}" if params.get("port") else ""
+    return f"postgresql://{user}{params.get('host', '')}{port}/{params.get('dbname', '')}"
+
+
+class PostgresDatabase:
+    """One PostgreSQL database: reads on a pool, one writer at a time, watchers woken on NOTIFY."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        self.where = where(url)
+        self._url = url
+        self._password = str(conninfo_to_dict(url).get("password") or "")
+        with self._translated(), self._connect() as db, db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))  # two servers starting at once
+            db.execute(schema)
+        self._pool = ConnectionPool(
+            url,
+            connection_class=Connection,
+            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S},
+            min_size=1,
+            max_size=POOL_SIZE,
+            timeout=CONNECT_TIMEOUT_S,
+            configure=_durable,
+            check=ConnectionPool.check_connection,  # a connection the server dropped is replaced
+            name="stasis-state",
+            open=True,
+        )
+        self._writer = threading.Lock()
+        self._closing = threading.Event()
+        self._changed = threading.Condition()
+        self._notifications = 0
+        self._listener = threading.Thread(target=self._listen, name="stasis-state-events", daemon=True)
+        self._listener.start()
+
+    def _connect(self) -> Connection:
+        return psycopg.connect(
+            self._url, autocommit=True, row_factory=dict_row, connect_timeout=CONNECT_TIMEOUT_S
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._closing.is_set()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._closing.set()
+        self._wake()
+        self._listener.join()
+        self._pool.close()
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """Where psycopg's errors become the control plane's: a server that cannot be reached is
+        worth retrying (the request ids make a retry safe), so it is a TemporaryError."""
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            raise TemporaryError(
+                f"the state database {self.where} is unavailable: {self._told(exc)}"
+            ) from None
+
+    def _told(self, exc: psycopg.Error) -> str:
+        """What psycopg said, with the password masked should the server have quoted it."""
+        return str(exc).replace(self._password, "***") if self._password else str(exc)
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A connection for reads; each statement sees every transaction committed before it."""
+        with self._translated(), self._pool.connection() as db:
+            yield db
+
+    @contextmanager
+    def tx(self) -> Iterator[Connection]:
+        """One write transaction, taken after every earlier writer has committed (WRITER_LOCK)."""
+        with self._writer, self._translated(), self._pool.connection() as db, db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+            yield db
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until `predicate` holds, the database closes, or `timeout` passes; `predicate`
+        is asked again after every notification on EVENTS_CHANNEL, and once more at the end."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self._notifications  # before asking: a notification after this ends the wait
+            if self.closed or predicate():
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self._changed:
+                if self._notifications == seen:
+                    self._changed.wait(remaining)
+
+    def _wake(self) -> None:
+        with self._changed:
+            self._notifications += 1
+            self._changed.notify_all()
+
+    def _listen(self) -> None:
+        """Wake the watchers on every notification, on a connection of its own, reconnecting
+        while the database is open."""
+        while not self.closed:
+            try:
+                with self._connect() as db:
+                    db.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    self._wake()  # for anything committed while nobody listened
+                    while not self.closed:
+                        for _ in db.notifies(timeout=LISTEN_POLL_S):
+                            self._wake()
+            except psycopg.OperationalError as exc:
+                log.warning(
+                    "lost the event listener of the state database %s: %s", self.where, self._told(exc)
+                )
+                self._closing.wait(RELISTEN_S)
+
+
+def _durable(db: Connection) -> None:
+    """A commit that returned is on disk, as with SQLite's synchronous=FULL, even where the
+    server's default is synchronous_commit=off; a stricter setting (remote_apply) is kept."""
+    db.execute(
+        "SELECT set_config('synchronous_commit', 'on', false)"
+        " WHERE current_setting('synchronous_commit') = 'off'"
+    )

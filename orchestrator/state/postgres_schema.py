@@ -1,0 +1,103 @@
+"""The PostgreSQL state store's tables: those of the embedded store (`schema.py`), column for
+column, in PostgreSQL's types.
+
+Times are DOUBLE PRECISION (PostgreSQL's REAL has only 24 bits of mantissa), counts and sizes
+BIGINT, as SQLite's INTEGER is 64-bit. The keys lists are sorted by use the "C" collation, so
+they sort bytewise as in SQLite, whatever the database's locale.
+"""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    id TEXT COLLATE "C" PRIMARY KEY,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    priority BIGINT NOT NULL,
+    labels TEXT NOT NULL,
+    address TEXT NOT NULL,
+    token TEXT NOT NULL UNIQUE,
+    node TEXT NOT NULL DEFAULT '',
+    sandbox_id TEXT NOT NULL DEFAULT '',
+    runs BIGINT NOT NULL DEFAULT 0,
+    run_started_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    run_seconds DOUBLE PRECISION NOT NULL DEFAULT 0,
+    queued_at DOUBLE PRECISION NOT NULL,
+    held BOOLEAN NOT NULL DEFAULT FALSE,
+    pinned_node TEXT NOT NULL DEFAULT '',
+    snapshots BIGINT NOT NULL DEFAULT 0,
+    last_snapshot_id TEXT NOT NULL DEFAULT '',
+    restored_from TEXT NOT NULL DEFAULT '',
+    pending_snapshot_id TEXT NOT NULL DEFAULT '',
+    pending_reason TEXT NOT NULL DEFAULT '',
+    last_autosave_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    exit_code BIGINT,
+    reward DOUBLE PRECISION,
+    submitted_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    finished_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    not_before DOUBLE PRECISION NOT NULL DEFAULT 0,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    log_offsets TEXT NOT NULL DEFAULT '[]'
+);
+CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
+CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;
+CREATE TABLE IF NOT EXISTS events (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    episode_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    from_state TEXT NOT NULL,
+    to_state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    message TEXT NOT NULL,
+    node TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    actor TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS events_episode ON events(episode_id, seq);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    episode_id TEXT NOT NULL,
+    sequence BIGINT NOT NULL,
+    parent_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    logical_bytes BIGINT NOT NULL,
+    stored_bytes BIGINT NOT NULL,
+    new_bytes BIGINT NOT NULL,
+    trajectory_cursor TEXT NOT NULL,
+    timings_ms TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS snapshots_episode ON snapshots(episode_id, sequence);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT COLLATE "C" PRIMARY KEY,
+    address TEXT NOT NULL,
+    state TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    slots BIGINT NOT NULL,
+    memory_mb BIGINT NOT NULL,
+    images TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    registered_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS images (
+    name TEXT COLLATE "C" PRIMARY KEY,
+    reference TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    size_bytes BIGINT NOT NULL,
+    source TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS logs (
+    episode_id TEXT PRIMARY KEY,
+    start BIGINT NOT NULL,
+    content BYTEA NOT NULL
+);
+CREATE TABLE IF NOT EXISTS requests (
+    request_id TEXT PRIMARY KEY,
+    method TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    target TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL
+);
+"""
