@@ -261,18 +261,19 @@ def test_s3_credentials_reach_both_components(s3_install: list[Manifest]) -> Non
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_the_upstream_key_reaches_the_orchestrator_alone(
+def test_the_upstream_key_and_database_url_reach_the_orchestrator_alone(
     s3_install: list[Manifest], reference_install: list[Manifest]
 ) -> None:
-    env = by_name(container(find(s3_install, "Deployment", FULLNAME), "orchestrator")["env"])
-    assert env["STASIS_UPSTREAM_API_KEY"]["valueFrom"]["secretKeyRef"] == {
-        "name": "vllm-key",
-        "key": "api-key",
+    secrets = {
+        "STASIS_UPSTREAM_API_KEY": ("vllm-key", "api-key"),
+        "STASIS_DATABASE_URL": ("stasis-postgres", "url"),
     }
-    agent = container(find(s3_install, "DaemonSet", AGENT), "agent")
-    assert "STASIS_UPSTREAM_API_KEY" not in by_name(agent.get("env", []))
+    env = by_name(container(find(s3_install, "Deployment", FULLNAME), "orchestrator")["env"])
+    for variable, (name, key) in secrets.items():
+        assert env[variable]["valueFrom"]["secretKeyRef"] == {"name": name, "key": key}
+    agent = by_name(container(find(s3_install, "DaemonSet", AGENT), "agent").get("env", []))
     without = by_name(container(find(reference_install, "Deployment", FULLNAME), "orchestrator")["env"])
-    assert "STASIS_UPSTREAM_API_KEY" not in without
+    assert not set(secrets) & (set(agent) | set(without))
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
