@@ -24,7 +24,8 @@ every page is local: the same, since every system here restores eagerly), stored
 first snapshot), new_bytes_2nd and new_bytes_3rd (what the later ones add).
 
 Also: idle_sandbox_mib and density_64mib (the node memory one idle 64 MiB sandbox takes, and how
-many fit in what the node has available), drain_64_s (stopping checkpoints of 64 idle 64 MiB sandboxes on one node, eight at a time
+many fit in what the node has available), saved_in_30s_64mib (how many 64 MiB sandboxes a node saves
+within a 30 s spot notice, at the drain's measured pace), drain_64_s (stopping checkpoints of 64 idle 64 MiB sandboxes on one node, eight at a time
 as the orchestrator's workers do: until the node is free, and until all are durable) and
 submits_per_s (durable submits per second, in SubmitEpisodes calls of 64; single_submits_per_s
 with one SubmitEpisode call each). Writes bench/results.json and
@@ -499,6 +500,9 @@ def main() -> None:
             free_s, durable_s, footprint = drain(args.drain, 64, a, freed)
             report[f"drain_{args.drain}_s"] = round(free_s, 2)
             report[f"drain_{args.drain}_durable_s"] = round(durable_s, 2)
+            # A spot node's notice: GCP gives 30 s. At this drain's pace, how many 64 MiB sandboxes
+            # one node saves (durable in the store) before it goes.
+            report["saved_in_30s_64mib"] = int(30 * args.drain / durable_s)
             # Density: how many such idle sandboxes fit in the memory this node has, at that footprint.
             report["idle_sandbox_mib"] = round(footprint, 1)
             report["density_64mib"] = int(_available_mib() // footprint)
