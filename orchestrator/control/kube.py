@@ -1,6 +1,7 @@
-"""The Kubernetes adapter: when a cluster reclaims a node (cordon, autoscaler scale-down, spot
-termination notice), drain the Stasis node of the same name before it goes; uncordon it when
-Kubernetes does. The only module that imports the kubernetes client."""
+"""The Kubernetes adapter of the control plane: when a cluster reclaims a node (cordon,
+autoscaler scale-down, spot termination notice) or deletes its agent pod, drain the Stasis node of
+the same name before it goes; uncordon it when Kubernetes lets it go. With `client/kube.py`
+(kubectl discovery), the only module that imports the kubernetes client."""
 
 from __future__ import annotations
 
