@@ -1,264 +1,61 @@
 """The server state store: the embedded store's tables and semantics in a PostgreSQL database,
 for an orchestrator whose state should live on a database server rather than its own disk.
 
-It behaves as `SqliteStateStore` does, method for method. Every state change commits together
-with its event in one transaction, and writers take one lock first (`WRITER_LOCK`), so they see
-each other's work as SQLite's single writer does and events commit in `seq` order. A request id
-is looked up and stored in the transaction of the work it names. Watchers wake on NOTIFY. What
-differs: submits do not share commits (PostgreSQL syncs each), and the server must be reachable,
-else calls fail with TemporaryError.
+It behaves as `SqliteStateStore` does, method for method: both run the logic of `sql.py`.
+Every state change commits together with its event in one transaction, and writers take one
+lock first (`WRITER_LOCK`), so they see each other's work as SQLite's single writer does and
+events commit in `seq` order. A request id is looked up and stored in the transaction of the
+work it names. Watchers wake on NOTIFY. What differs: submits do not share commits (PostgreSQL
+syncs each), and the server must be reachable, else calls fail with TemporaryError.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import json
-import time
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from orchestrator.domain import (
-    Episode,
-    EpisodeSpec,
-    EpisodeState,
-    Event,
-    FailedPrecondition,
-    ImageRecord,
-    NodeRecord,
-    NodeState,
-    NotFound,
-    SnapshotRecord,
-    current_caller,
-    ids,
-)
-from orchestrator.state import records
-from orchestrator.state.postgres_database import EVENTS_CHANNEL, Connection, PostgresDatabase
+from orchestrator.state.postgres_database import EVENTS_CHANNEL, PostgresDatabase
 from orchestrator.state.postgres_schema import SCHEMA
+from orchestrator.state.sql import Connection, SqlStateStore
 
 
 def _replace(table: str, columns: Sequence[str]) -> str:
     """SQLite's INSERT OR REPLACE: a row keyed by the first column, new or overwriting."""
     return (
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['?'] * len(columns))})"
         f" ON CONFLICT ({columns[0]}) DO UPDATE SET {', '.join(f'{c} = EXCLUDED.{c}' for c in columns[1:])}"
     )
 
 
-_REPLACE_NODE = _replace(
-    "nodes",
-    ("name", "address", "state", "backend", "slots", "memory_mb", "images", "labels", "registered_at"),
-)
-_REPLACE_IMAGE = _replace("images", ("name", "reference", "digest", "size_bytes", "source", "created_at"))
-_REPLACE_LOG = _replace("logs", ("episode_id", "start", "content"))
-
-
-class PostgresStateStore:
+class PostgresStateStore(SqlStateStore):
     """The server store: one PostgreSQL database, reached through a pool of connections."""
+
+    INSERT_SNAPSHOT = "INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING"
+    REPLACE_NODE = _replace(
+        "nodes",
+        ("name", "address", "state", "backend", "slots", "memory_mb", "images", "labels", "registered_at"),
+    )
+    REPLACE_IMAGE = _replace("images", ("name", "reference", "digest", "size_bytes", "source", "created_at"))
+    REPLACE_LOG = _replace("logs", ("episode_id", "start", "content"))
 
     def __init__(self, url: str) -> None:
         self._database = PostgresDatabase(url, SCHEMA)
+        super().__init__(self._database.tx, self._database.read)
         self.where = self._database.where
         """The database's URL without its password."""
-        self._tx = self._database.tx
-        self._read = self._database.read
-        self._next_address = 0
-
-    def close(self) -> None:
-        self._database.close()
-
-    # -- episodes ---------------------------------------------------------------------------
-
-    def _free_address(self, db: Connection, pool: ipaddress.IPv4Network) -> str:
-        """The next address of the pool that no live episode holds, going round from the last one
-        handed out: one index lookup per submit, and a freed address is the last to be reused."""
-        first = int(pool.network_address) + 1
-        count = pool.num_addresses - 2
-        start = self._next_address - first if first <= self._next_address < first + count else 0
-        held = "SELECT 1 FROM episodes WHERE address = %s AND finished_at = 0"
-        for step in range(count):
-            address = first + (start + step) % count
-            candidate = str(ipaddress.IPv4Address(address))
-            if db.execute(held, (candidate,)).fetchone() is None:
-                self._next_address = address + 1
-                return candidate
-        raise FailedPrecondition(
-            f"the sandbox address pool {pool} is exhausted; finish or cancel episodes first"
-        )
-
-    def submit(self, spec: EpisodeSpec, request_id: str, address_pool: ipaddress.IPv4Network) -> Episode:
-        return self.submit_many([(spec, request_id)], address_pool)[0]
-
-    def submit_many(
-        self, submits: Sequence[tuple[EpisodeSpec, str]], address_pool: ipaddress.IPv4Network
-    ) -> list[Episode]:
-        """Accept episodes durably, all or none, in one transaction. A request id seen before
-        returns its episode."""
-        encoded = [(spec, records.encode_spec(spec), rid) for spec, rid in submits]
-        with self._tx() as db:
-            return [self._insert(db, spec, spec_json, rid, address_pool) for spec, spec_json, rid in encoded]
-
-    def _insert(
-        self, db: Connection, spec: EpisodeSpec, spec_json: str, request_id: str,
-        address_pool: ipaddress.IPv4Network,
-    ) -> Episode:  # fmt: skip
-        now = time.time()
-        if request_id:
-            known = self._known_request(db, request_id, "SubmitEpisode", {"spec": spec_json})
-            if known is not None:
-                return self._get(db, known)
-        episode_id = ids.new_episode_id()
-        db.execute(
-            "INSERT INTO episodes (id, spec, state, reason, priority, labels, address, token, queued_at,"
-            " submitted_at, updated_at) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-            (
-                episode_id, spec_json, str(EpisodeState.PENDING), "submitted", spec.preemption.priority,
-                records.encode_labels(spec.labels), self._free_address(db, address_pool),
-                ids.new_gateway_token(), now, now, now,
-            ),
-        )  # fmt: skip
-        self._event(db, episode_id, "transition", "", EpisodeState.PENDING, "submitted", "", "")
-        if request_id:
-            self._store_request(db, request_id, "SubmitEpisode", {"spec": spec_json}, episode_id)
-        return self._get(db, episode_id)
-
-    def _get(self, db: Connection, episode_id: str) -> Episode:
-        row = db.execute("SELECT * FROM episodes WHERE id = %s", (episode_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"episode {episode_id!r} does not exist")
-        return records.episode_from_row(row)
-
-    def get(self, episode_id: str) -> Episode:
-        with self._read() as db:
-            return self._get(db, episode_id)
-
-    def by_token(self, token: str) -> Episode | None:
-        with self._read() as db:
-            row = db.execute("SELECT * FROM episodes WHERE token = %s", (token,)).fetchone()
-        return records.episode_from_row(row) if row else None
-
-    def query(
-        self, states: Collection[EpisodeState] = (), node: str = "", labels: Mapping[str, str] | None = None
-    ) -> list[Episode]:
-        query, args = "SELECT * FROM episodes WHERE true", list[object]()
-        if states:
-            query += " AND state = ANY(%s)"
-            args.append([str(s) for s in states])
-        if node:
-            query += " AND node = %s"
-            args.append(node)
-        with self._read() as db:
-            rows = db.execute(query + " ORDER BY submitted_at, id", args).fetchall()
-        return records.with_labels([records.episode_from_row(r) for r in rows], labels)
-
-    def _apply(self, db: Connection, episode_id: str, changes: Mapping[str, Any]) -> None:
-        if not records.checked_changes(changes):
-            return
-        values = [json.dumps(v) if isinstance(v, tuple) else v for v in changes.values()]
-        db.execute(
-            f"UPDATE episodes SET {', '.join(f'{k} = %s' for k in changes)} WHERE id = %s",
-            (*values, episode_id),
-        )
-
-    def transition(
-        self,
-        episode_id: str,
-        to: EpisodeState,
-        reason: str,
-        *,
-        expect: Collection[EpisodeState] = (),
-        snapshot: SnapshotRecord | None = None,
-        **changes: Any,
-    ) -> Episode:
-        """Move an episode to `to` if it is in one of `expect`; the change, its event and an
-        optional new snapshot record commit together."""
-        now = time.time()
-        with self._tx() as db:
-            current = self._get(db, episode_id)
-            columns = records.transition_changes(current, to, reason, expect, snapshot, changes, now)
-            if snapshot is not None:
-                self._insert_snapshot(db, snapshot)
-            self._apply(db, episode_id, columns)
-            self._event(
-                db, episode_id, "transition", current.state, to, reason, changes.get("node", current.node), ""
-            )
-            return self._get(db, episode_id)
-
-    def update(self, episode_id: str, *, decision: str = "", **changes: Any) -> Episode:
-        """Change fields without a state change; a decision text becomes an event."""
-        with self._tx() as db:
-            current = self._get(db, episode_id)
-            self._apply(db, episode_id, {"updated_at": time.time(), **changes})
-            if decision:
-                self._event(
-                    db, episode_id, "decision", current.state, current.state, decision, current.node, ""
-                )
-            return self._get(db, episode_id)
-
-    # -- snapshots --------------------------------------------------------------------------
-
-    def _insert_snapshot(self, db: Connection, s: SnapshotRecord) -> None:
-        db.execute(
-            "INSERT INTO snapshots VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING",
-            records.snapshot_row(s),
-        )
-
-    def add_snapshot(self, snapshot: SnapshotRecord, **changes: Any) -> Episode:
-        """Record a snapshot that needs no state change (an autosave)."""
-        with self._tx() as db:
-            current = self._get(db, snapshot.episode_id)
-            self._insert_snapshot(db, snapshot)
-            self._apply(
-                db,
-                snapshot.episode_id,
-                {
-                    "snapshots": current.snapshots + 1,
-                    "last_snapshot_id": snapshot.id,
-                    "updated_at": time.time(),
-                    **changes,
-                },
-            )
-            self._event(
-                db, snapshot.episode_id, "decision", current.state, current.state,
-                f"{snapshot.reason} snapshot {snapshot.id} stored", snapshot.node, "",
-            )  # fmt: skip
-            return self._get(db, snapshot.episode_id)
-
-    def snapshots(self, episode_id: str) -> list[SnapshotRecord]:
-        with self._read() as db:
-            rows = db.execute(
-                "SELECT * FROM snapshots WHERE episode_id = %s ORDER BY sequence", (episode_id,)
-            ).fetchall()
-        return [records.snapshot_from_row(r) for r in rows]
-
-    # -- events -----------------------------------------------------------------------------
-
-    def _event(
-        self, db: Connection, episode_id: str, kind: str, from_state: str, to_state: str, reason: str,
-        node: str, message: str,
-    ) -> None:  # fmt: skip
-        caller = current_caller()
-        db.execute(
-            "INSERT INTO events (episode_id, kind, from_state, to_state, reason, message, node, at, actor)"
-            " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-            (
-                episode_id, kind, str(from_state), str(to_state), reason, message, node, time.time(),
-                str(caller) if caller else "",
-            ),
-        )  # fmt: skip
-        db.execute(f"NOTIFY {EVENTS_CHANNEL}")  # sent on commit, once however many events
-
-    def events(self, since_seq: int = 0, episode_ids: Collection[str] = (), limit: int = 1000) -> list[Event]:
-        query, args = "SELECT * FROM events WHERE seq > %s", list[object]([since_seq])
-        if episode_ids:
-            query += " AND episode_id = ANY(%s)"
-            args.append(list(episode_ids))
-        with self._read() as db:
-            rows = db.execute(query + " ORDER BY seq LIMIT %s", (*args, limit)).fetchall()
-        return [Event(**r) for r in rows]
 
     @property
     def closed(self) -> bool:
         return self._database.closed
+
+    def close(self) -> None:
+        self._database.close()
+
+    def _one_of(self, column: str, values: Sequence[object]) -> tuple[str, list[object]]:
+        """One array argument, however many values: the statement's text stays the same."""
+        return f"{column} = ANY(?)", [list(values)]
+
+    def _announce_events(self, db: Connection) -> None:
+        db.execute(f"NOTIFY {EVENTS_CHANNEL}")  # sent on commit, once however many events
 
     def wait_for_events(self, since_seq: int, timeout: float) -> bool:
         """Block until an event newer than since_seq exists, the store closes, or timeout passes."""
@@ -268,113 +65,3 @@ class PostgresStateStore:
         with self._read() as db:
             row = db.execute("SELECT COALESCE(MAX(seq), 0) AS seq FROM events").fetchone()
         return int(row["seq"]) if row else 0
-
-    # -- nodes ------------------------------------------------------------------------------
-
-    def upsert_node(self, node: NodeRecord) -> NodeRecord:
-        """Register or refresh a node. A node that comes back keeps a cordon or drain set on it."""
-        with self._tx() as db:
-            row = db.execute("SELECT state FROM nodes WHERE name = %s", (node.name,)).fetchone()
-            state = node.state
-            if row is not None and NodeState(row["state"]) in (NodeState.CORDONED, NodeState.DRAINING):
-                state = NodeState(row["state"])
-            db.execute(_REPLACE_NODE, records.node_row(node, state))
-            self._event(db, "", "node", "", str(state), "registered", node.name, node.address)
-            return self._node(db, node.name)
-
-    def _node(self, db: Connection, name: str) -> NodeRecord:
-        row = db.execute("SELECT * FROM nodes WHERE name = %s", (name,)).fetchone()
-        if row is None:
-            raise NotFound(f"node {name!r} is not registered")
-        return records.node_from_row(row)
-
-    def update_node_images(self, name: str, images: dict[str, list[str]]) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE nodes SET images = %s WHERE name = %s", (json.dumps(images), name))
-
-    # -- logs -------------------------------------------------------------------------------
-
-    def put_log(self, episode_id: str, start: int, content: bytes) -> None:
-        with self._tx() as db:
-            db.execute(_REPLACE_LOG, (episode_id, start, content))
-
-    def log(self, episode_id: str) -> tuple[int, bytes] | None:
-        with self._read() as db:
-            row = db.execute(
-                "SELECT start, content FROM logs WHERE episode_id = %s", (episode_id,)
-            ).fetchone()
-        return (int(row["start"]), bytes(row["content"])) if row is not None else None
-
-    # -- images -----------------------------------------------------------------------------
-
-    def put_image(self, image: ImageRecord) -> None:
-        with self._tx() as db:
-            db.execute(
-                _REPLACE_IMAGE,
-                (image.name, image.reference, image.digest, image.size_bytes, image.source, image.created_at),
-            )
-
-    def images(self) -> list[ImageRecord]:
-        with self._read() as db:
-            return [ImageRecord(**r) for r in db.execute("SELECT * FROM images ORDER BY name")]
-
-    def image(self, name: str) -> ImageRecord | None:
-        with self._read() as db:
-            row = db.execute("SELECT * FROM images WHERE name = %s", (name,)).fetchone()
-        return ImageRecord(**row) if row is not None else None
-
-    def delete_image(self, name: str) -> ImageRecord:
-        with self._tx() as db:
-            row = db.execute("DELETE FROM images WHERE name = %s RETURNING *", (name,)).fetchone()
-            if row is None:
-                known = ", ".join(r["name"] for r in db.execute("SELECT name FROM images ORDER BY name"))
-                raise NotFound(f"image {name!r} was not imported; imported images: {known or 'none'}")
-            return ImageRecord(**row)
-
-    def nodes(self) -> list[NodeRecord]:
-        with self._read() as db:
-            return [records.node_from_row(r) for r in db.execute("SELECT * FROM nodes ORDER BY name")]
-
-    def node(self, name: str) -> NodeRecord:
-        with self._read() as db:
-            row = db.execute("SELECT * FROM nodes WHERE name = %s", (name,)).fetchone()
-        if row is None:
-            known = ", ".join(n.name for n in self.nodes()) or "none"
-            raise NotFound(f"node {name!r} is not registered; known nodes: {known}")
-        return records.node_from_row(row)
-
-    def set_node_state(self, name: str, state: NodeState, reason: str) -> NodeRecord:
-        with self._tx() as db:
-            current = self._node(db, name)
-            if current.state != state:
-                db.execute("UPDATE nodes SET state = %s WHERE name = %s", (str(state), name))
-                self._event(db, "", "node", str(current.state), str(state), reason, name, "")
-            return self._node(db, name)
-
-    # -- idempotency ------------------------------------------------------------------------
-
-    def _known_request(
-        self, db: Connection, request_id: str, method: str, payload: Mapping[str, Any]
-    ) -> str | None:
-        records.check_request_id(request_id)
-        row = db.execute("SELECT * FROM requests WHERE request_id = %s", (request_id,)).fetchone()
-        return records.check_known_request(request_id, method, payload, row) if row else None
-
-    def _store_request(
-        self, db: Connection, request_id: str, method: str, payload: Mapping[str, Any], target: str
-    ) -> None:
-        db.execute(
-            "INSERT INTO requests VALUES (%s,%s,%s,%s,%s)",
-            (request_id, method, records.fingerprint(method, payload), target, time.time()),
-        )
-
-    def known_request(self, request_id: str, method: str, payload: Mapping[str, Any]) -> str | None:
-        """The target of an earlier request with this id; Conflict if that request was different."""
-        with self._read() as db:
-            return self._known_request(db, request_id, method, payload)
-
-    def remember_request(self, request_id: str, method: str, payload: Mapping[str, Any], target: str) -> None:
-        """Note a state-changing request that succeeded, so a retry of it is not done twice."""
-        with self._tx() as db:
-            if self._known_request(db, request_id, method, payload) is None:
-                self._store_request(db, request_id, method, payload, target)

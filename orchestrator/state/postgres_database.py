@@ -1,6 +1,7 @@
-"""A PostgreSQL database as the control plane uses it: a pool of connections, one writer at a
-time, a listener that wakes watchers when events commit, and psycopg's errors translated into
-the control plane's. The one module that imports psycopg (a contract in pyproject.toml).
+"""A PostgreSQL database as the control plane uses it: a pool of connections that take the
+state store's statements as SQLite does, one writer at a time, a listener that wakes watchers
+when events commit, and psycopg's errors translated into the control plane's. The one module
+that imports psycopg (a contract in pyproject.toml).
 
 The URL may carry a password. It is kept only to connect: everything shown to people, logs and
 errors alike, names the database by `where`, which has no password in it.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import psycopg
@@ -23,7 +24,7 @@ from orchestrator.domain import InvalidArgument, TemporaryError
 
 log = logging.getLogger(__name__)
 
-Connection = psycopg.Connection[DictRow]
+_Pooled = psycopg.Connection[DictRow]
 
 EVENTS_CHANNEL = "stasis_events"
 """Notified in every transaction that adds an event; delivered when it commits."""
@@ -41,6 +42,19 @@ LISTEN_POLL_S = 0.25
 """How often the listener looks up from its socket to see whether the store was closed."""
 RELISTEN_S = 1.0
 """Pause before the listener reconnects after losing its connection."""
+
+
+class Connection:
+    """A connection of the pool that takes statements with `?` placeholders, as SQLite does, so
+    the state store's statements (`sql.py`) are written once for both databases. Each `?`
+    becomes psycopg's `%s`: none of those statements has a `?` or `%` of its own (no string
+    literals, LIKE patterns or jsonb `?` operators)."""
+
+    def __init__(self, db: _Pooled) -> None:
+        self._db = db
+
+    def execute(self, statement: str, args: Sequence[object] | None = None) -> psycopg.Cursor[DictRow]:
+        return self._db.execute(statement.replace("?", "%s"), args)
 
 
 def where(url: str) -> str:
@@ -69,7 +83,7 @@ class PostgresDatabase:
             db.execute(schema)
         self._pool = ConnectionPool(
             url,
-            connection_class=Connection,
+            connection_class=_Pooled,
             kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S},
             min_size=1,
             max_size=POOL_SIZE,
@@ -86,7 +100,7 @@ class PostgresDatabase:
         self._listener = threading.Thread(target=self._listen, name="stasis-state-events", daemon=True)
         self._listener.start()
 
-    def _connect(self) -> Connection:
+    def _connect(self) -> _Pooled:
         return psycopg.connect(
             self._url, autocommit=True, row_factory=dict_row, connect_timeout=CONNECT_TIMEOUT_S
         )
@@ -122,14 +136,14 @@ class PostgresDatabase:
     def read(self) -> Iterator[Connection]:
         """A connection for reads; each statement sees every transaction committed before it."""
         with self._translated(), self._pool.connection() as db:
-            yield db
+            yield Connection(db)
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:
         """One write transaction, taken after every earlier writer has committed (WRITER_LOCK)."""
         with self._writer, self._translated(), self._pool.connection() as db, db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
-            yield db
+            yield Connection(db)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Block until `predicate` holds, the database closes, or `timeout` passes; `predicate`
@@ -169,7 +183,7 @@ class PostgresDatabase:
                 self._closing.wait(RELISTEN_S)
 
 
-def _durable(db: Connection) -> None:
+def _durable(db: _Pooled) -> None:
     """A commit that returned is on disk, as with SQLite's synchronous=FULL, even where the
     server's default is synchronous_commit=off; a stricter setting (remote_apply) is kept."""
     db.execute(

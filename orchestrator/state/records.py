@@ -1,5 +1,5 @@
 """What both state stores agree on: how domain records are kept as rows, how a request is
-fingerprinted, and what a transition changes. Each store adds only its own SQL."""
+fingerprinted, and what a transition changes. The statements over them are in `sql.py`."""
 
 from __future__ import annotations
 
