@@ -21,31 +21,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, description="Stasis: snapshotting sandboxes for preemptible agent rollouts"
     )
-    p.add_argument(
-        "--addr", default=None, help=f"orchestrator address (default: $STASIS_ADDR or {DEFAULT_ADDR})"
-    )
-    p.add_argument(
-        "--context",
-        default=None,
-        help="context of the client config (default: $STASIS_CONTEXT or current-context)",
-    )
-    p.add_argument(
-        "--config", default=None, help="client config file (default: $STASIS_CONFIG or ~/.stasis/config)"
-    )
-    p.add_argument(
-        "-n",
-        "--namespace",
-        default="",
-        help="find the orchestrator of the Stasis release in this Kubernetes namespace and reach it "
-        "through a port-forward (the default of `kubectl stasis` with no --addr or --context: the "
-        "kube context's namespace)",
-    )
-    p.add_argument(
-        "--kube-context", default="", help="Kubernetes context to find Stasis in (default: current)"
-    )
-    p.add_argument(
-        "--retry-for", type=float, default=10.0, help="seconds to retry while the orchestrator is unreachable"
-    )
+    _connection_flags(p, defaults=True)
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -254,4 +230,58 @@ def parser() -> argparse.ArgumentParser:
     sc.add_argument("--certificate-authority", default="", help="PEM file of the cluster CA")
     sc.add_argument("--tls-server-name", default="", help="the name the orchestrator's certificate carries")
     sc.add_argument("--token-file", default="", help="a file holding the bearer token")
+    # As with kubectl, where to connect may also follow the command (`kubectl stasis get -n NS`).
+    for name, command in sub.choices.items():
+        if name not in ("up", "server"):
+            for leaf in _leaves(command):
+                _connection_flags(leaf, defaults=False)
     return p
+
+
+def _connection_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """Where a client connects, and how long it retries. A command's own copy of a flag leaves
+    the value given before the command, or the default, unless it is given after it."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument(
+        "--addr",
+        default=default(None),
+        help=f"orchestrator address (default: $STASIS_ADDR or {DEFAULT_ADDR})",
+    )
+    p.add_argument(
+        "--context",
+        default=default(None),
+        help="context of the client config (default: $STASIS_CONTEXT or current-context)",
+    )
+    p.add_argument(
+        "--config",
+        default=default(None),
+        help="client config file (default: $STASIS_CONFIG or ~/.stasis/config)",
+    )
+    p.add_argument(
+        "-n",
+        "--namespace",
+        default=default(""),
+        help="find the orchestrator of the Stasis release in this Kubernetes namespace and reach it "
+        "through a port-forward (the default of `kubectl stasis` with no --addr or --context: the "
+        "kube context's namespace)",
+    )
+    p.add_argument(
+        "--kube-context", default=default(""), help="Kubernetes context to find Stasis in (default: current)"
+    )
+    p.add_argument(
+        "--retry-for",
+        type=float,
+        default=default(10.0),
+        help="seconds to retry while the orchestrator is unreachable",
+    )
+
+
+def _leaves(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers that take a command's own flags: p, or those of its subcommands."""
+    subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [p]
+    return [leaf for a in subs for child in a.choices.values() for leaf in _leaves(child)]

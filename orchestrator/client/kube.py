@@ -5,16 +5,18 @@ the release's Secrets, as `kubectl port-forward` and `kubectl get secret` would.
 What the chart makes is found by its labels: the Service (`app.kubernetes.io/part-of=stasis`,
 `app.kubernetes.io/component=orchestrator`) and its `grpc` port, a ready Pod behind it, the
 cluster CA's `ca.crt` and the operator token's `token`. The CA file is written under a private
-temporary directory for the life of the process. The caller's kubeconfig needs `get` and `list`
+temporary directory, removed when the process exits. The caller's kubeconfig needs `get` and `list`
 on services, pods and secrets, and `create` on pods/portforward, in that namespace.
 """
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -68,7 +70,9 @@ def discover(namespace: str = "", kube_context: str = "") -> Discovered:
     forward = PortForward(api, namespace, pod, port)
     ca_file = None
     if ca:
-        ca_file = Path(tempfile.mkdtemp(prefix="stasis-kube-")) / "ca.crt"
+        private = tempfile.mkdtemp(prefix="stasis-kube-")
+        atexit.register(shutil.rmtree, private, True)
+        ca_file = Path(private) / "ca.crt"
         ca_file.write_bytes(ca)
     log.info("reaching %s/%s through pod %s port %d", namespace, service.metadata.name, pod, port)
     return Discovered(

@@ -140,6 +140,7 @@ def test_namespace_flag_is_respected_and_a_namespace_without_stasis_says_so(rele
         in elsewhere.stderr
     ), elsewhere.stderr
     assert release.plugin("-n", "training", "get", "-o", "json").returncode == 0
+    assert release.plugin("get", "-o", "json", "-n", "training").returncode == 0, "as kubectl users write it"
 
 
 @pytest.mark.timeout(120)
