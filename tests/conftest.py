@@ -5,10 +5,8 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -16,6 +14,7 @@ from typing import IO
 import pytest
 
 from tests import hostcheck
+from tests.dockerd import engine as dockerd_engine
 from tests.s3server import MotoServer
 
 DOCKER_ROOT = Path("/var/lib/stasis-test-docker")
@@ -82,45 +81,13 @@ def dockerd() -> Iterator[str]:
     """A Docker Engine in experimental mode on its own socket and data root, stopped at the end."""
     if shutil.which("dockerd") is None:
         pytest.fail("dockerd is not installed; run scripts/host-setup.sh")
-    url = f"unix://{DOCKER_SOCKET}"
     # Its containerd keeps checkpoint content between runs, and a restore whose checkpoint has
     # the digest of an earlier run's fails ("already exists"); nothing else lives there.
     shutil.rmtree(DOCKER_ROOT / "containerd", ignore_errors=True)
-    argv = [
-        "dockerd",
-        "--experimental",
-        "--host",
-        url,
-        "--pidfile",
-        str(DOCKER_EXEC_ROOT.with_suffix(".pid")),
-    ]
-    argv += ["--data-root", str(DOCKER_ROOT), "--exec-root", str(DOCKER_EXEC_ROOT)]
-    argv += ["--bridge", "none", "--iptables=false", "--ip-masq=false"]
-    argv += ["--containerd-namespace", "stasis-test", "--containerd-plugins-namespace", "stasis-test-plugins"]
-    log_path = DOCKER_EXEC_ROOT.with_suffix(".log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while subprocess.run(["docker", "-H", url, "info"], capture_output=True).returncode != 0:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dockerd did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.3)
+    with dockerd_engine(
+        DOCKER_SOCKET, DOCKER_ROOT, DOCKER_EXEC_ROOT, "stasis-test", experimental=True
+    ) as url:
         yield url
-    finally:
-        ids = subprocess.run(
-            ["docker", "-H", url, "ps", "-aq"], capture_output=True, text=True
-        ).stdout.split()
-        if ids:
-            subprocess.run(["docker", "-H", url, "rm", "-f", *ids], capture_output=True)
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        hostcheck.unmount_below(DOCKER_EXEC_ROOT)
-        hostcheck.unmount_below(DOCKER_ROOT)
 
 
 @pytest.fixture(scope="session")

@@ -30,14 +30,15 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests import hostcheck
+from tests import dockerd
 from tests.helm.chart import CHART, REPO, Chart, pod_spec
 
 SCRIPT = REPO / "scripts" / "images.sh"
 # scripts/images.sh's own engine: none of these is the suite's (tests/conftest.py).
 ENGINE_ROOT = Path("/var/lib/stasis-images-docker")
 ENGINE_EXEC_ROOT = Path("/run/stasis-images-docker")
-ENGINE_URL = "unix:///run/stasis-images-docker.sock"
+ENGINE_SOCKET = Path("/run/stasis-images-docker.sock")
+ENGINE_URL = f"unix://{ENGINE_SOCKET}"
 
 # A first build downloads ~60 MB of wheels and Debian's runc, iptables, skopeo and umoci, and
 # takes 5 to 8 minutes on 2 cores; with its wheels and layers cached it takes about 15 s.
@@ -112,37 +113,8 @@ def build() -> Build:
 @pytest.fixture(scope="module")
 def engine(build: Build) -> Iterator[str]:
     """The script's engine again, over its data root with the images, to run them."""
-    argv = ["dockerd", "--host", ENGINE_URL, "--pidfile", f"{ENGINE_EXEC_ROOT}.pid"]
-    argv += ["--data-root", str(ENGINE_ROOT), "--exec-root", str(ENGINE_EXEC_ROOT)]
-    argv += ["--bridge", "none", "--iptables=false", "--ip-masq=false"]
-    argv += [
-        "--containerd-namespace",
-        "stasis-images",
-        "--containerd-plugins-namespace",
-        "stasis-images-plugins",
-    ]
-    log_path = ENGINE_EXEC_ROOT.with_suffix(".log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not answers(ENGINE_URL):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dockerd did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.2)
-        yield ENGINE_URL
-    finally:
-        ids = docker(ENGINE_URL, "ps", "-aq").stdout.split()
-        if ids:
-            docker(ENGINE_URL, "rm", "-f", *ids)
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        hostcheck.unmount_below(ENGINE_EXEC_ROOT)
-        hostcheck.unmount_below(ENGINE_ROOT)
+    with dockerd.engine(ENGINE_SOCKET, ENGINE_ROOT, ENGINE_EXEC_ROOT, "stasis-images") as url:
+        yield url
 
 
 def docker(url: str, *args: str, timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
