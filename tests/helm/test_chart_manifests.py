@@ -277,6 +277,31 @@ def test_the_upstream_key_and_database_url_reach_the_orchestrator_alone(
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_components_may_run_their_own_images(chart: Chart) -> None:
+    digest = "sha256:" + "ab" * 32
+    images = {
+        "image.repository": "registry.example.com/stasis",
+        "image.tag": "0.1.0-rc1",
+        "orchestrator.image.repository": "registry.example.com/stasis-orchestrator",
+        "referenceModel.image.repository": "registry.example.com/stasis-reference-model",
+        "referenceModel.image.digest": digest,
+    }
+    manifests = chart.render("reference-model-values.yaml", sets=images)
+    assert {
+        name: container(find(manifests, kind, workload), name)["image"]
+        for kind, workload, name in (
+            ("Deployment", FULLNAME, "orchestrator"),
+            ("DaemonSet", AGENT, "agent"),
+            ("Deployment", f"{FULLNAME}-reference-model", "reference-model"),
+        )
+    } == {
+        "orchestrator": "registry.example.com/stasis-orchestrator:0.1.0-rc1",
+        "agent": "registry.example.com/stasis:0.1.0-rc1",
+        "reference-model": f"registry.example.com/stasis-reference-model@{digest}",
+    }
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_local_store_is_one_shared_claim(chart: Chart, reference_install: list[Manifest]) -> None:
     claim = find(reference_install, "PersistentVolumeClaim", f"{FULLNAME}-snapshots")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]

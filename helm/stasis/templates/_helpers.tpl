@@ -82,11 +82,22 @@ annotations:
 {{- printf "%s-%s-nodes" .Release.Namespace (include "stasis.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* A component's image: its own repository (and digest) when it names one, else the chart's
+image; the tag is the chart's in both cases. Called with (dict "ctx" $ "own" .Values.X.image),
+or (dict "ctx" $) for the chart's image itself. */}}
 {{- define "stasis.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- $v := .ctx.Values.image }}
+{{- $repository := $v.repository }}
+{{- $digest := $v.digest }}
+{{- $own := .own | default dict }}
+{{- if $own.repository }}
+{{- $repository = $own.repository }}
+{{- $digest = $own.digest }}
+{{- end }}
+{{- if $digest }}
+{{- printf "%s@%s" $repository $digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default .ctx.Chart.AppVersion $v.tag) }}
 {{- end }}
 {{- end }}
 
