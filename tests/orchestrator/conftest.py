@@ -22,6 +22,7 @@ from orchestrator.client import merge_context
 from orchestrator.domain import Role
 from protos.tls import node_identity
 from sandbox_agent import AgentSettings, Node
+from tests.postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
 STASIS = str(Path(sys.executable).with_name("stasis"))
@@ -52,6 +53,17 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> No
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (`tests/postgres.py`); stopped, and its data removed,
+    however the session ends. `postgres.database()` makes a fresh database."""
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

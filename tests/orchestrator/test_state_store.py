@@ -55,16 +55,6 @@ SPEC = EpisodeSpec(
 OpenStore = Callable[[], StateStore]
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """One PostgreSQL server for the session; stopped, and its data removed, however it ends."""
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
     """Opens a store on this test's own database. Each call opens it anew, as an orchestrator
