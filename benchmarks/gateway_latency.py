@@ -169,7 +169,7 @@ def main() -> None:
     episodes = {t: episode(t) for t in ["bench", *(f"bench-{n}" for n in range(args.harnesses))]}
 
     def gateway(tmp: str, upstream: str) -> tuple[Gateway, Ledger]:
-        ledger = Ledger(Path(tmp) / "ledger.db")
+        ledger = Ledger.sqlite(Path(tmp) / "ledger.db")
         g = Gateway(
             GatewaySettings(listen="127.0.0.1:0", upstream=upstream),
             ledger,

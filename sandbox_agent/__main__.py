@@ -60,7 +60,9 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         "--snapshot-store", default=env("STASIS_SNAPSHOT_STORE", ""), help="file:///dir or s3://bucket/prefix"
     )
     p.add_argument(
-        "--orchestrator", default=env("STASIS_ORCHESTRATOR", ""), help="HOST:PORT to register with"
+        "--orchestrator",
+        default=env("STASIS_ORCHESTRATOR", ""),
+        help="HOST:PORT to register with; several, comma-separated, for orchestrator replicas (the leader answers)",
     )
     p.add_argument(
         "--advertise", default=env("STASIS_ADVERTISE", ""), help="HOST:PORT the orchestrator dials"
@@ -201,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     registration = None
     if settings.orchestrator:
-        registration = Registration(node, settings.orchestrator, settings.advertise or address)
+        orchestrators = [o.strip() for o in settings.orchestrator.split(",") if o.strip()]
+        registration = Registration(node, orchestrators, settings.advertise or address)
         registration.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

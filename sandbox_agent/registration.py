@@ -1,4 +1,9 @@
-"""The agent's side of node membership: register with the orchestrator, then heartbeat."""
+"""The agent's side of node membership: register with the orchestrator, then heartbeat.
+
+Given several orchestrators (replicas sharing one database, of which one leads), the agent
+stays with the one that answers and moves on to the next when a call fails: a standby refuses
+with UNAVAILABLE, and a dead leader does not answer at all.
+"""
 
 from __future__ import annotations
 
@@ -20,22 +25,34 @@ log = logging.getLogger(__name__)
 class Registration:
     """A thread that keeps this node known to the orchestrator; it survives orchestrator restarts."""
 
-    def __init__(self, node: Node, orchestrator: str, advertise: str) -> None:
+    def __init__(self, node: Node, orchestrators: list[str], advertise: str) -> None:
         self.node = node
         self.advertise = advertise
         self.interval = node.settings.heartbeat_s
-        tls = node.settings.tls
-        # With TLS, this node's certificate is its name: the orchestrator takes no other from it.
-        self._channel = (
-            tls.channel(orchestrator, ORCHESTRATOR) if tls else grpc.insecure_channel(orchestrator)
-        )
-        self._registry = spb_grpc.NodeRegistryStub(self._channel)
+        self._orchestrators = orchestrators
+        self._current = -1
+        self._channel: grpc.Channel
+        self._registry: spb_grpc.NodeRegistryStub
+        self._connect_next()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"registration-{node.name}", daemon=True)
         self._last_error = ""
 
     def start(self) -> None:
         self._thread.start()
+
+    def _connect_next(self) -> None:
+        """Dial the next orchestrator in the list (the first, at start)."""
+        if self._current >= 0:
+            if len(self._orchestrators) == 1:
+                return  # the one channel reconnects by itself
+            self._channel.close()
+        self._current = (self._current + 1) % len(self._orchestrators)
+        address = self._orchestrators[self._current]
+        tls = self.node.settings.tls
+        # With TLS, this node's certificate is its name: the orchestrator takes no other from it.
+        self._channel = tls.channel(address, ORCHESTRATOR) if tls else grpc.insecure_channel(address)
+        self._registry = spb_grpc.NodeRegistryStub(self._channel)
 
     def leave(self, timeout_s: float) -> bool:
         """Have the orchestrator drain this node, then wait up to timeout_s for every sandbox to be
@@ -95,11 +112,12 @@ class Registration:
                     registered = ack.known
                 self._last_error = ""
             except grpc.RpcError as exc:
-                message = f"{exc.code().name}: {exc.details()}"
+                message = f"{self._orchestrators[self._current]}: {exc.code().name}: {exc.details()}"
                 if message != self._last_error:
-                    log.warning("node %s cannot reach the orchestrator: %s", self.node.name, message)
+                    log.warning("node %s cannot reach the orchestrator at %s", self.node.name, message)
                     self._last_error = message
                 registered = False
+                self._connect_next()
             except Exception:
                 log.exception("node %s heartbeat failed", self.node.name)
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))

@@ -56,7 +56,8 @@ class AgentSettings:
     snapshot_store: str = ""
     """Snapshot store URL shared by all nodes and the orchestrator (file:///shared/dir or s3://bucket/prefix)."""
     orchestrator: str = ""
-    """Orchestrator address to register and heartbeat with; empty runs the agent standalone."""
+    """Orchestrator address to register and heartbeat with, or several, comma-separated (replicas
+    of which one leads); empty runs the agent standalone."""
     advertise: str = ""
     """Address the orchestrator should dial for this agent; empty means the bound listen address."""
     gateway_forward: str = ""

@@ -1,9 +1,11 @@
-"""The node registry: agents register, then report their sandboxes and images every heartbeat."""
+"""The node registry: agents register, then report their sandboxes and images every heartbeat.
+Only the leading orchestrator keeps it; a standby refuses (UNAVAILABLE), so agents that know
+several orchestrators move on to the next."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import grpc
 
@@ -22,8 +24,10 @@ def _images(images: Iterable[apb.Image]) -> dict[str, list[str]]:
 
 
 class RegistryService(pb_grpc.NodeRegistryServicer):
-    def __init__(self, control: Control, *, certified: bool = False) -> None:
+    def __init__(self, control: Control, must_lead: Callable[[], None], *, certified: bool = False) -> None:
         self.control = control
+        self._must_lead = must_lead
+        """Raises StandingBy unless this orchestrator leads."""
         self.certified = certified
         """Callers hold node certificates (the mutual-TLS cluster port): each speaks only for its own node."""
 
@@ -36,6 +40,7 @@ class RegistryService(pb_grpc.NodeRegistryServicer):
                     f"{field}: the caller's certificate is for {identity or 'no one'!r}, "
                     f"not node {node!r}; a node may register and heartbeat only as itself"
                 )
+        self._must_lead()
         return node
 
     @rpc

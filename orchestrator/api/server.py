@@ -1,6 +1,12 @@
 """One orchestrator process: state store, ledger, snapshot store, control loop, gRPC servers
 (public API, node registry, health, reflection) and, when configured, the gateway.
 
+Orchestrators that share a PostgreSQL database elect one leader (`leadership`). The leader runs
+the control loop, the node registry, the gateway and the node watcher. A standby serves the
+API's reads, and it refuses writes with UNAVAILABLE, naming the leader. Its gRPC health reports
+`stasis.v1.Stasis` and `stasis.v1.NodeRegistry` as NOT_SERVING, so only the leader is ready;
+the overall status ("") is SERVING while the process is alive.
+
 With `auth`, the public API takes TLS plus bearer tokens, and the node registry has a port of
 its own where only nodes with a certificate from the cluster CA complete the handshake (and
 heartbeats have their own threads, never waiting behind long streams). Without it, one
@@ -10,6 +16,8 @@ plaintext port serves both.
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 from concurrent import futures
 from typing import Any
 
@@ -19,12 +27,13 @@ from grpc_reflection.v1alpha import reflection
 
 from orchestrator.api.access import PublicAccess, Tokens
 from orchestrator.api.join import JoinService
+from orchestrator.api.leadership import Leadership
 from orchestrator.api.registry import RegistryService
 from orchestrator.api.service import StasisService
 from orchestrator.api.settings import AuthSettings, OrchestratorSettings
 from orchestrator.api.streams import API_WORKERS
 from orchestrator.control import AgentPool, Control, Verifier
-from orchestrator.domain import Episode, FailedPrecondition, NotFound
+from orchestrator.domain import Episode, FailedPrecondition, NotFound, StandingBy
 from orchestrator.gateway import Gateway, Ledger, live_peer
 from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore
 from protos import pki
@@ -44,7 +53,7 @@ class Orchestrator:
         self.settings = settings
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = _state_store(settings)
-        self.ledger = Ledger(settings.state_dir / "state.db")
+        self.ledger = _ledger(settings, self.store)
         self.snapshots = SnapshotStore.open(settings.store_url)
         auth = settings.auth
         self.agents = AgentPool(auth.tls if auth else None)
@@ -67,21 +76,27 @@ class Orchestrator:
         except (OSError, ValueError) as exc:
             raise FailedPrecondition(f"cannot read the tokens file: {exc}") from None
         self.server = _server(API_WORKERS, "api", admission)
+        self.probes = _server(2, "health") if settings.health_listen else None
+        """Health checking alone, in plaintext, for probes; None without `health_listen`."""
         self.cluster = _server(REGISTRY_WORKERS, "registry") if auth else None
         """The node registry's own mutual-TLS server; None when `server` carries it too."""
         service = StasisService(
             self.control, self.store, self.snapshots, self.ledger, settings.import_registry
         )
         pb_grpc.add_StasisServicer_to_server(service, self.server)
-        registry = RegistryService(self.control, certified=auth is not None)
+        registry = RegistryService(self.control, self._must_lead, certified=auth is not None)
         pb_grpc.add_NodeRegistryServicer_to_server(registry, self.cluster or self.server)
         pb_grpc.add_ClusterJoinServicer_to_server(_joining(auth), self.server)
         self.health = health.HealthServicer()
         services = [
             pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Stasis", "NodeRegistry", "ClusterJoin")
         ]
-        for name in [*services, ""]:
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        status = health_pb2.HealthCheckResponse
+        for name in [*services, ""]:  # the leader's own wait until it leads
+            self.health.set(name, status.NOT_SERVING if name in LEADER_SERVICES else status.SERVING)
+        if self.probes is not None:
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.probes)
+            self.health_port = _listen(self.probes, settings.health_listen, None, client_certs=False)
         for server in (self.server, self.cluster):
             if server is not None:
                 health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -94,6 +109,13 @@ class Orchestrator:
             if self.cluster is not None and auth
             else self.port
         )
+        # Taken out once the schemas exist: from here on, a store shared with other
+        # orchestrators writes only while this one leads.
+        self.lease = self.store.lease(f"{socket.gethostname()} at {self.address}")
+        self.leadership = Leadership(self.lease, self._lead, self._lost)
+        self.lost = threading.Event()
+        """Set once this orchestrator's lease lapsed: it leads no more, and should exit."""
+        self._with_gateway = True
 
     @property
     def address(self) -> str:
@@ -138,22 +160,53 @@ class Orchestrator:
         return live_peer(e, peer, node_address)
 
     def start(self, *, gateway: bool = True) -> Orchestrator:
-        self.server.start()
-        if self.cluster is not None:
-            self.cluster.start()
-        self.control.start()
+        """Serve the API, then lead, or stand by until the leader's lease lapses."""
+        self._with_gateway = gateway
+        self.leadership.start()
+        for server in (self.server, self.cluster, self.probes):
+            if server is not None:
+                server.start()
         if self.settings.auth is None:
             log.warning("orchestrator listening on %s WITHOUT authentication (--insecure)", self.address)
         else:
             log.info("orchestrator listening on %s, nodes on %s", self.address, self.cluster_address)
         log.info("state in %s", self.settings.state_dir)
-        if gateway and self.settings.gateway.listen:
+        return self
+
+    @property
+    def leading(self) -> bool:
+        return self.leadership.leading.is_set()
+
+    def _lead(self) -> None:
+        """Start what only the leader runs; every part picks up where the last leader left off."""
+        self.control.start()
+        if self._with_gateway and self.settings.gateway.listen:
             self.start_gateway()
         if self.settings.control.kube_watch:
             from orchestrator.control.kube import NodeWatcher
 
             self.watcher = NodeWatcher(self.control.commands, self.store).start()
-        return self
+        for name in LEADER_SERVICES:
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def _lost(self) -> None:
+        """The lease lapsed: stop what the leader runs (the fence already refuses its writes)."""
+        self._stop_serving()
+        self.control.stop()
+        self.lost.set()
+
+    def _stop_serving(self) -> None:
+        for name in (*LEADER_SERVICES, "stasis.v1.ClusterJoin", ""):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.gateway is not None:
+            self.gateway.stop()
+
+    def _must_lead(self) -> None:
+        """Refuse what only the leader may do (the node registry's calls) on a standby."""
+        if not self.leading:
+            raise StandingBy(f"this orchestrator stands by; the leader is {self.lease.leader()}")
 
     def start_gateway(self) -> Gateway:
         """Serve the model endpoint; its address must exist (the nodes add 169.254.1.1)."""
@@ -165,16 +218,12 @@ class Orchestrator:
         return self.gateway
 
     def stop(self) -> None:
-        for name in ("stasis.v1.Stasis", "stasis.v1.NodeRegistry", ""):
-            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self.watcher is not None:
-            self.watcher.stop()
-        if self.gateway is not None:
-            self.gateway.stop()
-        for server in (self.server, self.cluster):
+        self._stop_serving()
+        for server in (self.server, self.cluster, self.probes):
             if server is not None:
                 server.stop(grace=2).wait()
         self.control.stop()
+        self.leadership.stop()  # after the control loop: a standby may take over at once
         self.ledger.close()
         self.snapshots.close()
         self.store.close()
@@ -188,6 +237,17 @@ def _state_store(settings: OrchestratorSettings) -> StateStore:
     log.info("episodes, events and nodes in %s", store.where)
     return store
 
+
+def _ledger(settings: OrchestratorSettings, store: StateStore) -> Ledger:
+    """The ledger beside the state: in the PostgreSQL store's database, so every orchestrator on
+    it finds every turn, else in the state dir's SQLite file."""
+    if isinstance(store, PostgresStateStore):
+        return Ledger.postgres(store.database)
+    return Ledger.sqlite(settings.state_dir / "state.db")
+
+
+LEADER_SERVICES = ("stasis.v1.Stasis", "stasis.v1.NodeRegistry")
+"""What gRPC health reports SERVING only on the leader, so that readiness probes pick it."""
 
 REGISTRY_WORKERS = 16
 """Threads of the node registry's own server: every call is a short heartbeat or registration."""

@@ -34,11 +34,14 @@ class OrchestratorSettings:
     state_dir: Path
     """Holds the embedded SQLite state (state.db) and, by default, the local snapshot store."""
     database_url: str = field(default="", repr=False)
-    """postgresql://USER:PASSWORD@HOST:PORT/DATABASE: keep episodes, events, nodes and images
-    there instead of in state.db. Empty keeps them in state.db, which needs no server. Left out
-    of repr: it may hold a password."""
+    """postgresql://USER:PASSWORD@HOST:PORT/DATABASE: keep episodes, events, nodes, images and
+    the trajectory ledger there instead of in state.db. Empty keeps them in state.db, which
+    needs no server. Left out of repr: it may hold a password."""
     listen: str = "127.0.0.1:7070"
     """gRPC address of the public API and the node registry."""
+    health_listen: str = ""
+    """Plaintext address serving gRPC health checking alone, for probes that cannot speak TLS
+    (the kubelet's); empty = none. The API's own port serves health checking too."""
     snapshot_store: str = ""
     """Snapshot store URL shared with every agent; empty means file://<state_dir>/snapshots."""
     import_registry: str = ""

@@ -163,6 +163,7 @@ class Commands:
                 state_dir=Path(a.state_dir),
                 database_url=a.database_url,
                 listen=a.listen,
+                health_listen=a.health_listen,
                 snapshot_store=a.snapshot_store,
                 import_registry=a.import_registry,
                 auth=auth,
@@ -184,11 +185,19 @@ class Commands:
         print(f"stasis server listening on {orchestrator.address}", file=self.out, flush=True)
         if auth is not None:
             print(f"nodes register on {orchestrator.cluster_address}", file=self.out, flush=True)
+        if not orchestrator.leading:
+            print("standing by: another orchestrator leads", file=self.out, flush=True)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        stop.wait()
+        while not stop.wait(1.0) and not orchestrator.lost.is_set():
+            pass
         orchestrator.stop()
+        if orchestrator.lost.is_set():
+            # Whatever its control loop had in flight was cut off by the fence: a fresh start
+            # (its supervisor's restart) stands by and settles nothing twice.
+            print("stasis server: the leadership lease lapsed; exiting", file=sys.stderr, flush=True)
+            return 1
         return 0
 
     def submit(self) -> int:

@@ -64,6 +64,12 @@ def parser() -> argparse.ArgumentParser:
         "server", help="run the orchestrator alone (cluster mode); flags default to $STASIS_*"
     )
     srv.add_argument("--listen", default=env("STASIS_LISTEN", "0.0.0.0:7070"))
+    srv.add_argument(
+        "--health-listen",
+        default=env("STASIS_HEALTH_LISTEN", ""),
+        help="plaintext gRPC health checking alone, for probes that cannot speak TLS; "
+        "stasis.v1.Stasis is SERVING only on the leader",
+    )
     srv.add_argument("--state-dir", default=env("STASIS_STATE_DIR", "/var/lib/stasis"))
     srv.add_argument(
         "--database-url",

@@ -79,6 +79,9 @@ class Control:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Run the loop; on a standby that took over, every known node starts a fresh grace
+        period, as after a restart."""
+        self.members.begin(time.time())
         self._thread.start()
 
     def stop(self) -> None:

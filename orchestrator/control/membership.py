@@ -38,13 +38,18 @@ class Membership:
         self.work = work
         self._wake = wake
         self._lock = threading.Lock()
-        started = time.time()
-        # Restarted: every known node gets a full grace period before it can be declared lost.
         self._heartbeats: dict[str, float] = {}
         self._reports: dict[str, tuple[float, dict[str, SandboxView]]] = {}
-        for n in store.nodes():
-            self._heartbeats[n.name] = started
-            agents.set(n.name, n.address)
+        self.begin(time.time())
+
+    def begin(self, now: float) -> None:
+        """Start (or take over) membership: every known node gets a full grace period before it
+        can be declared lost, and what it reported to anyone else is forgotten."""
+        with self._lock:
+            self._reports.clear()
+            for n in self.store.nodes():
+                self._heartbeats[n.name] = now
+                self.agents.set(n.name, n.address)
 
     def registered(self, node: NodeRecord, sandboxes: list[SandboxView]) -> NodeRecord:
         node.last_heartbeat = time.time()

@@ -44,5 +44,9 @@ class TemporaryError(StasisError):
         self.delay = delay
 
 
+class StandingBy(TemporaryError):
+    """This orchestrator is a standby: it serves reads, and the leader does the rest."""
+
+
 class PermanentError(StasisError):
     """An agent refused for a reason that retrying will not change (bad image, corrupt snapshot)."""

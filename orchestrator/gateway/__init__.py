@@ -2,8 +2,8 @@
 
 Owns the harness's only model endpoint, every protocol it speaks (`protocols/`: OpenAI Chat
 Completions, Completions and Responses, Anthropic Messages), the canonical form of model
-requests, and the turn tree of every episode. Imports the domain and the state room's SQLite connection; never the control
-loop or the API.
+requests, and the turn tree of every episode. Imports the domain and the state room's databases
+(SQLite's, or the PostgreSQL store's); never the control loop or the API.
 """
 
 from orchestrator.gateway.canonical import CanonicalRequest

@@ -16,62 +16,35 @@ matched the same way with its prompt text as the conversation.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from orchestrator.domain import FailedPrecondition
+from orchestrator.gateway import ledger_schema
 from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.state.database import Database
+from orchestrator.state.postgres_database import PostgresDatabase
+from orchestrator.state.sql import Connection
 
 T = TypeVar("T")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS turns (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    episode_id TEXT NOT NULL,
-    parent_id INTEGER,
-    branch INTEGER NOT NULL,
-    run INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    after_hash TEXT NOT NULL,
-    after_len INTEGER NOT NULL,
-    request TEXT NOT NULL,
-    request_raw BLOB NOT NULL,
-    answer TEXT NOT NULL,
-    response BLOB NOT NULL,
-    protocol TEXT NOT NULL,
-    delivered BLOB NOT NULL,
-    delivered_run INTEGER NOT NULL,
-    delivered_at REAL,
-    token_ids TEXT NOT NULL,
-    logprobs TEXT NOT NULL,
-    prompt_token_ids TEXT NOT NULL,
-    policy_version TEXT NOT NULL,
-    abandoned INTEGER NOT NULL DEFAULT 0,
-    replays INTEGER NOT NULL DEFAULT 0,
-    upstream_ms REAL NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
-CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
-CREATE INDEX IF NOT EXISTS turns_after ON turns(episode_id, after_hash);
-CREATE INDEX IF NOT EXISTS turns_parent ON turns(episode_id, parent_id, abandoned, delivered_run);
-CREATE INDEX IF NOT EXISTS turns_branch ON turns(episode_id, branch);
-CREATE TABLE IF NOT EXISTS verifications (
-    episode_id TEXT PRIMARY KEY,
-    reward REAL,
-    exit_code INTEGER,
-    timed_out INTEGER NOT NULL,
-    log BLOB NOT NULL,
-    duration_ms REAL NOT NULL,
-    at REAL NOT NULL
-);
-"""
+
+class SqlDatabase(Protocol):
+    """Where the ledger keeps its tables: the SQLite `Database` or the PostgreSQL store's
+    `PostgresDatabase`, which both nest transactions and let a transaction read its own writes."""
+
+    def tx(self) -> AbstractContextManager[Connection]:
+        """One write transaction; inside this thread's own, a savepoint whose failure is undone
+        alone."""
+
+    def read(self) -> AbstractContextManager[Connection]:
+        """A connection for reads; inside this thread's write transaction, that transaction's."""
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -123,26 +96,44 @@ class Verification:
 
 
 class Ledger:
-    """Durable turns in the orchestrator's database file (its own connection, WAL, fsync)."""
+    """Durable turns: in SQLite, the state dir's file on a connection of its own (WAL, fsync on
+    every commit), or in the PostgreSQL state store's database, where every orchestrator on that
+    database finds every turn. Record before deliver: a turn's commit is durable before its
+    response leaves."""
 
-    def __init__(self, path: Path) -> None:
-        # Record before deliver: a turn's commit is on disk before its response leaves.
-        self._database = Database(path, SCHEMA)
-        self._db = self._database.db
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(turns)")}
-        if "delivered" not in columns:
-            self._database.close()
+    def __init__(self, database: SqlDatabase, *, owned: bool) -> None:
+        """A ledger on a database that has its tables; `close` closes it only if `owned`."""
+        self._database = database
+        self._owned = owned
+        self._tx = database.tx
+        self._read = database.read
+
+    @classmethod
+    def sqlite(cls, path: Path) -> Ledger:
+        """A ledger of its own on the SQLite file at `path`."""
+        database = Database(path, "")
+        columns = {r["name"] for r in database.db.execute("PRAGMA table_info(turns)")}
+        if columns and "delivered" not in columns:  # checked first: the new indexes need new columns
+            database.close()
             raise FailedPrecondition(
                 f"{path} holds a trajectory ledger from an older Stasis; start with a new state dir"
             )
-        self._lock = self._database.lock
-        self._tx = self._database.tx
+        database.db.executescript(ledger_schema.SQLITE)
+        return cls(database, owned=True)
+
+    @classmethod
+    def postgres(cls, database: PostgresDatabase) -> Ledger:
+        """A ledger in the PostgreSQL state store's database, beside the store's tables, on its
+        pool; the store closes it."""
+        database.create(ledger_schema.POSTGRES)
+        return cls(database, owned=False)
 
     def close(self) -> None:
-        self._database.close()
+        if self._owned:
+            self._database.close()
 
     @staticmethod
-    def _turn(r: sqlite3.Row) -> Turn:
+    def _turn(r: Any) -> Turn:
         return Turn(
             id=r["id"],
             episode_id=r["episode_id"],
@@ -167,16 +158,17 @@ class Ledger:
 
     def cursor(self, episode_id: str) -> dict[str, int]:
         """The ledger position a snapshot records: every turn up to `turn` happened before it."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT COALESCE(MAX(id), 0), COUNT(*) FROM turns WHERE episode_id = ?", (episode_id,)
+        with self._read() as db:
+            row = db.execute(
+                "SELECT COALESCE(MAX(id), 0) AS turn, COUNT(*) AS turns FROM turns WHERE episode_id = ?",
+                (episode_id,),
             ).fetchone()
-        return {"turn": int(row[0]), "turns": int(row[1])}
+        return {"turn": int(row["turn"]), "turns": int(row["turns"])}
 
     def find(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
         """The live recorded turn with this exact request, if there is one (a read, no commit)."""
-        with self._lock:
-            row = self._db.execute(
+        with self._read() as db:
+            row = db.execute(
                 "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0 ORDER BY id LIMIT 1",
                 (episode_id, request.fingerprint),
             ).fetchone()
@@ -187,8 +179,9 @@ class Ledger:
         never abandons it)."""
         with self._tx() as db:
             db.execute(
-                "UPDATE turns SET replays = replays + 1, delivered_run = MAX(delivered_run, ?) WHERE id = ?",
-                (run, turn_id),
+                "UPDATE turns SET replays = replays + 1,"
+                " delivered_run = CASE WHEN delivered_run < ? THEN ? ELSE delivered_run END WHERE id = ?",
+                (run, run, turn_id),
             )
 
     def replay(self, episode_id: str, run: int, request: CanonicalRequest) -> Turn | None:
@@ -242,7 +235,7 @@ class Ledger:
         with self._tx() as db:
             lengths: list[int] = []
             if request.kind == "completion":
-                lengths = [r[0] for r in db.execute(
+                lengths = [r["after_len"] for r in db.execute(
                     "SELECT DISTINCT after_len FROM turns WHERE episode_id = ? AND kind = ?", (episode_id, request.kind)
                 )]  # fmt: skip
             hashes = request.prefix_hashes(lengths)
@@ -255,21 +248,24 @@ class Ledger:
                     (episode_id, *hashes),
                 ).fetchone()
             parent_id = parent["id"] if parent is not None else None
-            where = "episode_id = ? AND parent_id IS ? AND abandoned = 0"
+            where = "episode_id = ? AND parent_id IS NOT DISTINCT FROM ? AND abandoned = 0"  # NULL-safe =
+            # In index order, stated so that every database numbers the abandoned branches alike.
             earlier = db.execute(
-                f"SELECT id, branch, delivered_at FROM turns WHERE {where} AND delivered_run < ?",
+                f"SELECT id, branch, delivered_at FROM turns WHERE {where} AND delivered_run < ?"
+                " ORDER BY delivered_run, id",
                 (episode_id, parent_id, run),
             ).fetchall()
             stale = [s for s in earlier if s["delivered_at"] is None or s["delivered_at"] > resumed_at]
             siblings = db.execute(
-                f"SELECT COUNT(*) FROM turns WHERE {where}", (episode_id, parent_id)
-            ).fetchone()[0]
+                f"SELECT COUNT(*) AS n FROM turns WHERE {where}", (episode_id, parent_id)
+            ).fetchone()["n"]
             live = siblings - len(stale)
             next_branch = (
                 1
                 + db.execute(
-                    "SELECT COALESCE(MAX(branch), -1) FROM turns WHERE episode_id = ?", (episode_id,)
-                ).fetchone()[0]
+                    "SELECT COALESCE(MAX(branch), -1) AS branch FROM turns WHERE episode_id = ?",
+                    (episode_id,),
+                ).fetchone()["branch"]
             )
             base = parent["branch"] if parent is not None else 0
             for s in stale:
@@ -289,20 +285,20 @@ class Ledger:
             )
             after_hash, after_len = request.after(answer)
             now = time.time()
-            cursor = db.execute(
+            inserted = db.execute(
                 "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
                 " request, request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs,"
-                " prompt_token_ids, policy_version, upstream_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " prompt_token_ids, policy_version, upstream_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                " RETURNING id",
                 (
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
                     json.dumps({"context": list(request.context), "params": request.params}), request_raw,
                     json.dumps(answer), response, protocol, delivered, run, json.dumps(token_ids), json.dumps(logprobs),
                     json.dumps(prompt_token_ids), policy_version, upstream_ms, now,
                 ),
-            )  # fmt: skip
-            assert cursor.lastrowid is not None
+            ).fetchone()  # fmt: skip
             return Turn(
-                id=cursor.lastrowid, episode_id=episode_id, parent_id=parent_id, branch=branch, run=run,
+                id=inserted["id"], episode_id=episode_id, parent_id=parent_id, branch=branch, run=run,
                 kind=request.kind, request_raw=request_raw, response=response, protocol=protocol,
                 delivered=delivered, delivered_run=run, delivered_at=None, token_ids=token_ids, logprobs=logprobs,
                 prompt_token_ids=prompt_token_ids, policy_version=policy_version, abandoned=False, replays=0,
@@ -310,7 +306,7 @@ class Ledger:
             )  # fmt: skip
 
     @staticmethod
-    def _has_live_root(db: sqlite3.Connection, episode_id: str) -> bool:
+    def _has_live_root(db: Connection, episode_id: str) -> bool:
         return (
             db.execute(
                 "SELECT 1 FROM turns WHERE episode_id = ? AND parent_id IS NULL AND abandoned = 0",
@@ -319,7 +315,7 @@ class Ledger:
             is not None
         )
 
-    def _abandon(self, db: sqlite3.Connection, turn_id: int, old_branch: int, new_branch: int) -> None:
+    def _abandon(self, db: Connection, turn_id: int, old_branch: int, new_branch: int) -> None:
         todo = [turn_id]
         while todo:
             current = todo.pop()
@@ -327,11 +323,11 @@ class Ledger:
                 "UPDATE turns SET abandoned = 1, branch = CASE WHEN branch = ? THEN ? ELSE branch END WHERE id = ?",
                 (old_branch, new_branch, current),
             )
-            todo += [r[0] for r in db.execute("SELECT id FROM turns WHERE parent_id = ?", (current,))]
+            todo += [r["id"] for r in db.execute("SELECT id FROM turns WHERE parent_id = ?", (current,))]
 
     def turns(self, episode_id: str) -> list[Turn]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT * FROM turns WHERE episode_id = ? ORDER BY id", (episode_id,)
             ).fetchall()
         return [self._turn(r) for r in rows]
@@ -348,13 +344,16 @@ class Ledger:
     def record_verification(self, episode_id: str, v: Verification) -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT OR REPLACE INTO verifications VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO verifications (episode_id, reward, exit_code, timed_out, log, duration_ms, at)"
+                " VALUES (?,?,?,?,?,?,?) ON CONFLICT (episode_id) DO UPDATE SET reward = excluded.reward,"
+                " exit_code = excluded.exit_code, timed_out = excluded.timed_out, log = excluded.log,"
+                " duration_ms = excluded.duration_ms, at = excluded.at",
                 (episode_id, v.reward, v.exit_code, int(v.timed_out), v.log, v.duration_ms, time.time()),
             )
 
     def verification(self, episode_id: str) -> Verification | None:
-        with self._lock:
-            r = self._db.execute("SELECT * FROM verifications WHERE episode_id = ?", (episode_id,)).fetchone()
+        with self._read() as db:
+            r = db.execute("SELECT * FROM verifications WHERE episode_id = ?", (episode_id,)).fetchone()
         if r is None:
             return None
         return Verification(

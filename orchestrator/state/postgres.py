@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.state.postgres_database import EVENTS_CHANNEL, PostgresDatabase
+from orchestrator.state.postgres_database import EVENTS_CHANNEL, PostgresDatabase, PostgresLease
 from orchestrator.state.postgres_schema import SCHEMA
 from orchestrator.state.sql import Connection, SqlStateStore
 
@@ -42,12 +42,26 @@ class PostgresStateStore(SqlStateStore):
         super().__init__(self._database.tx, self._database.read)
         self.where = self._database.where
         """The database's URL without its password."""
+        self._lease: PostgresLease | None = None
+
+    @property
+    def database(self) -> PostgresDatabase:
+        """The store's database, which the trajectory ledger shares (its pool, its writer lock)."""
+        return self._database
 
     @property
     def closed(self) -> bool:
         return self._database.closed
 
+    def lease(self, holder: str) -> PostgresLease:
+        """Leadership among the orchestrators on this database; from now on, this store writes
+        only while `holder` leads. Closing the store gives it up."""
+        self._lease = PostgresLease(self._database, holder)
+        return self._lease
+
     def close(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
         self._database.close()
 
     def _one_of(self, column: str, values: Sequence[object]) -> tuple[str, list[object]]:

@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
-from orchestrator.domain import InvalidArgument, TemporaryError
+from orchestrator.domain import InvalidArgument, StandingBy, TemporaryError
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,9 @@ RELISTEN_S = 1.0
 
 class Connection:
     """A connection of the pool that takes statements with `?` placeholders, as SQLite does, so
-    the state store's statements (`sql.py`) are written once for both databases. Each `?`
-    becomes psycopg's `%s`: none of those statements has a `?` or `%` of its own (no string
-    literals, LIKE patterns or jsonb `?` operators)."""
+    the state store's statements (`sql.py`) and the trajectory ledger's are written once for both
+    databases. Each `?` becomes psycopg's `%s`: none of those statements has a `?` or `%` of its
+    own (no string literals, LIKE patterns or jsonb `?` operators)."""
 
     def __init__(self, db: _Pooled) -> None:
         self._db = db
@@ -94,6 +94,10 @@ class PostgresDatabase:
             open=True,
         )
         self._writer = threading.Lock()
+        self._writing: tuple[int, _Pooled] | None = None
+        """The thread inside a write transaction, and that transaction's connection."""
+        self.fence: Callable[[Connection], None] | None = None
+        """Run first in every write transaction; raises to refuse it (see `PostgresLease`)."""
         self._closing = threading.Event()
         self._changed = threading.Condition()
         self._notifications = 0
@@ -132,18 +136,52 @@ class PostgresDatabase:
         """What psycopg said, with the password masked should the server have quoted it."""
         return str(exc).replace(self._password, "***") if self._password else str(exc)
 
+    def _own(self) -> _Pooled | None:
+        """The connection of this thread's write transaction, if it is inside one."""
+        writing = self._writing
+        return writing[1] if writing is not None and writing[0] == threading.get_ident() else None
+
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        """A connection for reads; each statement sees every transaction committed before it."""
+        """A connection for reads; each statement sees every transaction committed before it.
+        Inside this thread's own write transaction it is that transaction's connection, so the
+        reads see its writes."""
+        own = self._own()
+        if own is not None:
+            yield Connection(own)
+            return
         with self._translated(), self._pool.connection() as db:
             yield Connection(db)
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:
-        """One write transaction, taken after every earlier writer has committed (WRITER_LOCK)."""
+        """One write transaction, taken after every earlier writer has committed (WRITER_LOCK).
+
+        Inside this thread's own transaction it is a savepoint: its work commits with the outer
+        one, and a failure undoes only its own part.
+        """
+        own = self._own()
+        if own is not None:
+            with self._translated(), own.transaction():
+                yield Connection(own)
+            return
         with self._writer, self._translated(), self._pool.connection() as db, db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
-            yield Connection(db)
+            if self.fence is not None:
+                self.fence(Connection(db))
+            self._writing = (threading.get_ident(), db)
+            try:
+                yield Connection(db)
+            finally:
+                self._writing = None
+
+    def create(self, schema: str) -> None:
+        """Create the tables of `schema` that do not exist yet (the trajectory ledger's), as the
+        constructor creates the store's: under WRITER_LOCK, so servers starting at once do not
+        race, and outside the fence, as a standby needs its tables too."""
+        with self._translated(), self._pool.connection() as db, db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+            db.execute(schema)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Block until `predicate` holds, the database closes, or `timeout` passes; `predicate`
@@ -190,3 +228,114 @@ def _durable(db: _Pooled) -> None:
         "SELECT set_config('synchronous_commit', 'on', false)"
         " WHERE current_setting('synchronous_commit') = 'off'"
     )
+
+
+LEADER_LOCK = (0x5354_4153, 0x4C45_4144)  # "STAS", "LEAD"
+"""Key of the session advisory lock the leading orchestrator holds (two int4 halves, so it shows
+in pg_locks as classid, objid with objsubid 2)."""
+KEEPALIVE = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+"""The lease connection's own TCP keepalives (libpq parameters): a leader whose network vanished learns it within
+about 11 s, rather than when a query hangs."""
+SERVER_KEEPALIVE = (
+    "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3"
+)
+"""The same on the server's side of it: the server ends the session of a leader whose host
+vanished, and so frees the lock, within about 11 s instead of the kernel's two hours."""
+
+
+class PostgresLease:
+    """Leadership as a session advisory lock on a connection of its own (see `state.lease`).
+
+    The lock lives as long as that session: a leader that dies, or whose connection drops, loses
+    it at once, and a standby's next `try_acquire` takes it. It also fences the database: every
+    write transaction first checks, under the writer lock, that this lease's session still
+    holds the lock, and refuses otherwise (StandingBy). A leader that lost the lease and has not
+    noticed yet can therefore change nothing, and a new leader reads all its predecessor wrote.
+    """
+
+    def __init__(self, database: PostgresDatabase, holder: str) -> None:
+        self._database = database
+        self.holder = holder
+        self._conn: _Pooled | None = None
+        self._pid: int | None = None
+        """The backend pid of the session holding the lock; None while not leading."""
+        self.term = 0
+        """How many times the lease has been taken, counting this one, while leading."""
+        self._lock = threading.Lock()
+        database.fence = self._fence
+
+    def try_acquire(self) -> bool:
+        with self._lock, self._database._translated():
+            if self._pid is not None:
+                return True
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(
+                    make_conninfo(self._database._url, **KEEPALIVE),
+                    autocommit=True, row_factory=dict_row, connect_timeout=CONNECT_TIMEOUT_S,
+                )  # fmt: skip
+                self._conn.execute(SERVER_KEEPALIVE)
+            row = self._conn.execute(
+                "SELECT pg_try_advisory_lock(%s, %s) AS taken, pg_backend_pid() AS pid", LEADER_LOCK
+            ).fetchone()
+            if not row or not row["taken"]:
+                return False
+            self._pid = int(row["pid"])
+        with self._database.tx() as db:
+            taken = db.execute(
+                "INSERT INTO leader (lease, holder, since, term) VALUES (1, ?, ?, 1) ON CONFLICT (lease)"
+                " DO UPDATE SET holder = EXCLUDED.holder, since = EXCLUDED.since, term = leader.term + 1"
+                " RETURNING term",
+                (self.holder, time.time()),
+            ).fetchone()
+        self.term = int(taken["term"]) if taken else 0
+        return True
+
+    def held(self) -> bool:
+        with self._lock:
+            if self._pid is None or self._conn is None:
+                return False
+            try:
+                self._conn.execute("SELECT 1")
+                return True
+            except psycopg.Error as exc:
+                log.error(
+                    "lost the leader's connection to %s: %s", self._database.where, self._database._told(exc)
+                )
+                self._lapse()
+                return False
+
+    def leader(self) -> str:
+        try:
+            with self._database.read() as db:
+                row = db.execute("SELECT holder, since, term FROM leader WHERE lease = 1").fetchone()
+        except TemporaryError:
+            return "unknown (the state database is unavailable)"
+        if row is None:
+            return "nobody yet"
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row["since"]))
+        return f"{row['holder']} (term {row['term']}, since {since})"
+
+    def release(self) -> None:
+        with self._lock:
+            self._lapse()
+
+    def _lapse(self) -> None:
+        self._pid = None
+        if self._conn is not None:
+            self._conn.close()  # the server frees the lock with the session
+            self._conn = None
+
+    def _fence(self, db: Connection) -> None:
+        pid = self._pid
+        if (
+            pid is not None
+            and db.execute(
+                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = ? AND objid = ?"
+                " AND objsubid = 2 AND pid = ? AND granted",
+                (*LEADER_LOCK, pid),
+            ).fetchone()
+        ):
+            return
+        raise StandingBy(
+            f"this orchestrator ({self.holder}) stands by and changes nothing; the leader is {self.leader()}"
+        )

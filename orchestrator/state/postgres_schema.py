@@ -4,6 +4,9 @@ column, in PostgreSQL's types.
 Times are DOUBLE PRECISION (PostgreSQL's REAL has only 24 bits of mantissa), counts and sizes
 BIGINT, as SQLite's INTEGER is 64-bit. The keys lists are sorted by use the "C" collation, so
 they sort bytewise as in SQLite, whatever the database's locale.
+
+One table is PostgreSQL's alone: `leader`, the orchestrator holding the leadership lease
+(`postgres_database.PostgresLease`), which only a shared database needs.
 """
 
 SCHEMA = """
@@ -99,5 +102,11 @@ CREATE TABLE IF NOT EXISTS requests (
     fingerprint TEXT NOT NULL,
     target TEXT NOT NULL,
     at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leader (
+    lease INTEGER PRIMARY KEY CHECK (lease = 1),
+    holder TEXT NOT NULL,
+    since DOUBLE PRECISION NOT NULL,
+    term BIGINT NOT NULL
 );
 """

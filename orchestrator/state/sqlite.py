@@ -15,6 +15,7 @@ from pathlib import Path
 from orchestrator.domain import Episode
 from orchestrator.state import records
 from orchestrator.state.database import Database
+from orchestrator.state.lease import SoleLease
 from orchestrator.state.schema import SCHEMA
 from orchestrator.state.sql import SqlStateStore
 
@@ -40,6 +41,10 @@ class SqliteStateStore(SqlStateStore):
     @property
     def closed(self) -> bool:
         return self._database.closed
+
+    def lease(self, holder: str) -> SoleLease:
+        """The embedded file is this process's alone: it always leads."""
+        return SoleLease(holder)
 
     def close(self) -> None:
         self._database.close()

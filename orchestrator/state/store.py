@@ -17,6 +17,7 @@ from orchestrator.domain import (
     NodeState,
     SnapshotRecord,
 )
+from orchestrator.state.lease import Lease
 
 
 class StateStore(Protocol):
@@ -68,6 +69,10 @@ class StateStore(Protocol):
     def image(self, name: str) -> ImageRecord | None: ...
     def delete_image(self, name: str) -> ImageRecord:
         """Remove a catalogue entry; NotFound if there is none."""
+
+    def lease(self, holder: str) -> Lease:
+        """Leadership among the orchestrators sharing this store (`state.lease`). Once taken
+        out, the store writes only while `holder` leads."""
 
     @property
     def closed(self) -> bool: ...

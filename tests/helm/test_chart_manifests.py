@@ -160,6 +160,7 @@ def test_orchestrator_is_a_single_recreated_writer(reference_install: list[Manif
     assert orchestrator["args"] == [
         "server",
         "--listen", "0.0.0.0:7070",
+        "--health-listen", "0.0.0.0:7072",
         "--state-dir", "/var/lib/stasis",
         "--snapshot-store", "file:///var/lib/stasis/snapshots",
         "--gateway-listen", "0.0.0.0:8080",
@@ -173,13 +174,27 @@ def test_orchestrator_is_a_single_recreated_writer(reference_install: list[Manif
         "--cluster-listen", "0.0.0.0:7071",
         "--join-service-account", f"{NAMESPACE}:{AGENT}",
     ]  # fmt: skip
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert orchestrator[probe]["tcpSocket"] == {"port": 7070}, probe
+    # The kubelet's gRPC probe speaks no TLS: health checking has a plaintext port of its own,
+    # where only the leader is ready.
+    for probe in ("startupProbe", "livenessProbe"):
+        assert orchestrator[probe]["grpc"] == {"port": 7072}, probe
+    assert orchestrator["readinessProbe"]["grpc"] == {"port": 7072, "service": "stasis.v1.Stasis"}
     volumes = by_name(pod_spec(deployment)["volumes"])
     assert volumes["state"]["persistentVolumeClaim"]["claimName"] == f"{FULLNAME}-state"
     assert find(reference_install, "PersistentVolumeClaim", f"{FULLNAME}-state")["spec"]["accessModes"] == [
         "ReadWriteOnce"
     ]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_orchestrator_replicas_share_postgresql_and_keep_nothing_on_disk(s3_install: list[Manifest]) -> None:
+    deployment = find(s3_install, "Deployment", FULLNAME)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}, (
+        "a standby is never ready beside its leader"
+    )
+    assert by_name(pod_spec(deployment)["volumes"])["state"] == {"name": "state", "emptyDir": {}}
+    assert not [m for m in s3_install if m["metadata"]["name"] == f"{FULLNAME}-state"]
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -195,6 +210,7 @@ def test_orchestrator_flags_parse_with_the_real_cli(s3_install: list[Manifest]) 
     assert args.node_lost_after == 30
     assert args.upstream == "http://vllm.models.svc:8000"
     assert args.snapshot_store.startswith("s3://rl-snapshots/stasis/prod?")
+    assert args.health_listen == "0.0.0.0:7072"
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)

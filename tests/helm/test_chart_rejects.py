@@ -24,6 +24,15 @@ REJECTED: dict[str, tuple[Values, str]] = {
         {**REFERENCE, "upstream.url": "http://vllm:8000"},
         "set either upstream.url or referenceModel.enabled=true, not both",
     ),
+    "replicas on SQLite": (
+        {**REFERENCE, "orchestrator.replicas": 2},
+        "orchestrator.replicas > 1 needs database.urlSecret",
+    ),
+    "no orchestrator": ({**REFERENCE, "orchestrator.replicas": 0}, "/orchestrator/replicas"),
+    "health on the gateway port": (
+        {**REFERENCE, "orchestrator.healthPort": 8080},
+        "orchestrator.healthPort must differ",
+    ),
     "gateway on the gRPC port": (
         {**REFERENCE, "gateway.port": 7070},
         "orchestrator.grpcPort and gateway.port must differ",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ from orchestrator.client import merge_context
 from orchestrator.domain import Role
 from protos.tls import node_identity
 from sandbox_agent import AgentSettings, Node
+from snapshots import SnapshotStore
 from tests.postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,17 +91,33 @@ def make_stack(tmp_path: Path) -> Iterator[Callable[..., LocalStack]]:
 
 
 class Cluster:
-    """Orchestrator and agents as separate processes, so either can be SIGKILLed and restarted.
-    Set up as an operator would: a cluster CA, certificates on the command lines, a tokens file."""
+    """Orchestrators and agents as separate processes, so any can be SIGKILLed and restarted.
+    Set up as an operator would: a cluster CA, certificates on the command lines, a tokens file.
 
-    def __init__(self, state_dir: Path, nodes: int = 2, slots: int = 2, lost_after: float = 30) -> None:
+    With a `database_url`, its `replicas` orchestrators share that PostgreSQL database: the first
+    leads, and the agents know them all. Replica i listens on `addresses[i]`; `address` is the
+    first's."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        nodes: int = 2,
+        slots: int = 2,
+        lost_after: float = 30,
+        database_url: str = "",
+        replicas: int = 1,
+    ) -> None:
         self.state_dir = state_dir
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.cluster_address = f"127.0.0.1:{free_port()}"
+        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+        self.address = self.addresses[0]
+        self.cluster_addresses = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+        self.health_addresses = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+        """Plaintext gRPC health checking alone, as the kubelet probes it."""
         self.lost_after = lost_after
-        self.orchestrator: subprocess.Popen[bytes] | None = None
-        self.log = state_dir / "logs" / "orchestrator.log"
+        self.database_url = database_url
+        self.orchestrators: list[subprocess.Popen[bytes] | None] = [None] * replicas
+        self.logs = [state_dir / "logs" / f"orchestrator-{i}.log" for i in range(replicas)]
+        self.log = self.logs[0]
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.pki = ClusterPki(state_dir / "pki")
         self.tls = self.pki.orchestrator()
@@ -110,12 +128,13 @@ class Cluster:
             self.client_config, "cluster",
             cluster={"server": self.address, "certificate-authority": str(self.pki.ca_cert)}, user={"token": token},
         )  # fmt: skip
-        self.start_orchestrator()
+        for replica in range(replicas):
+            self.start_orchestrator(replica)
         local = LocalSettings(state_dir=state_dir, nodes=nodes, slots=slots, listen=self.address)
         self.agents = {}
         for i in range(1, nodes + 1):
             name = f"node-{i}"
-            argv = agent_command(local, name, self.cluster_address, tls=self.pki.node(name))
+            argv = agent_command(local, name, ",".join(self.cluster_addresses), tls=self.pki.node(name))
             self.agents[name] = AgentProcess(name, argv, state_dir / "logs" / f"{name}.log")
             self.agents[name].start()
         with self.client() as c:
@@ -123,50 +142,71 @@ class Cluster:
                 lambda: len([n for n in c.nodes() if n.state == "READY"]) == nodes, 60, "nodes to register"
             )
 
-    def client(self) -> StasisClient:
-        return StasisClient(self.address, config=self.client_config, retry_for_s=60)
+    def client(self, replica: int = 0, retry_for_s: float = 60) -> StasisClient:
+        return StasisClient(self.addresses[replica], config=self.client_config, retry_for_s=retry_for_s)
 
-    def server_command(self) -> list[str]:
+    def server_command(self, replica: int = 0) -> list[str]:
         tls = self.tls
         return [
             sys.executable, "-m", "orchestrator.cli", "server",
-            "--listen", self.address,
-            "--state-dir", str(self.state_dir),
+            "--listen", self.addresses[replica],
+            "--state-dir", str(self.state_dir if replica == 0 else self.state_dir / f"orchestrator-{replica}"),
             "--snapshot-store", f"file://{self.state_dir / 'snapshots'}",
             "--node-lost-after", str(self.lost_after),
             "--tls-ca", str(tls.ca), "--tls-cert", str(tls.cert), "--tls-key", str(tls.key),
             "--tokens-file", str(self.tokens),
-            "--cluster-listen", self.cluster_address,
+            "--cluster-listen", self.cluster_addresses[replica],
+            "--health-listen", self.health_addresses[replica],
         ]  # fmt: skip
 
-    def start_orchestrator(self) -> None:
-        with open(self.log, "ab") as out:
-            self.orchestrator = subprocess.Popen(
-                self.server_command(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
+    def start_orchestrator(self, replica: int = 0) -> None:
+        env = dict(os.environ, STASIS_DATABASE_URL=self.database_url) if self.database_url else None
+        with open(self.logs[replica], "ab") as out:
+            process = subprocess.Popen(
+                self.server_command(replica), stdout=out, stderr=subprocess.STDOUT, env=env
             )
+        self.orchestrators[replica] = process
+        port = int(self.addresses[replica].rsplit(":", 1)[1])
         deadline = time.monotonic() + 30
         while True:
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
                     return
-            if self.orchestrator.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"orchestrator did not start:\n{self.log.read_text()[-3000:]}")
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"orchestrator did not start:\n{self.logs[replica].read_text()[-3000:]}")
             time.sleep(0.1)
 
-    def kill_orchestrator(self) -> None:
-        assert self.orchestrator is not None
-        self.orchestrator.send_signal(signal.SIGKILL)
-        self.orchestrator.wait()
+    def kill_orchestrator(self, replica: int = 0) -> None:
+        process = self.orchestrators[replica]
+        assert process is not None
+        process.send_signal(signal.SIGKILL)
+        process.wait()
 
     def stop(self) -> None:
         for agent in self.agents.values():
             agent.stop()
-        if self.orchestrator and self.orchestrator.poll() is None:
-            self.orchestrator.terminate()
-            self.orchestrator.wait(timeout=30)
+        for process in self.orchestrators:
+            if process and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
         remove_sandboxes(self.state_dir)
+
+
+def assert_history_is_whole(c: StasisClient, episode_id: str, cluster: Cluster) -> None:
+    """Every transition follows the last, and every stored snapshot is recorded once, in order."""
+    transitions = [e for e in c.events(episode_id) if e.kind == "transition"]
+    for before, after in itertools.pairwise(transitions):
+        assert after.from_state == before.to_state, f"gap between {before} and {after}"
+    records = c.snapshots(episode_id)
+    recorded = [s.id for s in records]
+    with SnapshotStore.open(f"file://{cluster.state_dir / 'snapshots'}") as store:
+        stored = [s.snapshot_id for s in store.history(episode_id)]
+    # Retention may have collected older snapshots (keep the last 3); what remains is recorded,
+    # is the newest, and is exactly what the history marks as available.
+    assert stored == recorded[len(recorded) - len(stored) :], "every stored snapshot is recorded, in order"
+    assert len(stored) >= min(3, len(recorded))
+    assert [s.id for s in records if s.available] == stored
+    assert len(recorded) == len(set(recorded))
 
 
 @pytest.fixture

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 
 import pytest
 
-from orchestrator import StasisClient
 from orchestrator.domain import EpisodeState
 from orchestrator.state import SqliteStateStore
-from snapshots import SnapshotStore
-from tests.orchestrator.conftest import Cluster, wait_until
+from tests.orchestrator.conftest import Cluster, assert_history_is_whole, wait_until
 from tests.orchestrator.programs import counter
 
 
@@ -31,22 +28,6 @@ def _kill_when(cluster: Cluster, episode_id: str, state: str, timeout: float = 6
 
 def _restart(cluster: Cluster) -> None:
     cluster.start_orchestrator()
-
-
-def _assert_history_is_whole(c: StasisClient, episode_id: str, cluster: Cluster) -> None:
-    transitions = [e for e in c.events(episode_id) if e.kind == "transition"]
-    for before, after in itertools.pairwise(transitions):
-        assert after.from_state == before.to_state, f"gap between {before} and {after}"
-    records = c.snapshots(episode_id)
-    recorded = [s.id for s in records]
-    with SnapshotStore.open(f"file://{cluster.state_dir / 'snapshots'}") as store:
-        stored = [s.snapshot_id for s in store.history(episode_id)]
-    # Retention may have collected older snapshots (keep the last 3); what remains is recorded,
-    # is the newest, and is exactly what the history marks as available.
-    assert stored == recorded[len(recorded) - len(stored) :], "every stored snapshot is recorded, in order"
-    assert len(stored) >= min(3, len(recorded))
-    assert [s.id for s in records if s.available] == stored
-    assert len(recorded) == len(set(recorded))
 
 
 @pytest.mark.timeout(300)
@@ -93,7 +74,7 @@ def test_orchestrator_killed_during_a_preemption(make_cluster: Callable[..., Clu
         assert len(c.episodes()) == 1
         final = c.wait(episode.id, ["SUCCEEDED"], timeout_s=180)
         assert final.exit_code == 0 and final.snapshots == 2
-        _assert_history_is_whole(c, episode.id, cluster)
+        assert_history_is_whole(c, episode.id, cluster)
 
 
 @pytest.mark.timeout(240)
@@ -113,7 +94,7 @@ def test_orchestrator_killed_at_random_moments(make_cluster: Callable[..., Clust
         for episode_id in ids:
             assert c.wait(episode_id, ["SUCCEEDED"], timeout_s=200).exit_code == 0
         for episode_id in ids:
-            _assert_history_is_whole(c, episode_id, cluster)
+            assert_history_is_whole(c, episode_id, cluster)
         wait_until(lambda: all(not n.episodes for n in c.nodes()), 30, "nodes to be empty")
 
 

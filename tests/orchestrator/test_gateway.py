@@ -1,6 +1,7 @@
 """Gateway and ledger against the real reference model, spoken to with raw HTTP and with the
 official openai and anthropic SDKs: every protocol whole and streamed, record before deliver,
-exactly-once replays, branches and abandonment, and the matching rule's tolerance of noise."""
+exactly-once replays, branches and abandonment, and the matching rule's tolerance of noise.
+The `world` tests run with the ledger in SQLite and in PostgreSQL (`ledgers.py`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
 from orchestrator.gateway import Gateway, GatewaySettings, Ledger, live_peer
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from tests.orchestrator.conftest import wait_until
+from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
 
 PARAMETERS = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 TOOLS = [
@@ -91,8 +93,10 @@ NODES = {"node-1": "127.0.0.1:7071", "node-2": "127.0.0.2:7071"}
 """Where each node's agent listens: its connections to the gateway come from that host."""
 
 
-def _world(tmp_path: Path, upstream: str, model: ReferenceModelServer, **settings: Any) -> World:
-    ledger = Ledger(tmp_path / "ledger.db")
+def _world(
+    tmp_path: Path, upstream: str, model: ReferenceModelServer, ledger: Ledger | None = None, **settings: Any
+) -> World:
+    ledger = ledger or Ledger.sqlite(tmp_path / "ledger.db")
     episodes = {
         "ep-1": _episode("ep-1", "tok-1"),
         "ep-done": _episode("ep-done", "tok-done", EpisodeState.SUCCEEDED),
@@ -130,14 +134,19 @@ def _count(world: World, delay_s: float = 0.0) -> None:
         setattr(model, name, counted)
 
 
+@pytest.fixture(params=DATABASES)
+def open_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenLedger]:
+    with opener(request, tmp_path / "ledger.db") as open_:
+        yield open_
+
+
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
+def world(tmp_path: Path, open_ledger: OpenLedger) -> Iterator[World]:
     model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
-    w = _world(tmp_path, model.url, model)
+    w = _world(tmp_path, model.url, model, open_ledger())
     _count(w)
     yield w
     w.gateway.stop()
-    w.ledger.close()
     model.stop()
 
 

@@ -1,6 +1,7 @@
 """A whole orchestrator on PostgreSQL (`--database-url`): the API takes submits into the server
 database, watchers hear of them through LISTEN/NOTIFY, and an orchestrator started afresh on
-the same database finds everything, with nothing in the SQLite file of its state directory.
+the same database finds everything, its ledger's turns included, with nothing in the SQLite file
+of its state directory.
 
 The PostgreSQL server is the suite's own (`tests/postgres.py`); no node agent runs, so the one
 node is a record that caches the image, cordoned, so nothing is placed on it."""
@@ -16,6 +17,7 @@ import pytest
 from orchestrator import StasisClient
 from orchestrator.api import Orchestrator, OrchestratorSettings
 from orchestrator.domain import NodeRecord, NodeState
+from orchestrator.gateway import CanonicalRequest
 from tests.postgres import PostgresServer
 
 
@@ -41,6 +43,14 @@ def test_an_orchestrator_on_postgresql_serves_from_it_and_a_new_one_finds_everyt
             assert client.submit(spec, request_id="trainer-7").id == submitted.id
             heard = next(iter(client.watch([submitted.id])))
             assert heard.episode_id == submitted.id
+        request = CanonicalRequest.parse(
+            "chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        )
+        recorded = first.ledger.record(
+            submitted.id, 1, 0.0, request, b"{}", {"role": "assistant", "content": "hello"}, b"response",
+            "chat", b"delivered", [1, 2], [-0.5, -0.25], [3], "policy-v1", 1.0,
+        )  # fmt: skip
+        cursor = first.ledger.cursor(submitted.id)
     finally:
         first.stop()
 
@@ -54,9 +64,13 @@ def test_an_orchestrator_on_postgresql_serves_from_it_and_a_new_one_finds_everyt
             assert [e.id for e in client.episodes(labels={"run": "pg"})] == [submitted.id]
             assert client.submit(spec, request_id="trainer-7").id == submitted.id, "request ids survive too"
             assert [n.name for n in client.nodes()] == ["node-1"]
+        assert second.ledger.turns(submitted.id) == [recorded], "the ledger is in PostgreSQL too"
+        assert second.ledger.cursor(submitted.id) == cursor == {"turn": recorded.id, "turns": 1}
     finally:
         second.stop()
 
     with sqlite3.connect(tmp_path / "state" / "state.db") as db:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert "episodes" not in tables, "the episodes went to PostgreSQL, not the state directory"
+    assert not tables & {"episodes", "turns"}, (
+        "the state and the ledger went to PostgreSQL, not the state dir"
+    )

@@ -247,6 +247,12 @@ the schema is skipped (--skip-schema-validation). Each message names the value t
 {{- if and .Values.auth.enabled (has (int .Values.orchestrator.clusterPort) (list (int .Values.orchestrator.grpcPort) (int .Values.gateway.port))) }}
 {{- fail "orchestrator.clusterPort must differ from orchestrator.grpcPort and gateway.port" }}
 {{- end }}
+{{- if has (int .Values.orchestrator.healthPort) (list (int .Values.orchestrator.grpcPort) (int .Values.orchestrator.clusterPort) (int .Values.gateway.port)) }}
+{{- fail "orchestrator.healthPort must differ from orchestrator.grpcPort, orchestrator.clusterPort and gateway.port" }}
+{{- end }}
+{{- if and (gt (int .Values.orchestrator.replicas) 1) (not .Values.database.urlSecret) }}
+{{- fail "orchestrator.replicas > 1 needs database.urlSecret: replicas share their state in PostgreSQL (SQLite has one writer)" }}
+{{- end }}
 {{- end }}
 
 {{/* A probe of a gRPC port: gRPC health checking when it is plaintext, a TCP connect when it

@@ -1,0 +1,98 @@
+"""The trajectory ledger's tables, in SQLite (the state dir's state.db) and in PostgreSQL (the
+state store's database), column for column, so that one set of statements (`ledger.py`) runs
+on both.
+
+PostgreSQL's types are those of the state store's tables (`state/postgres_schema.py`): times
+DOUBLE PRECISION, integers BIGINT (SQLite's are 64-bit), bytes BYTEA. A turn's id is an identity
+column, which like AUTOINCREMENT never hands out an id twice; writers take turns (WRITER_LOCK),
+so ids grow in commit order, as a snapshot's ledger cursor needs. Flags stay integers (0 or 1),
+so the statements compare them alike on both.
+"""
+
+SQLITE = """
+CREATE TABLE IF NOT EXISTS turns (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    episode_id TEXT NOT NULL,
+    parent_id INTEGER,
+    branch INTEGER NOT NULL,
+    run INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    after_hash TEXT NOT NULL,
+    after_len INTEGER NOT NULL,
+    request TEXT NOT NULL,
+    request_raw BLOB NOT NULL,
+    answer TEXT NOT NULL,
+    response BLOB NOT NULL,
+    protocol TEXT NOT NULL,
+    delivered BLOB NOT NULL,
+    delivered_run INTEGER NOT NULL,
+    delivered_at REAL,
+    token_ids TEXT NOT NULL,
+    logprobs TEXT NOT NULL,
+    prompt_token_ids TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    abandoned INTEGER NOT NULL DEFAULT 0,
+    replays INTEGER NOT NULL DEFAULT 0,
+    upstream_ms REAL NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
+CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
+CREATE INDEX IF NOT EXISTS turns_after ON turns(episode_id, after_hash);
+CREATE INDEX IF NOT EXISTS turns_parent ON turns(episode_id, parent_id, abandoned, delivered_run);
+CREATE INDEX IF NOT EXISTS turns_branch ON turns(episode_id, branch);
+CREATE TABLE IF NOT EXISTS verifications (
+    episode_id TEXT PRIMARY KEY,
+    reward REAL,
+    exit_code INTEGER,
+    timed_out INTEGER NOT NULL,
+    log BLOB NOT NULL,
+    duration_ms REAL NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+POSTGRES = """
+CREATE TABLE IF NOT EXISTS turns (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    episode_id TEXT NOT NULL,
+    parent_id BIGINT,
+    branch BIGINT NOT NULL,
+    run BIGINT NOT NULL,
+    kind TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    after_hash TEXT NOT NULL,
+    after_len BIGINT NOT NULL,
+    request TEXT NOT NULL,
+    request_raw BYTEA NOT NULL,
+    answer TEXT NOT NULL,
+    response BYTEA NOT NULL,
+    protocol TEXT NOT NULL,
+    delivered BYTEA NOT NULL,
+    delivered_run BIGINT NOT NULL,
+    delivered_at DOUBLE PRECISION,
+    token_ids TEXT NOT NULL,
+    logprobs TEXT NOT NULL,
+    prompt_token_ids TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    abandoned BIGINT NOT NULL DEFAULT 0,
+    replays BIGINT NOT NULL DEFAULT 0,
+    upstream_ms DOUBLE PRECISION NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
+CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
+CREATE INDEX IF NOT EXISTS turns_after ON turns(episode_id, after_hash);
+CREATE INDEX IF NOT EXISTS turns_parent ON turns(episode_id, parent_id, abandoned, delivered_run);
+CREATE INDEX IF NOT EXISTS turns_branch ON turns(episode_id, branch);
+CREATE TABLE IF NOT EXISTS verifications (
+    episode_id TEXT PRIMARY KEY,
+    reward DOUBLE PRECISION,
+    exit_code BIGINT,
+    timed_out BIGINT NOT NULL,
+    log BYTEA NOT NULL,
+    duration_ms DOUBLE PRECISION NOT NULL,
+    at DOUBLE PRECISION NOT NULL
+);
+"""

@@ -1,0 +1,241 @@
+"""The trajectory ledger on its own, in SQLite and in PostgreSQL (`ledgers.py`), held to the same
+tests: turns round-trip exactly, the tree branches and abandons as the matching rule says, a
+batch undoes only the call that failed, and ledgers on one database (two orchestrators, or one
+restarted) see every turn the others recorded."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.domain import FailedPrecondition, StandingBy
+from orchestrator.gateway import CanonicalRequest, Ledger, Turn, Verification
+from orchestrator.gateway.canonical import canonical_message
+from orchestrator.state import PostgresStateStore
+from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
+from tests.postgres import PostgresServer
+
+BYTES = bytes(range(256)) * 2
+"""Every byte value, NUL included: raw bodies and deliveries are stored as they are."""
+
+
+@pytest.fixture(params=DATABASES)
+def open_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenLedger]:
+    with opener(request, tmp_path / "state.db") as open_:
+        yield open_
+
+
+@pytest.fixture
+def ledger(open_ledger: OpenLedger) -> Ledger:
+    return open_ledger()
+
+
+def _chat(*texts: str) -> CanonicalRequest:
+    """A chat request whose messages are these texts, the user's and the model's in turn."""
+    roles = ("user", "assistant")
+    return CanonicalRequest.parse(
+        "chat",
+        {"model": "m", "messages": [{"role": roles[i % 2], "content": t} for i, t in enumerate(texts)]},
+    )
+
+
+def _record(
+    ledger: Ledger,
+    request: CanonicalRequest,
+    answer: str,
+    run: int = 1,
+    resumed_at: float = 0.0,
+    episode_id: str = "ep-1",
+    **fields: Any,
+) -> Turn:
+    """Record a turn whose answer is the model message `answer`, as the gateway would."""
+    recorded: dict[str, Any] = {
+        "request_raw": b"raw:" + BYTES, "response": b"response:" + BYTES, "protocol": "chat",
+        "delivered": b"delivered:" + BYTES, "token_ids": [5, 6, 7], "logprobs": [-0.1, -2.5e-7, -13.25],
+        "prompt_token_ids": [1, 2], "policy_version": "policy-v1", "upstream_ms": 12.5,
+    }  # fmt: skip
+    recorded.update(fields)
+    message = canonical_message({"role": "assistant", "content": answer})
+    return ledger.record(episode_id, run, resumed_at, request, answer=message, **recorded)
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_its_deliveries_and_a_reward_round_trip_exactly(ledger: Ledger) -> None:
+    turn = _record(ledger, _chat("hi"), "hello")
+    assert ledger.turns("ep-1") == [turn] and ledger.turns("ep-2") == []
+    assert turn.delivered == b"delivered:" + BYTES and turn.logprobs == [-0.1, -2.5e-7, -13.25]
+    assert ledger.cursor("ep-1") == {"turn": turn.id, "turns": 1} and ledger.cursor("ep-2") == {
+        "turn": 0,
+        "turns": 0,
+    }
+    assert ledger.find("ep-1", _chat("hi")) == turn and ledger.find("ep-1", _chat("hi!")) is None
+
+    ledger.delivered(turn.id, 1234.5678)
+    replayed = ledger.replay("ep-1", 3, _chat("hi"))
+    assert replayed is not None and replayed.delivered_at == 1234.5678
+    ledger.replayed(turn.id, 2)  # an older run does not take the delivery back
+    (again,) = ledger.turns("ep-1")
+    assert (again.replays, again.delivered_run, again.delivered_at) == (2, 3, 1234.5678)
+
+    assert ledger.verification("ep-1") is None
+    ledger.record_verification("ep-1", Verification(None, None, True, b"", 1.0))
+    ledger.record_verification("ep-1", Verification(0.75, 3, False, BYTES, 812.25))
+    assert ledger.verification("ep-1") == Verification(0.75, 3, False, BYTES, 812.25), "the last one stands"
+
+
+@pytest.mark.timeout(30)
+def test_a_restored_harness_that_diverges_abandons_what_it_never_had(ledger: Ledger) -> None:
+    a = _record(ledger, _chat("hi"), "a")
+    b = _record(ledger, _chat("hi", "a", "more"), "b")
+    parallel = _record(ledger, _chat("hi", "a", "other"), "p")
+    assert (b.parent_id, b.branch, parallel.parent_id, parallel.branch) == (a.id, 0, a.id, 1)
+    ledger.delivered(a.id, 10.0)  # b and the parallel call never finished reaching the harness
+
+    # Run 2 was restored from a snapshot taken at 20: the harness had a, replays it, then diverges.
+    assert ledger.replay("ep-1", 2, _chat("hi")) is not None
+    c = _record(ledger, _chat("hi", "a", "different"), "c", run=2, resumed_at=20.0)
+    abandoned = {t.id: (t.abandoned, t.branch) for t in ledger.turns("ep-1")}
+    assert abandoned == {a.id: (False, 0), b.id: (True, 2), parallel.id: (True, 1), c.id: (False, 0)}
+
+    # Run 3 was restored from a snapshot taken at 5, before a was delivered: a new first request
+    # abandons every root the harness never had (the NULL parent matches NULL), and their trees.
+    d = _record(ledger, _chat("a fresh start"), "d", run=3, resumed_at=5.0)
+    assert (d.parent_id, d.branch) == (None, 0)
+    assert [t.id for t in ledger.turns("ep-1") if not t.abandoned] == [d.id]
+    assert [b.id for b in ledger.branches("ep-1")] == [0, 1, 2, 3] and not ledger.branches("ep-1")[
+        0
+    ].abandoned
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_undoes_only_the_call_that_failed(ledger: Ledger) -> None:
+    a = _record(ledger, _chat("hi"), "a")
+    b = _record(ledger, _chat("hi", "a", "more"), "b")
+    ledger.delivered(a.id, 10.0)
+
+    def diverge_then_fail() -> Turn:
+        # It abandons b, the stale sibling, then its insert fails in the database (NOT NULL).
+        return _record(ledger, _chat("hi", "a", "diverged"), "x", run=2, resumed_at=20.0, upstream_ms=None)
+
+    results = ledger.batch([
+        lambda: ledger.replay("ep-1", 2, _chat("hi")),
+        diverge_then_fail,
+        lambda: _record(ledger, _chat("elsewhere"), "e", episode_id="ep-2"),
+        lambda: ledger.replay("ep-2", 1, _chat("elsewhere")),  # sees the turn recorded just before
+        lambda: ledger.delivered(a.id, 30.0),
+    ])  # fmt: skip
+    assert [ok for ok, _ in results] == [True, False, True, True, True]
+    assert "upstream_ms" in str(results[1][1])
+    e = results[2][1]
+    replayed = results[3][1]
+    assert isinstance(e, Turn) and isinstance(replayed, Turn) and replayed.id == e.id
+    (a_after, b_after) = ledger.turns("ep-1")
+    assert b_after.id == b.id and (a_after.replays, a_after.delivered_run, a_after.delivered_at) == (
+        1,
+        2,
+        30.0,
+    )
+    assert (b_after.abandoned, b_after.branch) == (False, 0), "the failed call's abandonment is undone"
+    assert [(t.id, t.replays) for t in ledger.turns("ep-2")] == [(e.id, 1)]
+
+
+@pytest.mark.timeout(60)
+def test_ledgers_on_one_database_see_each_others_turns(open_ledger: OpenLedger) -> None:
+    """Two orchestrators on one database (replicas, or a leader and its successor): each places
+    its turns in the tree the other recorded, and concurrent writers take turns."""
+    first, second = open_ledger(), open_ledger()
+    a = _record(first, _chat("hi"), "a")
+    assert second.find("ep-1", _chat("hi")) == a
+    b = _record(second, _chat("hi", "a", "more"), "b")
+    assert (b.parent_id, b.branch) == (a.id, 0)
+    assert first.turns("ep-1") == second.turns("ep-1") == [a, b]
+
+    # Parallel calls from one point, recorded at once by four threads over both ledgers: each
+    # gets a branch of its own, which only writers that see each other's commits can give.
+    errors: list[BaseException] = []
+
+    def sibling(ledger: Ledger, i: int) -> None:
+        try:
+            for j in range(5):
+                _record(ledger, _chat("hi", "a", f"parallel {i}.{j}"), "p")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sibling, args=((first, second)[i % 2], i)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    children = [t for t in first.turns("ep-1") if t.parent_id == a.id]
+    assert sorted(t.branch for t in children) == list(range(21))
+    assert first.cursor("ep-1") == second.cursor("ep-1") == {"turn": max(t.id for t in children), "turns": 22}
+
+
+@pytest.mark.timeout(30)
+def test_a_ledger_opened_again_finds_every_turn(open_ledger: OpenLedger) -> None:
+    """What a new leader, or the same orchestrator restarted, finds: every turn as it was."""
+    first = open_ledger()
+    a = _record(first, _chat("hi"), "a")
+    b = _record(first, _chat("hi", "a", "more"), "b")
+    first.delivered(a.id, 10.0)
+    first.record_verification("ep-1", Verification(1.0, 0, False, b"ok", 5.0))
+    recorded, cursor = first.turns("ep-1"), first.cursor("ep-1")
+    first.close()
+
+    again = open_ledger()
+    assert again.turns("ep-1") == recorded and again.cursor("ep-1") == cursor
+    assert again.verification("ep-1") == Verification(1.0, 0, False, b"ok", 5.0)
+    replayed = again.replay("ep-1", 2, _chat("hi", "a", "more"))
+    assert replayed is not None and replayed.id == b.id and replayed.delivered == b.delivered
+    c = _record(again, _chat("hi", "a", "more", "b", "go on"), "c")
+    assert (c.parent_id, c.branch, c.id > b.id) == (b.id, 0, True)
+
+
+@pytest.mark.timeout(30)
+def test_a_standby_opens_the_ledger_and_reads_it_but_records_nothing(postgres: PostgresServer) -> None:
+    """On a shared PostgreSQL database the ledger's writes are fenced like the store's: an
+    orchestrator that does not hold the lease changes nothing, yet it opens the ledger."""
+    url = postgres.database()
+    leader, standby = PostgresStateStore(url), PostgresStateStore(url)
+    try:
+        lease = leader.lease("leader")
+        assert lease.try_acquire()
+        recorded = _record(Ledger.postgres(leader.database), _chat("hi"), "a")
+        standby.lease("standby")
+        ledger = Ledger.postgres(standby.database)
+        assert ledger.turns("ep-1") == [recorded]
+        with pytest.raises(StandingBy):
+            _record(ledger, _chat("hi", "a", "more"), "b")
+        with pytest.raises(StandingBy):
+            ledger.batch([lambda: ledger.delivered(recorded.id, 1.0)])
+        lease.release()
+    finally:
+        leader.close()
+        standby.close()
+        postgres.drop(url)
+
+
+OLDER_TURNS = """
+CREATE TABLE turns (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, episode_id TEXT NOT NULL, parent_id INTEGER, branch INTEGER NOT NULL,
+    run INTEGER NOT NULL, kind TEXT NOT NULL, fingerprint TEXT NOT NULL, after_hash TEXT NOT NULL,
+    after_len INTEGER NOT NULL, request TEXT NOT NULL, request_raw BLOB NOT NULL, answer TEXT NOT NULL,
+    response BLOB NOT NULL, token_ids TEXT NOT NULL, logprobs TEXT NOT NULL, prompt_token_ids TEXT NOT NULL,
+    policy_version TEXT NOT NULL, abandoned INTEGER NOT NULL DEFAULT 0, replays INTEGER NOT NULL DEFAULT 0,
+    upstream_ms REAL NOT NULL, created_at REAL NOT NULL
+);
+"""
+"""The turns table as Stasis kept it before deliveries were recorded."""
+
+
+def test_a_sqlite_ledger_from_an_older_stasis_is_refused(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        db.executescript(OLDER_TURNS)
+    with pytest.raises(FailedPrecondition, match="from an older Stasis; start with a new state dir"):
+        Ledger.sqlite(tmp_path / "state.db")
