@@ -35,6 +35,12 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     )
     p.add_argument("--criu", default=env("STASIS_CRIU", "criu"))
     p.add_argument(
+        "--eager-restore",
+        action="store_true",
+        default=bool(env("STASIS_EAGER_RESTORE")),
+        help="fetch a snapshot's whole memory before restoring it (default: lazily, as the sandbox touches it)",
+    )
+    p.add_argument(
         "--run-dir",
         type=Path,
         default=Path(env("STASIS_RUN_DIR", "/run/stasis")),
@@ -143,6 +149,7 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         listen=a.listen,
         base_image_tar=a.base_image_tar,
         criu=a.criu,
+        lazy_restore=not a.eager_restore,
         run_dir=a.run_dir,
         userns_base=a.userns_base,
         allowed_ports=tuple(dict.fromkeys([*a.allow_port, *([a.gateway_port] if a.gateway_forward else [])])),
@@ -220,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     if forwarder:
         forwarder.stop()
     server.stop(grace=1).wait()
+    node.close()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.images import Image
+from sandbox_agent.lazy import Transfer
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
 STATE_DIR = "/.stasis"
@@ -88,6 +89,12 @@ class SandboxLayout:
         return self.dir / "sandbox.json"
 
     @property
+    def arriving(self) -> Path:
+        """Present while a lazy restore's memory is still arriving (see `lazy`): an agent that
+        finds it at start-up died mid-transfer, and the sandbox cannot be trusted."""
+        return self.dir / "memory-arriving"
+
+    @property
     def stopped(self) -> Path:
         """Present while a stopping checkpoint holds the sandbox's processes only in images: it
         names their directory, so an agent that restarts before the commit can revive them."""
@@ -123,10 +130,19 @@ class Backend(Protocol):
     def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         """CRIU-dump the frozen sandbox into images_dir and leave it frozen."""
 
+    lazy_restore: bool
+    """Whether `restore` takes a `lazy.Transfer`, to resume before the memory is all here."""
+
     def restore(
-        self, record: SandboxRecord, layout: SandboxLayout, image: Image, checkpoint: Checkpoint
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        image: Image,
+        checkpoint: Checkpoint,
+        transfer: Transfer | None = None,
     ) -> None:
-        """Rebuild the writable layer from the checkpoint and resume its processes."""
+        """Rebuild the writable layer from the checkpoint and resume its processes; with a
+        `transfer` (only where `lazy_restore`), before their memory has all arrived."""
 
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
         """The sandbox's state and its init PID (0 if none)."""

@@ -29,6 +29,7 @@ from sandbox_agent.backend import STATE_DIR, STOP_TIMEOUT_S, SandboxLayout, wrap
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import AgentError, CommandFailed, FailedPrecondition, NotFound, ToolUnavailable
 from sandbox_agent.images import Image, ImageCache
+from sandbox_agent.lazy import Transfer
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
 CHECKPOINT_NAME = "stasis"
@@ -85,6 +86,8 @@ class DockerBackend:
     name = "docker"
     wants_netns = False
     """Docker makes its own network namespace (`none`: loopback only)."""
+    lazy_restore = False
+    """Docker restores from a checkpoint it has whole."""
 
     def __init__(self, node: str, url: str) -> None:
         self.node = node
@@ -206,8 +209,15 @@ class DockerBackend:
         shutil.move(str(source), images_dir)
 
     def restore(
-        self, record: SandboxRecord, layout: SandboxLayout, image: Image, checkpoint: Checkpoint
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        image: Image,
+        checkpoint: Checkpoint,
+        transfer: Transfer | None = None,
     ) -> None:
+        if transfer is not None:
+            raise FailedPrecondition("the docker backend restores memory eagerly only")
         container = self._create(record, image)
         overlay.import_layer(checkpoint.layer, Path(container.attrs["GraphDriver"]["Data"]["UpperDir"]))
         self._start_from(record, container, checkpoint.criu_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal as signals
 import tarfile
@@ -12,13 +13,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandbox_agent import _command, confined, launch, network, oci, overlay
+from sandbox_agent import _command, confined, launch, lazy, network, oci, overlay
 from sandbox_agent import checkpoint as ckpt
 from sandbox_agent.backend import EXIT_CODE, HARNESS_LOG, Backend, SandboxLayout
 from sandbox_agent.errors import (
@@ -41,7 +42,7 @@ from sandbox_agent.spec import (
     validate_files,
     validate_id,
 )
-from snapshots import Manifest, SnapshotMeta, SnapshotNotFound, SnapshotStore
+from snapshots import Manifest, SnapshotCorrupt, SnapshotMeta, SnapshotNotFound, SnapshotStore, StoredFile
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,18 @@ class Node:
         self._reachable_dir = _reachable(settings.run_dir / self.name)
         self._userns_base = settings.userns_base if isinstance(self.backend, RuncBackend) else 0
         """Where new sandboxes' ids start on the host; the docker backend has no user namespaces."""
+        self._lazy = settings.lazy_restore and self.backend.lazy_restore
+        """Restores from the store are lazy (`lazy`); else whole."""
+        if self._lazy and self._userns_base:
+            why = lazy.allow_userfaultfd()
+            if why:
+                log.warning("node %s restores whole, not lazily: %s", self.name, why)
+                self._lazy = False
+        self._arriving: dict[str, threading.Thread] = {}
+        """Lazily restored sandboxes whose memory is still arriving, with the thread that waits."""
+        self._eager_next: set[str] = set()
+        """Snapshots whose lazy restore met a damaged chunk here: the next try fetches them
+        whole, so it fails outright, as the control plane expects of a damaged snapshot."""
         self._staging = settings.root / "staging"
         self._staging.mkdir(exist_ok=True)
         self._lock = threading.Lock()
@@ -190,7 +203,17 @@ class Node:
             log.warning("node %s removed container %s that had no record", self.name, leftover)
         for sandbox_id in known:
             record, layout = self._record(sandbox_id), self._layout(sandbox_id)
-            if layout.stopped.exists():
+            if layout.arriving.exists():
+                # Its agent died while the sandbox's memory was still arriving: pages it never
+                # got would read as zeros. Its snapshot is intact; the control plane restores
+                # it again once it finds it gone.
+                log.warning(
+                    "node %s removes sandbox %s: its lazy restore ended with this agent",
+                    self.name,
+                    sandbox_id,
+                )
+                self._remove_now(record, layout)
+            elif layout.stopped.exists():
                 # Its agent died between the kill and the commit: the snapshot never landed.
                 images = Path(layout.stopped.read_text())
                 self._revive(record, layout, images)
@@ -231,8 +254,11 @@ class Node:
                 self._busy.discard(sandbox_id)
 
     @contextmanager
-    def _new_sandbox(self, sandbox_id: str, record: SandboxRecord) -> Iterator[SandboxLayout]:
-        """Reserve the id and undo everything if building the sandbox fails."""
+    def _new_sandbox(
+        self, sandbox_id: str, record: SandboxRecord, *, keep_busy: bool = False
+    ) -> Iterator[SandboxLayout]:
+        """Reserve the id and undo everything if building the sandbox fails. With `keep_busy`,
+        the sandbox stays busy when built, until the caller calls `_done`."""
         layout = self._layout(sandbox_id)
         with self._lock:
             if layout.dir.exists() or sandbox_id in self._busy:
@@ -247,10 +273,14 @@ class Node:
             yield layout
         except BaseException:
             self._teardown(record, layout)
+            self._done(sandbox_id)
             raise
-        finally:
-            with self._lock:
-                self._busy.discard(sandbox_id)
+        if not keep_busy:
+            self._done(sandbox_id)
+
+    def _done(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._busy.discard(sandbox_id)
 
     def _teardown(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         try:
@@ -475,13 +505,16 @@ class Node:
         return self.store
 
     def restore_from_store(self, sandbox_id: str, snapshot_id: str, *, image: str = "") -> SandboxStatus:
-        """Fetch a snapshot (every chunk verified by hash) and restore it on this node."""
+        """Fetch a snapshot (every chunk verified by hash) and restore it on this node: lazily
+        where the backend can, else whole."""
         store = self._require_store()
         validate_id("sandbox_id", sandbox_id)
         if self._layout(sandbox_id).dir.exists():
             raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
         staging = self._staging / f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
         timeline = Timeline(sandbox_id, self.hooks)
+        if self._lazy and snapshot_id not in self._eager_next:
+            return self._restore_lazily(store, sandbox_id, snapshot_id, staging, timeline, image)
         try:
             with timeline.phase(Phase.FETCH):
                 store.fetch(snapshot_id, staging)
@@ -489,6 +522,125 @@ class Node:
             return self._restore(sandbox_id, staging, timeline, image=image, verify=False, source=snapshot_id)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _restore_lazily(
+        self,
+        store: SnapshotStore,
+        sandbox_id: str,
+        snapshot_id: str,
+        staging: Path,
+        timeline: Timeline,
+        image: str,
+    ) -> SandboxStatus:
+        """Restore with the memory left in the store: fetch all but the pages files, write the
+        pages CRIU restores itself, and resume the sandbox; the rest of its memory arrives as it
+        runs (`lazy.Transfer`). Until every page is in, the sandbox stays busy (no checkpoint
+        meanwhile), and a page that cannot be had removes it."""
+        opened: dict[str, StoredFile] = {}
+        guard = threading.Lock()
+
+        def stored(name: str) -> StoredFile:
+            with guard:
+                if name not in opened:
+                    opened[name] = store.open_file(snapshot_id, f"{ckpt.CRIU_DIR}/{name}")
+                return opened[name]
+
+        def release() -> None:
+            for f in opened.values():
+                f.close()
+            shutil.rmtree(staging, ignore_errors=True)
+
+        try:
+            with timeline.phase(Phase.FETCH):
+                manifest = store.manifest(snapshot_id)
+                pages = [e.path for e in manifest.files() if _PAGES.fullmatch(e.path)]
+                store.fetch(snapshot_id, staging, leave_out=pages)
+                memory = lazy.prepare(staging / ckpt.CRIU_DIR, stored)
+            layout = self._layout(sandbox_id)
+            transfer = lazy.Transfer(memory, stored, fault=lambda _: self._stop_quietly(sandbox_id))
+            status = self._restore(
+                sandbox_id, staging, timeline, image=image, verify=False, source=snapshot_id,
+                transfer=transfer,
+            )  # fmt: skip
+        except BaseException:
+            release()
+            raise
+        if transfer.failure is not None:  # failed while the restore was finishing
+            self._memory_arrives(sandbox_id, snapshot_id, layout, transfer, timeline, release)
+            raise transfer.failure
+        waiting = threading.Thread(
+            target=self._memory_arrives,
+            args=(sandbox_id, snapshot_id, layout, transfer, timeline, release),
+            name=f"lazy-{sandbox_id}",
+            daemon=True,
+        )
+        with self._lock:
+            self._arriving[sandbox_id] = waiting
+        waiting.start()
+        return status
+
+    def _memory_arrives(
+        self,
+        sandbox_id: str,
+        snapshot_id: str,
+        layout: SandboxLayout,
+        transfer: lazy.Transfer,
+        timeline: Timeline,
+        release: Callable[[], None],
+    ) -> None:
+        """Wait for the rest of a lazily restored sandbox's memory; remove the sandbox if any of
+        it could not be had."""
+        try:
+            error = transfer.wait()
+        finally:
+            release()
+        if error:
+            log.error("node %s removes sandbox %s: %s", self.name, sandbox_id, error)
+            if isinstance(transfer.failure, SnapshotCorrupt):
+                with self._lock:
+                    self._eager_next.add(snapshot_id)
+            with suppress(NotFound):
+                self._remove_now(self._record(sandbox_id), layout)
+        else:
+            try:
+                record = self._record(sandbox_id)
+                resident = timeline.record(Phase.RESIDENT, timeline.started)
+                record.timings_ms = {**record.timings_ms, Phase.RESIDENT.key: resident}
+                record.save(layout.record)
+            except NotFound:
+                pass
+        layout.arriving.unlink(missing_ok=True)
+        with self._lock:
+            self._arriving.pop(sandbox_id, None)
+        self._done(sandbox_id)
+
+    def _remove_now(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        """Kill and remove a sandbox whatever it is busy with: one that lacks memory it cannot
+        get. The control plane finds it gone and restores it again from its snapshot."""
+        self.backend.kill(record, layout, signals.SIGKILL)
+        self._teardown(record, layout)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Before the agent exits: wait up to `timeout_s` for memory still arriving, then remove
+        each sandbox that still lacks some. Its pages would read as zeros without this agent."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            arriving = dict(self._arriving)
+        for thread in arriving.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for sandbox_id, thread in arriving.items():
+            if thread.is_alive():
+                log.warning("node %s removes sandbox %s: its memory is still arriving", self.name, sandbox_id)
+                with suppress(NotFound):
+                    self._remove_now(self._record(sandbox_id), self._layout(sandbox_id))
+
+    def _stop_quietly(self, sandbox_id: str) -> None:
+        """Kill a sandbox's processes at once, whatever it is busy with (a lazy restore's fault)."""
+        try:
+            record = self._record(sandbox_id)
+        except NotFound:
+            return
+        self.backend.kill(record, self._layout(sandbox_id), signals.SIGKILL)
 
     def restore(
         self, sandbox_id: str, checkpoint_dir: Path, *, image: str = "", verify: bool = True
@@ -508,6 +660,7 @@ class Node:
         image: str,
         verify: bool,
         source: str,
+        transfer: lazy.Transfer | None = None,
     ) -> SandboxStatus:
         validate_id("sandbox_id", sandbox_id)
         with timeline.phase(Phase.VERIFY):
@@ -527,9 +680,11 @@ class Node:
             created_at=time.time(),
             restored_from=source,
         )
-        with self._new_sandbox(sandbox_id, record) as layout:
+        with self._new_sandbox(sandbox_id, record, keep_busy=transfer is not None) as layout:
+            if transfer is not None:
+                layout.arriving.touch()
             with timeline.phase(Phase.RESTORE):
-                self.backend.restore(record, layout, local, checkpoint)
+                self.backend.restore(record, layout, local, checkpoint, transfer)
             record.timings_ms = timeline.timings_ms()
             # What the restored process writes from its first instant on belongs to this run.
             # (Checkpoints older than `log_bytes` are measured now, a little late.)
@@ -684,8 +839,13 @@ class Node:
 
     def delete_all(self) -> None:
         """Delete every sandbox of this node: for tests and decommissioning."""
+        self.close()
         for status in self.list():
             self.delete(status.record.id)
+
+
+_PAGES = re.compile(rf"{ckpt.CRIU_DIR}/pages-\d+\.img")
+"""The CRIU images that hold memory, which a lazy restore leaves in the store."""
 
 
 def _partial(sandbox_id: str) -> str:

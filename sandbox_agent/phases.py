@@ -45,6 +45,8 @@ class Phase(enum.StrEnum):
     """Checking the checkpoint directory's files against their recorded hashes."""
     RESTORE = "restore"
     """Rebuilding the writable layer and the network, and CRIU restoring the processes."""
+    RESIDENT = "resident"
+    """A span: from the restore's start until a lazily restored sandbox has all its memory."""
     # both
     TOTAL = "total"
 
@@ -68,7 +70,7 @@ class Timeline:
         self.sandbox_id = sandbox_id
         self.hooks = hooks or PhaseHooks()
         self._ms: dict[str, float] = {}
-        self._started = time.monotonic()
+        self.started = time.monotonic()
 
     @contextmanager
     def phase(self, phase: Phase) -> Iterator[None]:
@@ -92,4 +94,4 @@ class Timeline:
 
     def timings_ms(self) -> dict[str, float]:
         """Every phase so far, plus the total since the timeline began."""
-        return {**self._ms, Phase.TOTAL.key: round((time.monotonic() - self._started) * 1000, 1)}
+        return {**self._ms, Phase.TOTAL.key: round((time.monotonic() - self.started) * 1000, 1)}

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import _command, idmap, network, overlay, seccomp
+from sandbox_agent import _command, idmap, lazy, network, overlay, seccomp
 from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, STOP_TIMEOUT_S, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import CommandFailed, FailedPrecondition
@@ -235,16 +235,32 @@ class RuncBackend:
                 f"CRIU dump of sandbox {record.id} failed", _log_tail(work / "dump.log")
             ) from exc
 
+    lazy_restore = True
+    """Restores may take their memory lazily (`lazy.Transfer`)."""
+
     def restore(
-        self, record: SandboxRecord, layout: SandboxLayout, image: Image, checkpoint: Checkpoint
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        image: Image,
+        checkpoint: Checkpoint,
+        transfer: lazy.Transfer | None = None,
     ) -> None:
         self._layer_disk(record, layout)
         overlay.import_layer(checkpoint.layer, layout.upper)
         self._mount_root(record, layout, image)
         self._write_bundle(record, layout)
-        self._criu_restore(record, layout, checkpoint.criu_dir)
+        self._criu_restore(record, layout, checkpoint.criu_dir, transfer)
 
-    def _criu_restore(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+    def _criu_restore(
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        images_dir: Path,
+        transfer: lazy.Transfer | None = None,
+    ) -> None:
+        """CRIU-restore the sandbox's processes; with a `transfer`, lazily: they run at once and
+        their memory arrives as they touch it."""
         work = layout.criu_work / "restore"
         work.mkdir(parents=True, exist_ok=True)
         if record.spec.userns_base:
@@ -253,13 +269,20 @@ class RuncBackend:
             images_dir.chmod(0o711)
             for image in images_dir.iterdir():
                 image.chmod(0o644)
+        if transfer is not None:
+            transfer.start(self.criu, images_dir, work)
         try:
             self._runc(
                 "restore", "--detach", "--tcp-established", "--file-locks",
+                *(["--lazy-pages"] if transfer is not None else []),
                 "--image-path", str(images_dir), "--work-path", str(work),
                 "--bundle", str(layout.bundle), record.id,
             )  # fmt: skip
         except CommandFailed as exc:
+            if transfer is not None:
+                transfer.abort()
+                if transfer.failure is not None:  # the memory could not be had: that is the cause
+                    raise transfer.failure from exc
             raise exc.with_log(
                 f"CRIU restore of sandbox {record.id} failed", _log_tail(work / "restore.log")
             ) from exc

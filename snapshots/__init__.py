@@ -21,6 +21,7 @@ from ._errors import (
 from ._gc import GcReport, RetentionPolicy
 from ._history import SnapshotInfo
 from ._manifest import FORMAT, ChunkRef, Entry, EntryKind, Manifest, Reason, SnapshotMeta, SnapshotSizes
+from ._random import StoredFile
 from ._settings import ChunkingSettings, LockSettings, RetrySettings, StoreSettings
 from ._store import SnapshotStore
 from ._verify import Problem, VerifyReport
@@ -54,6 +55,7 @@ __all__ = [
     "StoreRejected",
     "StoreSettings",
     "StoreUnavailable",
+    "StoredFile",
     "VerifyReport",
     "export_checkpoint_archive",
     "import_checkpoint_archive",

@@ -246,7 +246,7 @@ class ChunkStore:
             )
         return self._codec.decode(blob, ref.hash, ref.length, packed=bool(ref.pack))
 
-    def _read_run(self, refs: Sequence[ChunkRef]) -> list[bytes | ChunkMismatch]:
+    def read_run(self, refs: Sequence[ChunkRef]) -> list[bytes | ChunkMismatch]:
         """Read chunks that lie one after another in one pack with one request, and verify each."""
         first = refs[0]
         if len(refs) == 1 or not first.pack:
@@ -303,7 +303,7 @@ class ChunkStore:
             entry, path, offset, run = item
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
-                for ref, raw in zip(run, self._read_run(run), strict=True):
+                for ref, raw in zip(run, self.read_run(run), strict=True):
                     if isinstance(raw, ChunkMismatch):
                         raise SnapshotCorrupt(snapshot_id, entry.path, ref.hash, f"{raw.kind}: {raw.detail}")
                     view = memoryview(raw)

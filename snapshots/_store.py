@@ -38,6 +38,7 @@ from ._manifest import (
     valid_id,
     validate_meta,
 )
+from ._random import StoredFile
 from ._settings import StoreSettings
 
 
@@ -216,12 +217,15 @@ class SnapshotStore:
         """Whether a committed snapshot has this id."""
         return valid_id(snapshot_id) and self._backend.size(manifest_key(snapshot_id)) is not None
 
-    def fetch(self, snapshot_id: str, dest: str | os.PathLike[str]) -> Manifest:
+    def fetch(
+        self, snapshot_id: str, dest: str | os.PathLike[str], *, leave_out: Collection[str] = ()
+    ) -> Manifest:
         """Recreate a snapshot's tree at dest (which must not exist), verifying every chunk.
 
         The tree is built beside dest and renamed into place, so dest appears
         complete or not at all. Raises SnapshotNotFound or SnapshotCorrupt
-        naming the snapshot, file and chunk.
+        naming the snapshot, file and chunk. The files in `leave_out` are made at their size
+        but left unwritten (holes), for the caller to fill from `open_file` as it needs them.
         """
         target = Path(dest)
         if target.exists() or target.is_symlink():
@@ -241,7 +245,8 @@ class SnapshotStore:
                     else:
                         with open(path, "wb") as f:
                             f.truncate(entry.size)
-                        files.append((entry, path))
+                        if entry.path not in leave_out:
+                            files.append((entry, path))
                 self._chunks.restore_files(snapshot_id, files)
                 # Modes last, deepest first, so read-only files and dirs do not block their own filling.
                 for entry in reversed(manifest.entries):
@@ -264,6 +269,20 @@ class SnapshotStore:
             with open(dest, "wb") as f:
                 f.truncate(entry.size)
             self._chunks.restore_files(snapshot_id, [(entry, Path(dest))])
+
+    def open_file(self, snapshot_id: str, path: str) -> StoredFile:
+        """One regular file of a snapshot, to read at any offset, each chunk verified as it is
+        read (`StoredFile`). It holds a shared lock on the store until closed."""
+        lock = self._lock(LockKind.SHARED, f"read {snapshot_id}:{path}")
+        try:
+            manifest = self.manifest(snapshot_id)
+            entry = next((e for e in manifest.entries if e.path == path and e.kind is EntryKind.FILE), None)
+            if entry is None:
+                raise FileNotFoundError(f"snapshot {snapshot_id} has no file {path}")
+        except BaseException:
+            lock.release()
+            raise
+        return StoredFile(self._chunks, snapshot_id, entry, lock)
 
     # -- history and housekeeping -------------------------------------------------------------
 

@@ -1,4 +1,6 @@
-"""The sandbox runtime for real, on both backends: memory, files and sockets survive a move between nodes."""
+"""The sandbox runtime for real, on both backends: memory, files and sockets survive a move between
+nodes, whether the checkpoint goes as a directory (restored whole) or through the snapshot store
+(restored lazily on runc: the sandbox runs while its memory arrives)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import SandboxSpec, SandboxState
+from sandbox_agent import Node, SandboxSpec, SandboxState, SandboxStatus
+from sandbox_agent.node import SnapshotTarget
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
 
@@ -35,27 +38,69 @@ agent.checkpoint(sandbox, Path(dest), leave_running=False)
 """
 
 
+MOVES = pytest.mark.parametrize(
+    ("backend", "route"),
+    [("runc", "directory"), ("runc", "store"), ("docker", "directory")],
+    indirect=["backend"],
+)
+"""How a checkpoint travels, as a directory or through the snapshot store, on each backend (the
+docker backend restores whole either way, so the directory covers it)."""
+
+
+def _nodes(make_node: NodeFactory, backend: str, tmp_path: Path, **settings: object) -> tuple[Node, Node]:
+    store = f"file://{tmp_path}/store"
+    return (
+        make_node("node-a", backend, snapshot_store=store, **settings),
+        make_node("node-b", backend, snapshot_store=store, **settings),
+    )
+
+
+def _move(a: Node, b: Node, sandbox_id: str, new_id: str, route: str, tmp_path: Path) -> SandboxStatus:
+    """Stop the sandbox on `a` with a checkpoint and restore it on `b` by `route`. Through the
+    store, the restore on runc is lazy: it returns once the sandbox runs, memory still arriving."""
+    if route == "directory":
+        a.checkpoint(sandbox_id, tmp_path / "ck", leave_running=False)
+        remove_node_dirs(a)
+        return b.restore(new_id, tmp_path / "ck")
+    a.checkpoint_to_store(
+        sandbox_id, SnapshotTarget(f"{sandbox_id}-s1", sandbox_id, 1, "manual"), leave_running=False
+    )
+    remove_node_dirs(a)
+    restored = b.restore_from_store(new_id, f"{sandbox_id}-s1")
+    assert restored.busy == (b.backend.name == "runc"), (
+        "a lazily restored sandbox is busy until its memory is in"
+    )
+    return restored
+
+
 def _last_sha_counter(log: str) -> tuple[str, int]:
     sha, counter = re.findall(r"sha (\w+) counter (\d+)", log)[-1]
     return sha, int(counter)
 
 
 @pytest.mark.timeout(180)
-def test_memory_survives_move_to_another_node(make_node: NodeFactory, backend: str, tmp_path: Path) -> None:
-    a, b = make_node("node-a", backend), make_node("node-b", backend)
+@MOVES
+def test_memory_survives_move_to_another_node(
+    make_node: NodeFactory, backend: str, route: str, tmp_path: Path
+) -> None:
+    a, b = _nodes(make_node, backend, tmp_path)
     spec = SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "64"), address="10.201.0.2")
     a.create("mem", spec)
     log = wait_for_log(a, "mem", lambda t: t.count("sha ") >= 2)
     sha_before, _ = _last_sha_counter(log)
 
-    checkpoint = a.checkpoint("mem", tmp_path / "ck", leave_running=False)
-    assert checkpoint.sizes.criu_bytes > 64 << 20
-    timings = checkpoint.timings_ms
-    assert timings["durable_ms"] >= timings["node_free_ms"] >= timings["frozen_ms"] >= timings["dump_ms"] > 0
-    assert a.list() == []
-    remove_node_dirs(a)
-
-    restored = b.restore("mem-restored", tmp_path / "ck")
+    if route == "directory":
+        checkpoint = a.checkpoint("mem", tmp_path / "ck", leave_running=False)
+        assert checkpoint.sizes.criu_bytes > 64 << 20
+        timings = checkpoint.timings_ms
+        assert (
+            timings["durable_ms"] >= timings["node_free_ms"] >= timings["frozen_ms"] >= timings["dump_ms"] > 0
+        )
+        assert a.list() == []
+        remove_node_dirs(a)
+        restored = b.restore("mem-restored", tmp_path / "ck")
+    else:
+        restored = _move(a, b, "mem", "mem-restored", route, tmp_path)
     assert restored.state == SandboxState.RUNNING
     assert restored.record.node == "node-b"
     before = log.count("sha ")
@@ -69,16 +114,17 @@ def test_memory_survives_move_to_another_node(make_node: NodeFactory, backend: s
 
 
 @pytest.mark.timeout(180)
-def test_files_are_exactly_as_they_were(make_node: NodeFactory, backend: str, tmp_path: Path) -> None:
-    a, b = make_node("node-a", backend), make_node("node-b", backend)
+@MOVES
+def test_files_are_exactly_as_they_were(
+    make_node: NodeFactory, backend: str, route: str, tmp_path: Path
+) -> None:
+    a, b = _nodes(make_node, backend, tmp_path)
     a.create("files", SandboxSpec(image="base", command=("python3", "-c", programs.FILES)))
     log = wait_for_log(a, "files", lambda t: t.count("view ") >= 2)
     assert "gone False" in log
     view_before = re.findall(r"view (\w+ \d+)", log)[-1]
 
-    a.checkpoint("files", tmp_path / "ck", leave_running=False)
-    remove_node_dirs(a)
-    b.restore("files", tmp_path / "ck")
+    _move(a, b, "files", "files", route, tmp_path)
     after = wait_for_log(b, "files", lambda t: t.count("view ") >= log.count("view ") + 2)
     assert set(re.findall(r"view (\w+ \d+)", after)) == {view_before}
     assert after.count("gone ") == 1
@@ -151,19 +197,18 @@ def tcp_server() -> Iterator[_Server]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("route", ["directory", "store"])
+@pytest.mark.parametrize("backend", ["runc"], indirect=True)
 def test_tcp_connection_comes_back_closed_and_reconnects(
-    make_node: NodeFactory, tcp_server: _Server, tmp_path: Path
+    make_node: NodeFactory, tcp_server: _Server, backend: str, route: str, tmp_path: Path
 ) -> None:
-    ports = (tcp_server.port,)
-    a, b = make_node("node-a", allowed_ports=ports), make_node("node-b", allowed_ports=ports)
+    a, b = _nodes(make_node, backend, tmp_path, allowed_ports=(tcp_server.port,))
     argv = ("python3", "-c", programs.TCP, "169.254.1.1", str(tcp_server.port))
     a.create("tcp", SandboxSpec(image="base", command=argv, address="10.201.0.3"))
     wait_for_log(a, "tcp", lambda t: "connected" in t)
     assert tcp_server.peers == ["10.201.0.3"]
 
-    a.checkpoint("tcp", tmp_path / "ck", leave_running=False)
-    remove_node_dirs(a)
-    b.restore("tcp", tmp_path / "ck")
+    _move(a, b, "tcp", "tcp", route, tmp_path)
     log = wait_for_log(b, "tcp", lambda t: t.count("connected") >= 2)
     assert "reconnect after" in log
     assert tcp_server.peers == ["10.201.0.3", "10.201.0.3"], "the restored sandbox kept its own address"

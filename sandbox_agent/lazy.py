@@ -1,0 +1,361 @@
+"""Lazy restore: a restored sandbox runs before its memory is on this node.
+
+CRIU marks most anonymous memory of a dump as lazy (`PE_LAZY` in its pagemap images). A lazy
+restore (`runc restore --lazy-pages`) maps those pages empty and registers them with
+userfaultfd; CRIU's lazy-pages daemon fills each page on its first touch, copies the rest in the
+background meanwhile, and exits once every page is in. Here the daemon gets its pages from
+`PageServer`, which speaks CRIU's page-server protocol on one end of a socket pair (nothing
+listens on the network) and reads them straight from the snapshot store (`StoredFile`): each
+request fetches only the chunks under it, every chunk verified against its hash as it arrives.
+What the restore itself reads (the small images, and the pages CRIU keeps eager: stacks, the
+vDSO's neighbours) is written first, by `prepare`.
+
+A page that cannot be served (a chunk missing or corrupt, the store unreachable, the daemon
+gone) must never leave the sandbox running on memory it does not have: the page server kills the
+sandbox before it answers the daemon, and the caller then removes it and reports the restore
+failed. The snapshot is untouched, so the restore can be tried again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+PAGE = 4096
+PE_LAZY = 1 << 1
+PE_PRESENT = 1 << 2
+IMG_COMMON_MAGIC = 0x54564319
+PAGEMAP_MAGIC = 0x56084025
+
+# CRIU's page-server protocol (criu/page-xfer.c): a request or answer is this header; an answer
+# to PS_IOV_GET is followed by its pages.
+HEADER = struct.Struct("<I4xQQQ")  # cmd, nr_pages, vaddr, dst_id
+PS_IOV_ADD_F = 6
+PS_IOV_GET = 7
+PS_IOV_CLOSE = 0x1023
+PS_IOV_FORCE_CLOSE = 0x1024
+PS_CMD_BITS = 16
+UNPRIVILEGED_USERFAULTFD = Path("/proc/sys/vm/unprivileged_userfaultfd")
+SOCKET_WAIT_S = 10.0
+"""How long the lazy-pages daemon may take to open the socket the restore hands it tasks on."""
+
+
+class Readable(Protocol):
+    """A file of the snapshot, read at any offset (`snapshots.StoredFile`)."""
+
+    size: int
+
+    def read(self, offset: int, length: int) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Run:
+    """Consecutive pages of one process: where they are mapped and where they lie in its pages file."""
+
+    vaddr: int
+    pages: int
+    offset: int
+    lazy: bool
+
+
+@dataclass
+class Memory:
+    """One process's memory in a dump: its pages file and the runs present in it, by address."""
+
+    pages_file: str
+    runs: list[Run] = field(default_factory=list)
+
+    def find(self, vaddr: int) -> Run | None:
+        i = bisect.bisect_right([r.vaddr for r in self.runs], vaddr) - 1
+        if i >= 0 and vaddr < self.runs[i].vaddr + self.runs[i].pages * PAGE:
+            return self.runs[i]
+        return None
+
+
+def memories(images: Path) -> tuple[dict[int, Memory], set[str]]:
+    """Every process's memory in a CRIU images directory, by pid, from its pagemap-PID.img
+    files; and the pages files of other pagemaps (shared memory), which a restore reads whole."""
+    tasks: dict[int, Memory] = {}
+    others: set[str] = set()
+    for path in sorted(images.glob("pagemap-*.img")):
+        head, *entries = _records(path.read_bytes(), path.name)
+        memory = Memory(f"pages-{head.get(1, 0)}.img")
+        name = path.name.removeprefix("pagemap-").removesuffix(".img")
+        if not name.isdigit():
+            others.add(memory.pages_file)
+            continue
+        offset = 0
+        for e in entries:
+            pages = e.get(5) or e.get(2, 0)  # nr_pages, or the older compat_nr_pages
+            flags = e.get(4, PE_PRESENT)
+            if flags & PE_PRESENT:
+                memory.runs.append(Run(e.get(1, 0), pages, offset, bool(flags & PE_LAZY)))
+                offset += pages * PAGE
+        memory.runs.sort(key=lambda r: r.vaddr)
+        tasks[int(name)] = memory
+    return tasks, others
+
+
+def prepare(images: Path, stored: Callable[[str], Readable]) -> dict[int, Memory]:
+    """Write into the (sparse) pages files what a lazy restore reads itself: the processes'
+    non-lazy runs, and every pages file of shared memory whole. `stored(name)` is the
+    snapshot's file of that name in the images directory. Returns the processes' memory."""
+    tasks, others = memories(images)
+    writes: dict[str, list[tuple[int, int]]] = {name: [(0, stored(name).size)] for name in others}
+    for memory in tasks.values():
+        if memory.pages_file not in others:
+            eager = [(r.offset, r.pages * PAGE) for r in memory.runs if not r.lazy]
+            writes.setdefault(memory.pages_file, []).extend(eager)
+    for name, ranges in writes.items():
+        source = stored(name)
+        with open(images / name, "r+b") as f:
+            for offset, length in ranges:
+                f.seek(offset)
+                f.write(source.read(offset, length))
+    return tasks
+
+
+def allow_userfaultfd(sysctl: Path = UNPRIVILEGED_USERFAULTFD) -> str:
+    """Let the tasks CRIU restores in a user namespace open a userfaultfd, as a lazy restore
+    needs: they hold no capability in the host's namespace, so the kernel allows it only with
+    vm.unprivileged_userfaultfd=1. Sandboxes still cannot: their seccomp filter refuses the
+    call. Returns "" when allowed, else why not."""
+    try:
+        if sysctl.read_text().strip() != "1":
+            sysctl.write_text("1\n")
+    except OSError as exc:
+        return f"cannot set {sysctl} to 1: {exc.strerror or exc}"
+    return ""
+
+
+def lazy_pages(memory: Iterable[Memory]) -> int:
+    return sum(r.pages for m in memory for r in m.runs if r.lazy)
+
+
+class PageServer:
+    """Serves the lazy-pages daemon its pages from the snapshot store, on a thread of its own.
+
+    `fault(message)` is called, before the daemon hears of it, when a page cannot be served;
+    it must stop the sandbox. `error` then says why, and `done` is set either way.
+    """
+
+    def __init__(
+        self, memory: dict[int, Memory], stored: Callable[[str], Readable], fault: Callable[[str], None]
+    ) -> None:
+        self._memory = memory
+        self._stored = stored
+        self._fault = fault
+        self._ours, self.theirs = socket.socketpair()
+        self.failure: Exception | None = None
+        """Why a page could not be served (the snapshot store's own error, when it was the cause)."""
+        self.served_pages = 0
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="lazy-pages", daemon=True)
+
+    def start(self) -> PageServer:
+        self._thread.start()
+        return self
+
+    @property
+    def error(self) -> str:
+        return f"lazy restore could not serve memory: {self.failure}" if self.failure else ""
+
+    def stop(self) -> None:
+        """Hang up (the daemon then fails, if it still wanted pages) and wait for the thread."""
+        with contextlib.suppress(OSError):
+            self._ours.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=10)
+        self._ours.close()
+        self.theirs.close()
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                header = self._receive(HEADER.size)
+                if header is None:
+                    return  # the daemon hung up: it has every page, or it failed on its own
+                cmd, pages, vaddr, dst = HEADER.unpack(header)
+                if cmd in (PS_IOV_CLOSE, PS_IOV_FORCE_CLOSE):
+                    self._ours.sendall(struct.pack("<i", 0))
+                    return
+                if cmd & ((1 << PS_CMD_BITS) - 1) != PS_IOV_GET:
+                    raise ValueError(f"the lazy-pages daemon sent command {cmd:#x}, not a page request")
+                self._send(dst, vaddr, pages)  # the daemon names a process by its pid alone
+        except Exception as exc:  # every way of failing ends the sandbox first
+            self.failure = exc
+            log.error("%s; stopping the sandbox", self.error)
+            try:
+                self._fault(self.error)
+            finally:
+                self._ours.close()
+        finally:
+            self.done.set()
+
+    def _send(self, pid: int, vaddr: int, pages: int) -> None:
+        memory = self._memory.get(pid)
+        run = memory.find(vaddr) if memory else None
+        if memory is None or run is None:
+            raise ValueError(f"process {pid} has no pages at {vaddr:#x} in the snapshot")
+        first = (vaddr - run.vaddr) // PAGE
+        count = min(pages, run.pages - first)
+        data = self._stored(memory.pages_file).read(run.offset + first * PAGE, count * PAGE)
+        answer = HEADER.pack((PE_PRESENT << PS_CMD_BITS) | PS_IOV_ADD_F, count, vaddr, pid)
+        self._ours.sendall(answer + data)
+        self.served_pages += count
+
+    def _receive(self, size: int) -> bytes | None:
+        data = b""
+        while len(data) < size:
+            more = self._ours.recv(size - len(data))
+            if not more:
+                return None
+            data += more
+        return data
+
+
+class Daemon:
+    """CRIU's lazy-pages daemon for one restore, fed by a `PageServer`."""
+
+    def __init__(self, criu: str, images: Path, work: Path, server: PageServer) -> None:
+        self.work = work
+        self.log = work / "lazy-pages.log"
+        fd = server.theirs.fileno()
+        self.process = subprocess.Popen(
+            [
+                criu, "lazy-pages", "--images-dir", str(images), "--work-dir", str(work),
+                "--page-server", "--ps-socket", str(fd), "--log-file", self.log.name, "-v2",
+            ],
+            pass_fds=[fd],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        server.theirs.close()  # the daemon holds its end now
+
+    def wait_ready(self) -> None:
+        """Until the daemon listens for the restore's tasks (its socket in the work dir)."""
+        deadline = time.monotonic() + SOCKET_WAIT_S
+        while not (self.work / "lazy-pages.socket").exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"CRIU's lazy-pages daemon exited at start: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CRIU's lazy-pages daemon did not start in {SOCKET_WAIT_S:.0f} s")
+            time.sleep(0.002)
+
+    def log_tail(self) -> str:
+        try:
+            return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-3:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+def _records(raw: bytes, name: str) -> list[dict[int, int]]:
+    """The entries of a CRIU protobuf image: after its two magic numbers, length-prefixed
+    messages. Only integer fields are kept (all a pagemap has)."""
+    if len(raw) < 8 or struct.unpack_from("<II", raw) != (IMG_COMMON_MAGIC, PAGEMAP_MAGIC):
+        raise ValueError(f"{name} is not a CRIU pagemap image")
+    out, at = [], 8
+    while at < len(raw):
+        (size,) = struct.unpack_from("<I", raw, at)
+        out.append(_message(raw[at + 4 : at + 4 + size]))
+        at += 4 + size
+    if not out:
+        raise ValueError(f"{name} has no pagemap header")
+    return out
+
+
+def _message(raw: bytes) -> dict[int, int]:
+    fields: dict[int, int] = {}
+    at = 0
+    while at < len(raw):
+        key, at = _varint(raw, at)
+        number, kind = key >> 3, key & 7
+        if kind == 0:
+            fields[number], at = _varint(raw, at)
+        elif kind == 1:
+            fields[number] = struct.unpack_from("<Q", raw, at)[0]
+            at += 8
+        elif kind == 5:
+            fields[number] = struct.unpack_from("<I", raw, at)[0]
+            at += 4
+        elif kind == 2:
+            size, at = _varint(raw, at)
+            at += size
+        else:
+            raise ValueError(f"unexpected protobuf wire type {kind}")
+    return fields
+
+
+def _varint(raw: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = raw[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+class Transfer:
+    """One lazy restore's memory, from the restore's start until every page is in: the page
+    server and CRIU's daemon. `fault(message)` must stop the sandbox (see `PageServer`)."""
+
+    def __init__(
+        self, memory: dict[int, Memory], stored: Callable[[str], Readable], fault: Callable[[str], None]
+    ) -> None:
+        self.server = PageServer(memory, stored, fault)
+        self.pages = lazy_pages(memory.values())
+        self.daemon: Daemon | None = None
+
+    def start(self, criu: str, images: Path, work: Path) -> None:
+        """Serve, and have the daemon ready for the restore's tasks (`runc restore --lazy-pages
+        --work-path work`: they meet on a socket in that directory)."""
+        self.server.start()
+        self.daemon = Daemon(criu, images, work, self.server)
+        try:
+            self.daemon.wait_ready()
+        except BaseException:
+            self.abort()
+            raise
+
+    @property
+    def error(self) -> str:
+        return self.server.error
+
+    @property
+    def failure(self) -> Exception | None:
+        return self.server.failure
+
+    def wait(self) -> str:
+        """Block until the daemon is done: "" once every page is in, else what went wrong."""
+        assert self.daemon is not None
+        code = self.daemon.process.wait()
+        self.server.stop()
+        if self.server.error:
+            return self.server.error
+        if code != 0:
+            return f"CRIU's lazy-pages daemon failed (exit {code}): {self.daemon.log_tail()}"
+        return ""
+
+    def abort(self) -> None:
+        if self.daemon is not None:
+            self.daemon.stop()
+        self.server.stop()

@@ -1,0 +1,180 @@
+"""Lazy restore for real (runc, CRIU's lazy-pages daemon, the snapshot store): the sandbox runs
+before its memory is on the node, and a fault while pages are still being served fails that
+restore, removes the sandbox and leaves the snapshot intact for another try."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sandbox_agent import Node, SandboxSpec
+from sandbox_agent.node import SnapshotTarget
+from snapshots import SnapshotStore, StoredFile, StoreUnavailable
+from tests.sandbox_agent import programs
+from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
+
+MIB = 64
+
+
+def _snapshot(make_node: NodeFactory, tmp_path: Path) -> tuple[Node, str]:
+    """A MEMORY program's snapshot in a fresh store, its node gone; the node to restore on, and
+    the checksum of the memory it had."""
+    store = f"file://{tmp_path}/store"
+    a, b = make_node("node-a", snapshot_store=store), make_node("node-b", snapshot_store=store)
+    a.create("mem", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, str(MIB))))
+    log = wait_for_log(a, "mem", lambda t: t.count("sha ") >= 2)
+    a.checkpoint_to_store("mem", SnapshotTarget("mem-s1", "mem", 1, "manual"), leave_running=False)
+    remove_node_dirs(a)
+    return b, re.findall(r"sha (\w+)", log)[-1]
+
+
+def _resident(node: Node, sandbox_id: str, timeout: float = 60) -> float:
+    """Wait until the sandbox is no longer busy taking its memory; its resident_ms."""
+    deadline = time.monotonic() + timeout
+    while node.get(sandbox_id).busy:
+        assert time.monotonic() < deadline, "the memory never all arrived"
+        time.sleep(0.05)
+    return node.get(sandbox_id).record.timings_ms["resident_ms"]
+
+
+def _intact(node: Node, sandbox_id: str, sha: str) -> None:
+    """The sandbox runs on with the memory it had when it was dumped."""
+    after = wait_for_log(node, sandbox_id, lambda t: t.count("sha ") >= 3, timeout=60)
+    assert set(re.findall(r"sha (\w+)", after)) == {sha}
+    assert after.count("start") == 1, "the process started over"
+
+
+def _slow_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[StoredFile, int, int], bytes]:
+    """Slow every read of the store, so that a transfer is still going when the test strikes;
+    returns the real read, to put back."""
+    read = StoredFile.read
+
+    def slow(self: StoredFile, offset: int, length: int) -> bytes:
+        time.sleep(0.05)
+        return read(self, offset, length)
+
+    monkeypatch.setattr(StoredFile, "read", slow)
+    return read
+
+
+def _gone(node: Node, sandbox_id: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while any(s.record.id == sandbox_id for s in node.list()):
+        assert time.monotonic() < deadline, f"sandbox {sandbox_id} was not removed"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+def test_the_sandbox_runs_before_its_memory_arrives(make_node: NodeFactory, tmp_path: Path) -> None:
+    b, sha = _snapshot(make_node, tmp_path)
+    started = time.monotonic()
+    restored = b.restore_from_store("lazy", "mem-s1")
+    assert restored.busy, "running, with its memory still arriving"
+    timings = restored.record.timings_ms
+    resident = _resident(b, "lazy")
+    assert resident >= timings["restore_ms"] and resident <= (time.monotonic() - started) * 1000
+    _intact(b, "lazy", sha)
+    assert not list((b.settings.root / "staging").iterdir()), "the images go once the memory is in"
+    with SnapshotStore.open(f"file://{tmp_path}/store") as store:
+        memory = max(e.size for e in store.manifest("mem-s1").files() if e.path.startswith("criu/pages-"))
+    assert memory > MIB << 20, "the memory came from the store while the sandbox ran"
+
+
+@pytest.mark.timeout(180)
+def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snapshot(
+    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b, sha = _snapshot(make_node, tmp_path)
+    read = StoredFile.read
+    reads = {"n": 0}
+
+    def flaky(self: StoredFile, offset: int, length: int) -> bytes:
+        if threading.current_thread().name == "lazy-pages":  # the page server, not the eager pages
+            reads["n"] += 1
+            if reads["n"] > 5:
+                raise StoreUnavailable(f"file://{tmp_path}/store", None, "the store went away (injected)")
+        return read(self, offset, length)
+
+    monkeypatch.setattr(StoredFile, "read", flaky)
+    try:
+        b.restore_from_store("first", "mem-s1")
+    except StoreUnavailable as exc:  # it failed while the restore was still finishing
+        assert "injected" in str(exc)
+    _gone(b, "first")
+    assert not list((b.settings.root / "staging").iterdir())
+
+    monkeypatch.setattr(StoredFile, "read", read)
+    b.restore_from_store("second", "mem-s1")
+    _resident(b, "second")
+    _intact(b, "second", sha)
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
+    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b, sha = _snapshot(make_node, tmp_path)
+    read = _slow_reads(monkeypatch)
+    restored = b.restore_from_store("first", "mem-s1")
+    assert restored.busy
+    killed = subprocess.run(
+        ["pkill", "-KILL", "-f", f"lazy-pages --images-dir {b.settings.root}/staging/"], check=False
+    )
+    assert killed.returncode == 0, "no lazy-pages daemon was running"
+    _gone(b, "first")
+
+    monkeypatch.setattr(StoredFile, "read", read)
+    b.restore_from_store("second", "mem-s1")
+    _resident(b, "second")
+    _intact(b, "second", sha)
+
+
+@pytest.mark.timeout(60)
+def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
+    """The page server answers only from the snapshot; asked for memory it lacks, it stops the
+    sandbox before the daemon hears of it."""
+    from sandbox_agent import lazy
+
+    stopped: list[str] = []
+    memory = {7: lazy.Memory("pages-1.img", [lazy.Run(0x10000, 2, 0, True)])}
+
+    class Pages:
+        size = 2 * lazy.PAGE
+
+        def read(self, offset: int, length: int) -> bytes:
+            return bytes([offset // lazy.PAGE + 1]) * length
+
+    server = lazy.PageServer(memory, lambda name: Pages(), stopped.append).start()
+    daemon = server.theirs
+    daemon.sendall(lazy.HEADER.pack(lazy.PS_IOV_GET, 2, 0x11000, 7))
+    header = daemon.recv(lazy.HEADER.size, 0)
+    cmd, pages, vaddr, _ = lazy.HEADER.unpack(header)
+    assert (cmd & 0xFFFF, pages, vaddr) == (lazy.PS_IOV_ADD_F, 1, 0x11000), "only the page the run has"
+    body = b""
+    while len(body) < lazy.PAGE:
+        body += daemon.recv(lazy.PAGE)
+    assert body == b"\x02" * lazy.PAGE
+    daemon.sendall(lazy.HEADER.pack(lazy.PS_IOV_GET, 1, 0x90000, 7))
+    assert server.done.wait(10)
+    assert "process 7 has no pages at 0x90000" in server.error
+    assert stopped == [server.error], "the sandbox is stopped before the daemon hears"
+    server.stop()
+
+
+@pytest.mark.timeout(180)
+def test_an_agent_restarted_while_memory_arrives_removes_the_sandbox(
+    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pages still to come were the old agent's to serve: the new one cannot vouch for the
+    sandbox's memory, so it removes it, and the control plane restores it again."""
+    b, _ = _snapshot(make_node, tmp_path)
+    _slow_reads(monkeypatch)
+    assert b.restore_from_store("first", "mem-s1").busy
+    restarted = Node(b.settings)
+    assert restarted.list() == []
