@@ -12,7 +12,10 @@ for writing back what the earlier ones left dirty (raw CRIU and Docker delete th
 once sized, as a Stasis node deletes its staging once stored). What each system does:
 
 - stasis: the agent's `checkpoint_to_store` into a local snapshot store, restored with
-  `restore_from_store` on a second node (fetch, verify every chunk, layer, `runc restore`).
+  `restore_from_store` on a second node: lazily (the small images, the layer, `runc restore
+  --lazy-pages`; the memory follows from the store as the program runs). The same snapshot is
+  then restored eagerly on a third node (fetch and verify everything first), as the baseline of
+  the lazy restore: eager_restored_running_ms.
 - criu: `criu dump` and `criu restore -d` of the same program as a plain host process: the floor.
 - docker: `docker checkpoint create` and `docker start --checkpoint` on a dockerd in experimental
   mode, restored into the same container (Docker's own flow; nothing is moved).
@@ -20,8 +23,8 @@ once sized, as a Stasis node deletes its staging once stored). What each system 
 Figures per entry: frozen_ms (from the start of the freeze to the kill), node_free_ms (until
 the processes are gone), durable_ms (until the snapshot is committed, or for CRIU and Docker
 its images fsynced), restored_running_ms (until the restored process runs), resident_ms (until
-every page is local: the same, since every system here restores eagerly), stored_bytes (the
-first snapshot), new_bytes_2nd and new_bytes_3rd (what the later ones add).
+every page is local: for raw CRIU and Docker the same, as they restore eagerly), stored_bytes
+(the first snapshot), new_bytes_2nd and new_bytes_3rd (what the later ones add).
 
 Also: idle_sandbox_mib and density_64mib (the node memory one idle 64 MiB sandbox takes, and how
 many fit in what the node has available), saved_in_30s_64mib (how many 64 MiB sandboxes a node saves
@@ -207,7 +210,7 @@ def run_criu(size: int, memory: str, work: Path) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def run_stasis(size: int, memory: str, a: Node, b: Node) -> dict[str, Any]:
+def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[str, Any]:
     sid = f"bench-{size}-{memory[:1]}"
     spec = SandboxSpec(
         image="base",
@@ -235,13 +238,21 @@ def run_stasis(size: int, memory: str, a: Node, b: Node) -> dict[str, Any]:
     started = time.perf_counter()
     b.restore_from_store(sid, f"{sid}-s3")
     restored_ms = _ms(started)
+    while b.get(sid).busy:  # its memory is still arriving
+        time.sleep(0.002)
+    # Measured by the node, from the start of the restore to the last page.
+    resident_ms = b.get(sid).record.timings_ms.get("resident_ms", restored_ms)
     b.delete(sid)
+    started = time.perf_counter()
+    eager.restore_from_store(sid, f"{sid}-s3")
+    eager_ms = _ms(started)
+    eager.delete(sid)
     return _entry(
         "stasis", size, memory,
         # Conservative: from the start of `runc pause`, not from when the tasks stopped inside it.
         frozen_ms=t["freeze_ms"] + t["frozen_ms"], node_free_ms=t["node_free_ms"],
-        durable_ms=t["durable_ms"], restored_running_ms=restored_ms, resident_ms=restored_ms,
-        stored_bytes=manifests[0].sizes.stored_bytes, new_bytes_2nd=manifests[1].sizes.new_bytes,
+        durable_ms=t["durable_ms"], restored_running_ms=restored_ms, resident_ms=resident_ms,
+        eager_restored_running_ms=eager_ms, stored_bytes=manifests[0].sizes.stored_bytes, new_bytes_2nd=manifests[1].sizes.new_bytes,
         new_bytes_3rd=manifests[2].sizes.new_bytes,
     )  # fmt: skip
 
@@ -398,7 +409,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-COLUMNS = ("frozen_ms", "node_free_ms", "durable_ms", "restored_running_ms")
+COLUMNS = ("frozen_ms", "node_free_ms", "durable_ms", "restored_running_ms", "resident_ms")
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -417,6 +428,15 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{r['system']:<7} {r['size_mib']:>4}Mi {r['memory']:<14}{cells}"
             f"{r['stored_bytes'] / mib:>8.0f}Mi {r['new_bytes_2nd'] / mib:>7.0f}Mi {r['new_bytes_3rd'] / mib:>7.0f}Mi"
         )
+    lines.append("\nStasis restores, lazy beside eager (the same snapshot, fetched whole first):")
+    for r in results:
+        if "eager_restored_running_ms" in r:
+            eager = r["eager_restored_running_ms"]
+            lines.append(
+                f"{r['size_mib']:>5}Mi {r['memory']:<14} running {r['restored_running_ms']:>6.0f} ms"
+                f" ({r['restored_running_ms'] / eager:.2f}x eager), resident {r['resident_ms']:>6.0f} ms,"
+                f" eager {eager:>6.0f} ms"
+            )
     return "\n".join(lines)
 
 
@@ -479,6 +499,7 @@ def main() -> None:
         hooks=PhaseHooks(after=note_free),
     )
     b = Node(AgentSettings(node="bench-b", root=work / "b", snapshot_store=store))
+    c = Node(AgentSettings(node="bench-c", root=work / "c", snapshot_store=store, lazy_restore=False))
     results: list[dict[str, Any]] = []
     report: dict[str, Any] = {"machine": machine(), "results": results}
     try:
@@ -487,7 +508,7 @@ def main() -> None:
                 for memory in kinds:
                     for system in systems:
                         if system == "stasis":
-                            entry = run_stasis(size, memory, a, b)
+                            entry = run_stasis(size, memory, a, b, c)
                         elif system == "criu":
                             entry = run_criu(size, memory, work / f"criu-{size}-{memory}")
                             shutil.rmtree(work / f"criu-{size}-{memory}")
@@ -512,8 +533,8 @@ def main() -> None:
             report["submits_per_s"] = round(submit_throughput(work, args.submits, threads=4, batch=64), 1)
             report["single_submits_per_s"] = round(submit_throughput(work, args.submits, threads=16), 1)
     finally:
-        a.delete_all()
-        b.delete_all()
+        for node in (a, b, c):
+            node.delete_all()
         shutil.rmtree(work, ignore_errors=True)
     _write(args.out, report)
     plot(results, args.out / "results.png")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import cli
+from sandbox_agent import AgentSettings
 from sandbox_agent import __main__ as agent_main
 from tests.helm.chart import (
     NAMESPACE,
@@ -122,12 +123,17 @@ def test_agents_join_with_a_pod_token_and_see_only_the_cas_certificate(
     )
 
 
+def _agent_settings(agent: Manifest) -> AgentSettings:
+    """The agent container's arguments, with the kubelet's $(VAR) expansion done, as stasis-agent parses them."""
+    expanded = [a.replace("$(NODE_NAME)", "node-a").replace("$(POD_IP)", "10.0.0.7") for a in agent["args"]]
+    return agent_main.settings_from_args(expanded)
+
+
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_agent_flags_parse_with_the_real_agent(reference_install: list[Manifest]) -> None:
     """The DaemonSet's arguments, with the kubelet's $(VAR) expansion done, parse in stasis-agent."""
     agent = container(find(reference_install, "DaemonSet", AGENT), "agent")
-    expanded = [a.replace("$(NODE_NAME)", "node-a").replace("$(POD_IP)", "10.0.0.7") for a in agent["args"]]
-    settings = agent_main.settings_from_args(expanded)
+    settings = _agent_settings(agent)
     assert settings.node == "node-a"
     assert settings.allowed_ports == (8080,)
     assert settings.gateway_forward.endswith(":8080") and settings.gateway_port == 8080
@@ -142,12 +148,18 @@ def test_agent_drains_its_node_before_stopping(chart: Chart, reference_install: 
     assert grace >= 300
     agent = container(daemonset, "agent")
     assert "lifecycle" not in agent, "no preStop hook: the agent drains itself"
-    expanded = [a.replace("$(NODE_NAME)", "node-a").replace("$(POD_IP)", "10.0.0.7") for a in agent["args"]]
     # The drain gives up before the kubelet would kill the agent mid-checkpoint.
-    assert 0 < agent_main.settings_from_args(expanded).drain_on_stop_s < grace
+    assert 0 < _agent_settings(agent).drain_on_stop_s < grace
 
     quick = chart.render("reference-model-values.yaml", sets={"agent.drainOnStop": False})
     assert "--drain-on-stop" not in container(find(quick, "DaemonSet", AGENT), "agent")["args"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_agents_restore_lazily_unless_told_not_to(chart: Chart, reference_install: list[Manifest]) -> None:
+    assert _agent_settings(container(find(reference_install, "DaemonSet", AGENT), "agent")).lazy_restore
+    eager = chart.render("reference-model-values.yaml", sets={"agent.lazyRestore": False})
+    assert not _agent_settings(container(find(eager, "DaemonSet", AGENT), "agent")).lazy_restore
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -428,8 +440,7 @@ def test_registry_credentials_reach_the_agent_and_nothing_else(chart: Chart) -> 
     )
     daemonset = find(manifests, "DaemonSet", AGENT)
     agent = container(daemonset, "agent")
-    expanded = [a.replace("$(NODE_NAME)", "node-a").replace("$(POD_IP)", "10.0.0.7") for a in agent["args"]]
-    settings = agent_main.settings_from_args(expanded)
+    settings = _agent_settings(agent)
     assert str(settings.registry_auth_file) == "/etc/stasis/registry-auth/config.json"
     assert str(settings.registry_certs) == "/etc/stasis/registry-certs"
     assert settings.insecure_registries == ("mirror.internal:5001",)
