@@ -129,6 +129,10 @@ class ChunkStore:
             raise
         return results
 
+    def read_later(self, refs: Sequence[ChunkRef]) -> Future[list[bytes | ChunkMismatch]]:
+        """`read_run(refs)` on the pool (read-ahead)."""
+        return self._pool.submit(self.read_run, refs)
+
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """Run fn over items on the chunk pool (for manifest reads and similar fan-outs)."""
         return self._windowed(fn, items)
