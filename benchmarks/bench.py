@@ -241,7 +241,8 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
     while b.get(sid).busy:  # its memory is still arriving
         time.sleep(0.002)
     # Measured by the node, from the start of the restore to the last page.
-    resident_ms = b.get(sid).record.timings_ms.get("resident_ms", restored_ms)
+    phases = b.get(sid).record.timings_ms
+    resident_ms = phases.get("resident_ms", restored_ms)
     b.delete(sid)
     started = time.perf_counter()
     eager.restore_from_store(sid, f"{sid}-s3")
@@ -252,7 +253,8 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
         # Conservative: from the start of `runc pause`, not from when the tasks stopped inside it.
         frozen_ms=t["freeze_ms"] + t["frozen_ms"], node_free_ms=t["node_free_ms"],
         durable_ms=t["durable_ms"], restored_running_ms=restored_ms, resident_ms=resident_ms,
-        eager_restored_running_ms=eager_ms, stored_bytes=manifests[0].sizes.stored_bytes, new_bytes_2nd=manifests[1].sizes.new_bytes,
+        eager_restored_running_ms=eager_ms, lazy_fetch_ms=phases.get("fetch_ms", 0.0),
+        lazy_restore_ms=phases.get("restore_ms", 0.0), stored_bytes=manifests[0].sizes.stored_bytes, new_bytes_2nd=manifests[1].sizes.new_bytes,
         new_bytes_3rd=manifests[2].sizes.new_bytes,
     )  # fmt: skip
 

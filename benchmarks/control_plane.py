@@ -17,6 +17,7 @@ from pathlib import Path
 from orchestrator import StasisClient
 from orchestrator.api import Orchestrator, OrchestratorSettings
 from orchestrator.cli.local import LocalSettings, LocalStack
+from orchestrator.client import Context
 from sandbox_agent import AgentSettings, Node
 
 SPEC = {"image": "base", "command": ["sleep", "3600"], "resources": {"memory_mb": 256}}
@@ -28,7 +29,8 @@ def submit_throughput(root: Path, submits: int, threads: int, batch: int = 1) ->
     state_dir = root / f"submit-{batch}"
     orchestrator = Orchestrator(OrchestratorSettings(state_dir=state_dir, listen="127.0.0.1:0")).start()
     try:
-        with StasisClient(orchestrator.address) as client:
+        # The bench's own plaintext orchestrator: none of the operator's contexts applies.
+        with StasisClient(orchestrator.address, context=Context("bench", orchestrator.address)) as client:
             client.submit(SPEC)  # warm up the channel
 
             def call(_: int) -> None:

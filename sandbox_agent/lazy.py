@@ -26,10 +26,12 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from sandbox_agent.errors import ToolUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +142,6 @@ def allow_userfaultfd(sysctl: Path = UNPRIVILEGED_USERFAULTFD) -> str:
     return ""
 
 
-def lazy_pages(memory: Iterable[Memory]) -> int:
-    return sum(r.pages for m in memory for r in m.runs if r.lazy)
-
-
 class PageServer:
     """Serves the lazy-pages daemon its pages from the snapshot store, on a thread of its own.
 
@@ -249,9 +247,9 @@ class Daemon:
         deadline = time.monotonic() + SOCKET_WAIT_S
         while not (self.work / "lazy-pages.socket").exists():
             if self.process.poll() is not None:
-                raise RuntimeError(f"CRIU's lazy-pages daemon exited at start: {self.log_tail()}")
+                raise ToolUnavailable(f"CRIU's lazy-pages daemon exited at start: {self.log_tail()}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"CRIU's lazy-pages daemon did not start in {SOCKET_WAIT_S:.0f} s")
+                raise ToolUnavailable(f"CRIU's lazy-pages daemon did not start in {SOCKET_WAIT_S:.0f} s")
             time.sleep(0.002)
 
     def log_tail(self) -> str:
@@ -322,7 +320,6 @@ class Transfer:
         self, memory: dict[int, Memory], stored: Callable[[str], Readable], fault: Callable[[str], None]
     ) -> None:
         self.server = PageServer(memory, stored, fault)
-        self.pages = lazy_pages(memory.values())
         self.daemon: Daemon | None = None
 
     def start(self, criu: str, images: Path, work: Path) -> None:

@@ -542,7 +542,7 @@ class Node:
         def stored(name: str) -> StoredFile:
             with guard:
                 if name not in opened:
-                    opened[name] = store.open_file(snapshot_id, f"{ckpt.CRIU_DIR}/{name}")
+                    opened[name] = store.open_file(snapshot_id, f"{ckpt.CRIU_DIR}/{name}", manifest)
                 return opened[name]
 
         def release() -> None:
@@ -552,9 +552,7 @@ class Node:
 
         try:
             with timeline.phase(Phase.FETCH):
-                manifest = store.manifest(snapshot_id)
-                pages = [e.path for e in manifest.files() if _PAGES.fullmatch(e.path)]
-                store.fetch(snapshot_id, staging, leave_out=pages)
+                manifest = store.fetch(snapshot_id, staging, leave_out=_PAGES.fullmatch)
                 memory = lazy.prepare(staging / ckpt.CRIU_DIR, stored)
             layout = self._layout(sandbox_id)
             transfer = lazy.Transfer(memory, stored, fault=lambda _: self._stop_quietly(sandbox_id))

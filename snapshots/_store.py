@@ -8,7 +8,7 @@ import stat
 import tempfile
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from types import TracebackType
 
@@ -218,14 +218,19 @@ class SnapshotStore:
         return valid_id(snapshot_id) and self._backend.size(manifest_key(snapshot_id)) is not None
 
     def fetch(
-        self, snapshot_id: str, dest: str | os.PathLike[str], *, leave_out: Collection[str] = ()
+        self,
+        snapshot_id: str,
+        dest: str | os.PathLike[str],
+        *,
+        leave_out: Callable[[str], object] = lambda path: False,
     ) -> Manifest:
         """Recreate a snapshot's tree at dest (which must not exist), verifying every chunk.
 
         The tree is built beside dest and renamed into place, so dest appears
         complete or not at all. Raises SnapshotNotFound or SnapshotCorrupt
-        naming the snapshot, file and chunk. The files in `leave_out` are made at their size
-        but left unwritten (holes), for the caller to fill from `open_file` as it needs them.
+        naming the snapshot, file and chunk. The files whose paths `leave_out` holds true for
+        are made at their size but left unwritten (holes), for the caller to fill from
+        `open_file` as it needs them.
         """
         target = Path(dest)
         if target.exists() or target.is_symlink():
@@ -245,7 +250,7 @@ class SnapshotStore:
                     else:
                         with open(path, "wb") as f:
                             f.truncate(entry.size)
-                        if entry.path not in leave_out:
+                        if not leave_out(entry.path):
                             files.append((entry, path))
                 self._chunks.restore_files(snapshot_id, files)
                 # Modes last, deepest first, so read-only files and dirs do not block their own filling.
@@ -270,12 +275,14 @@ class SnapshotStore:
                 f.truncate(entry.size)
             self._chunks.restore_files(snapshot_id, [(entry, Path(dest))])
 
-    def open_file(self, snapshot_id: str, path: str) -> StoredFile:
+    def open_file(self, snapshot_id: str, path: str, manifest: Manifest | None = None) -> StoredFile:
         """One regular file of a snapshot, to read at any offset, each chunk verified as it is
-        read (`StoredFile`). It holds a shared lock on the store until closed."""
+        read (`StoredFile`). It holds a shared lock on the store until closed. `manifest`, if
+        the caller has it already (from `fetch`), spares reading it again."""
         lock = self._lock(LockKind.SHARED, f"read {snapshot_id}:{path}")
         try:
-            manifest = self.manifest(snapshot_id)
+            if manifest is None or manifest.snapshot_id != snapshot_id:
+                manifest = self.manifest(snapshot_id)
             entry = next((e for e in manifest.entries if e.path == path and e.kind is EntryKind.FILE), None)
             if entry is None:
                 raise FileNotFoundError(f"snapshot {snapshot_id} has no file {path}")

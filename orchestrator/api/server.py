@@ -92,7 +92,7 @@ class Orchestrator:
             pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Stasis", "NodeRegistry", "ClusterJoin")
         ]
         status = health_pb2.HealthCheckResponse
-        for name in [*services, ""]:  # the leader's own wait until it leads
+        for name in [*services, ""]:  # the leader's services say NOT_SERVING until it leads
             self.health.set(name, status.NOT_SERVING if name in LEADER_SERVICES else status.SERVING)
         if self.probes is not None:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.probes)
@@ -160,7 +160,7 @@ class Orchestrator:
         return live_peer(e, peer, node_address)
 
     def start(self, *, gateway: bool = True) -> Orchestrator:
-        """Serve the API, then lead, or stand by until the leader's lease lapses."""
+        """Lead at once if the lease is free, else stand by until the leader's lapses; and serve."""
         self._with_gateway = gateway
         self.leadership.start()
         for server in (self.server, self.cluster, self.probes):
