@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -77,10 +77,14 @@ class Memory:
     """One process's memory in a dump: its pages file and the runs present in it, by address."""
 
     pages_file: str
-    runs: list[Run] = field(default_factory=list)
+    runs: list[Run]
+
+    def __post_init__(self) -> None:
+        self.runs.sort(key=lambda r: r.vaddr)
+        self._starts = [r.vaddr for r in self.runs]
 
     def find(self, vaddr: int) -> Run | None:
-        i = bisect.bisect_right([r.vaddr for r in self.runs], vaddr) - 1
+        i = bisect.bisect_right(self._starts, vaddr) - 1
         if i >= 0 and vaddr < self.runs[i].vaddr + self.runs[i].pages * PAGE:
             return self.runs[i]
         return None
@@ -93,20 +97,19 @@ def memories(images: Path) -> tuple[dict[int, Memory], set[str]]:
     others: set[str] = set()
     for path in sorted(images.glob("pagemap-*.img")):
         head, *entries = _records(path.read_bytes(), path.name)
-        memory = Memory(f"pages-{head.get(1, 0)}.img")
+        pages_file = f"pages-{head.get(1, 0)}.img"
         name = path.name.removeprefix("pagemap-").removesuffix(".img")
         if not name.isdigit():
-            others.add(memory.pages_file)
+            others.add(pages_file)
             continue
-        offset = 0
+        runs, offset = [], 0
         for e in entries:
             pages = e.get(5) or e.get(2, 0)  # nr_pages, or the older compat_nr_pages
             flags = e.get(4, PE_PRESENT)
             if flags & PE_PRESENT:
-                memory.runs.append(Run(e.get(1, 0), pages, offset, bool(flags & PE_LAZY)))
+                runs.append(Run(e.get(1, 0), pages, offset, bool(flags & PE_LAZY)))
                 offset += pages * PAGE
-        memory.runs.sort(key=lambda r: r.vaddr)
-        tasks[int(name)] = memory
+        tasks[int(name)] = Memory(pages_file, runs)
     return tasks, others
 
 
@@ -158,7 +161,6 @@ class PageServer:
         self._ours, self.theirs = socket.socketpair()
         self.failure: Exception | None = None
         """Why a page could not be served (the snapshot store's own error, when it was the cause)."""
-        self.served_pages = 0
         self.done = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="lazy-pages", daemon=True)
 
@@ -211,7 +213,6 @@ class PageServer:
         data = self._stored(memory.pages_file).read(run.offset + first * PAGE, count * PAGE)
         answer = HEADER.pack((PE_PRESENT << PS_CMD_BITS) | PS_IOV_ADD_F, count, vaddr, pid)
         self._ours.sendall(answer + data)
-        self.served_pages += count
 
     def _receive(self, size: int) -> bytes | None:
         data = b""

@@ -613,8 +613,9 @@ class Node:
         self._done(sandbox_id)
 
     def _remove_now(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        """Kill and remove a sandbox whatever it is busy with: one that lacks memory it cannot
-        get. The control plane finds it gone and restores it again from its snapshot."""
+        """Kill a sandbox's processes and remove everything of it on the node. `delete` calls it
+        in the sandbox's turn; a sandbox that lacks memory it cannot get is removed so whatever
+        it is busy with, and the control plane, finding it gone, restores it again."""
         self.backend.kill(record, layout, signals.SIGKILL)
         self._teardown(record, layout)
 
@@ -783,9 +784,7 @@ class Node:
     def delete(self, sandbox_id: str) -> None:
         record = self._record(sandbox_id)
         with self._exclusive(sandbox_id):
-            layout = self._layout(sandbox_id)
-            self.backend.kill(record, layout, signals.SIGKILL)
-            self._teardown(record, layout)
+            self._remove_now(record, self._layout(sandbox_id))
 
     def get(self, sandbox_id: str) -> SandboxStatus:
         return self._status(self._record(sandbox_id))
