@@ -33,9 +33,9 @@ from orchestrator.api.service import StasisService
 from orchestrator.api.settings import AuthSettings, OrchestratorSettings
 from orchestrator.api.streams import API_WORKERS
 from orchestrator.control import AgentPool, Control, Verifier
-from orchestrator.domain import Episode, FailedPrecondition, NotFound, StandingBy
+from orchestrator.domain import Episode, FailedPrecondition, NotFound
 from orchestrator.gateway import Gateway, Ledger, live_peer
-from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore
+from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore, standing_by
 from protos import pki
 from protos.admission import OPEN, Admission
 from protos.stasis.v1 import stasis_pb2 as pb
@@ -206,7 +206,7 @@ class Orchestrator:
     def _must_lead(self) -> None:
         """Refuse what only the leader may do (the node registry's calls) on a standby."""
         if not self.leading:
-            raise StandingBy(f"this orchestrator stands by; the leader is {self.lease.leader()}")
+            raise standing_by(self.lease)
 
     def start_gateway(self) -> Gateway:
         """Serve the model endpoint; its address must exist (the nodes add 169.254.1.1)."""

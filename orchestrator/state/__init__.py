@@ -5,9 +5,9 @@ PostgreSQL store's).
 Imports only the domain. Knows nothing of gRPC, nodes' agents or the gateway.
 """
 
-from orchestrator.state.lease import Lease
+from orchestrator.state.lease import Lease, standing_by
 from orchestrator.state.postgres import PostgresStateStore
 from orchestrator.state.sqlite import SqliteStateStore
 from orchestrator.state.store import StateStore
 
-__all__ = ["Lease", "PostgresStateStore", "SqliteStateStore", "StateStore"]
+__all__ = ["Lease", "PostgresStateStore", "SqliteStateStore", "StateStore", "standing_by"]

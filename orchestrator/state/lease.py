@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from orchestrator.domain import StandingBy
+
 
 class Lease(Protocol):
+    holder: str
+    """This orchestrator, for people: its host and address."""
+
     def try_acquire(self) -> bool:
         """Take the lease if nobody holds it; True if this orchestrator holds it now."""
 
@@ -25,6 +30,13 @@ class Lease(Protocol):
 
     def release(self) -> None:
         """Give the lease up, so a standby may take over at once."""
+
+
+def standing_by(lease: Lease) -> StandingBy:
+    """The refusal of what only the leader may do, on an orchestrator that does not lead."""
+    return StandingBy(
+        f"this orchestrator ({lease.holder}) stands by and changes nothing; the leader is {lease.leader()}"
+    )
 
 
 class SoleLease:

@@ -20,7 +20,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
-from orchestrator.domain import InvalidArgument, StandingBy, TemporaryError
+from orchestrator.domain import InvalidArgument, TemporaryError
+from orchestrator.state.lease import standing_by
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +337,4 @@ class PostgresLease:
             ).fetchone()
         ):
             return
-        raise StandingBy(
-            f"this orchestrator ({self.holder}) stands by and changes nothing; the leader is {self.leader()}"
-        )
+        raise standing_by(self)
