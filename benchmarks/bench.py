@@ -58,14 +58,17 @@ from typing import Any
 
 from control_plane import submit_throughput
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's own Docker Engine
 from sandbox_agent import AgentSettings, Node, Phase, PhaseHooks, Resources, SandboxSpec
 from sandbox_agent.node import SnapshotTarget
+from tests.dockerd import engine as docker_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_ROOTFS = Path("/var/cache/stasis/images/base/rootfs.tar")
 DOCKER_ROOT = Path("/var/lib/stasis-bench-docker")
 DOCKER_EXEC_ROOT = Path("/run/stasis-bench-docker")
-DOCKER_HOST = f"unix://{DOCKER_EXEC_ROOT}.sock"
+DOCKER_SOCKET = DOCKER_EXEC_ROOT.with_suffix(".sock")
+DOCKER_HOST = f"unix://{DOCKER_SOCKET}"
 DOCKER_IMAGE = "stasis-bench-base:latest"
 
 PROGRAM = r"""
@@ -320,34 +323,10 @@ def run_docker(size: int, memory: str) -> dict[str, Any]:
 @contextmanager
 def dockerd() -> Iterator[None]:
     """A Docker Engine in experimental mode on its own socket and roots, with the base image."""
-    shutil.rmtree(DOCKER_ROOT / "containerd", ignore_errors=True)
-    argv = ["dockerd", "--experimental", "--host", DOCKER_HOST, "--pidfile", f"{DOCKER_EXEC_ROOT}.pid",
-            "--data-root", str(DOCKER_ROOT), "--exec-root", str(DOCKER_EXEC_ROOT), "--bridge", "none",
-            "--iptables=false", "--ip-masq=false", "--containerd-namespace", "stasis-bench",
-            "--containerd-plugins-namespace", "stasis-bench-plugins"]  # fmt: skip
-    log = open(f"{DOCKER_EXEC_ROOT}.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while subprocess.run(["docker", "-H", DOCKER_HOST, "info"], capture_output=True).returncode:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"dockerd did not start; see {DOCKER_EXEC_ROOT}.log")
-            time.sleep(0.3)
+    with docker_engine(DOCKER_SOCKET, DOCKER_ROOT, DOCKER_EXEC_ROOT, "stasis-bench", experimental=True):
         if not _docker("images", "-q", DOCKER_IMAGE):
             _docker("import", str(BASE_ROOTFS), DOCKER_IMAGE)
         yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-        for m in sorted(mounts, reverse=True):
-            if m.startswith((str(DOCKER_ROOT), str(DOCKER_EXEC_ROOT))):
-                subprocess.run(["umount", "-l", m], capture_output=True)
 
 
 # -- drain and submits --------------------------------------------------------------------------

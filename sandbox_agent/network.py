@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +21,8 @@ GATEWAY_IP = "169.254.1.1"
 VETH_PREFIX = "stx"
 NETNS_DIR = Path("/var/run/netns")
 ISOLATION_CHAIN = "STASIS-SANDBOX"
+ALLOWANCE_MARK = "stasis-node:"
+"""How an allowance rule's comment names the node it belongs to."""
 
 
 def validate_address(address: str) -> str:
@@ -58,23 +61,46 @@ def _iptables(*args: str, check: bool = True) -> _command.Completed:
     return _command.run(["iptables", "-w", *args], check=check, what=f"iptables {' '.join(args[:3])}")
 
 
-def prepare_node(allowed_ports: Sequence[int]) -> None:
-    """Give the node 169.254.1.1 and the rule that sandboxes reach nothing but its allowed ports."""
+def _allowance(node: str, port: int) -> tuple[str, ...]:
+    """The rule that lets sandboxes reach `port` on the gateway address, marked as `node`'s."""
+    return ("-d", f"{GATEWAY_IP}/32", "-p", "tcp", "-m", "tcp", "--dport", str(port),
+            "-m", "comment", "--comment", f"{ALLOWANCE_MARK}{node}", "-j", "RETURN")  # fmt: skip
+
+
+def allowances(node: str | None = None) -> list[tuple[str, ...]]:
+    """The allowance rules in the isolation chain, as `iptables -S` spells them (without `-A
+    CHAIN`): `node`'s, or every node's. Rules of an agent that marked none count for no node."""
+    listed = _iptables("-S", ISOLATION_CHAIN, check=False)
+    rules = [tuple(shlex.split(line))[2:] for line in listed.stdout.decode().splitlines()]
+    ours = [r for r in rules if "--dport" in r and r[-2:] == ("-j", "RETURN")]
+    if node is None:
+        return ours
+    return [r for r in ours if _mark(r) in (f"{ALLOWANCE_MARK}{node}", None)]
+
+
+def _mark(rule: tuple[str, ...]) -> str | None:
+    return rule[rule.index("--comment") + 1] if "--comment" in rule else None
+
+
+def prepare_node(node: str, allowed_ports: Sequence[int]) -> None:
+    """Give the node 169.254.1.1 and the rule that sandboxes reach nothing but its allowed ports.
+
+    Each node's allowances are marked with its name, and a node that starts again with other
+    ports drops the ones it no longer allows: a gateway that moved leaves no port open behind it.
+    """
     if GATEWAY_IP not in _ip("-4", "addr", "show", "dev", "lo").stdout.decode():
         _ip("addr", "add", f"{GATEWAY_IP}/32", "dev", "lo", check=False)
     if _iptables("-n", "-L", ISOLATION_CHAIN, check=False).returncode != 0:
         _iptables("-N", ISOLATION_CHAIN, check=False)
-    wanted: list[tuple[str, ...]] = [
-        ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"),
-        *(
-            ("-d", GATEWAY_IP, "-p", "tcp", "--dport", str(p), "-j", "RETURN")
-            for p in sorted(set(allowed_ports))
-        ),
-    ]
-    for rule in wanted:
+    wanted = [_allowance(node, p) for p in sorted(set(allowed_ports))]
+    established = ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN")
+    for rule in [*wanted, established]:
         if _iptables("-C", ISOLATION_CHAIN, *rule, check=False).returncode != 0:
             # Insert before the final DROP.
             _iptables("-I", ISOLATION_CHAIN, "1", *rule)
+    for rule in allowances(node):
+        if rule not in wanted:
+            _iptables("-D", ISOLATION_CHAIN, *rule, check=False)
     if _iptables("-C", ISOLATION_CHAIN, "-j", "DROP", check=False).returncode != 0:
         _iptables("-A", ISOLATION_CHAIN, "-j", "DROP")
     for chain in ("INPUT", "FORWARD"):
@@ -94,6 +120,14 @@ def prepare_node(allowed_ports: Sequence[int]) -> None:
     )
     if _iptables("-C", "FORWARD", *jump_out, check=False).returncode != 0:
         _iptables("-I", "FORWARD", "1", *jump_out)
+
+
+def forget_node(node: str) -> None:
+    """Drop `node`'s allowances: for a node that is gone for good. An agent that merely exits
+    keeps them, so its sandboxes, which outlive it, still reach the gateway."""
+    for rule in allowances(node):
+        if _mark(rule) is not None:
+            _iptables("-D", ISOLATION_CHAIN, *rule, check=False)
 
 
 def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:

@@ -166,7 +166,7 @@ class Node:
         self._staging.mkdir(exist_ok=True)
         self._lock = threading.Lock()
         self._busy: set[str] = set()
-        network.prepare_node(settings.allowed_ports)
+        network.prepare_node(self.name, settings.allowed_ports)
         self._import_base_image()
         self._recover()
         # Whatever a crash left half-written here is garbage now (recovery took what it needed);

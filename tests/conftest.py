@@ -13,6 +13,7 @@ from typing import IO
 
 import pytest
 
+from sandbox_agent import network
 from tests import hostcheck
 from tests.dockerd import engine as dockerd_engine
 from tests.s3server import MotoServer
@@ -67,7 +68,9 @@ def nothing_left_behind() -> Iterator[None]:
     """Fail the test that leaks a sandbox's netns, veth or mounts, and clean up after it: a leak
     found only at the end of the session would have broken every test in between."""
     before = hostcheck.sandbox_leftovers()
+    allowances = network.allowances()
     yield
+    hostcheck.forget_allowances(allowances)
     after = hostcheck.sandbox_leftovers()
     leaked = {k: sorted(set(v) - set(before[k])) for k, v in after.items()}
     leaked = {k: v for k, v in leaked.items() if v}
@@ -81,9 +84,6 @@ def dockerd() -> Iterator[str]:
     """A Docker Engine in experimental mode on its own socket and data root, stopped at the end."""
     if shutil.which("dockerd") is None:
         pytest.fail("dockerd is not installed; run scripts/host-setup.sh")
-    # Its containerd keeps checkpoint content between runs, and a restore whose checkpoint has
-    # the digest of an earlier run's fails ("already exists"); nothing else lives there.
-    shutil.rmtree(DOCKER_ROOT / "containerd", ignore_errors=True)
     with dockerd_engine(
         DOCKER_SOCKET, DOCKER_ROOT, DOCKER_EXEC_ROOT, "stasis-test", experimental=True
     ) as url:

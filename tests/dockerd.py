@@ -3,13 +3,13 @@ iptables rules, so it never touches the host's engine or network."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import pytest
 
 from tests import hostcheck
 
@@ -19,20 +19,29 @@ def engine(
     socket: Path, data_root: Path, exec_root: Path, namespace: str, *, experimental: bool = False
 ) -> Iterator[str]:
     """Start dockerd and yield its URL; at the end remove its containers, stop it and unmount
-    what it mounted, however the body ended. `namespace` names its containerd namespaces."""
+    what it mounted, however the body ended. `namespace` names its containerd namespaces.
+
+    Its containerd writes each checkpoint to a temporary directory first, and keeps it when a
+    dump fails: temporary files go under the data root, and go with the engine."""
     url = f"unix://{socket}"
+    # Checkpoint content from an earlier run refuses a restore whose digest it shares.
+    shutil.rmtree(data_root / "containerd", ignore_errors=True)
+    tmp = data_root / "tmp-stasis"
+    tmp.mkdir(parents=True, exist_ok=True)
     argv = ["dockerd", *(["--experimental"] if experimental else []), "--host", url]
     argv += ["--pidfile", f"{exec_root}.pid", "--data-root", str(data_root), "--exec-root", str(exec_root)]
     argv += ["--bridge", "none", "--iptables=false", "--ip-masq=false"]
     argv += ["--containerd-namespace", namespace, "--containerd-plugins-namespace", f"{namespace}-plugins"]
     log_path = exec_root.with_suffix(".log")
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmp)}
+        )
     try:
         deadline = time.monotonic() + 60
         while subprocess.run(["docker", "-H", url, "info"], capture_output=True).returncode != 0:
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dockerd did not start: {log_path.read_text()[-2000:]}")
+                raise RuntimeError(f"dockerd did not start: {log_path.read_text()[-2000:]}")
             time.sleep(0.2)
         yield url
     finally:
@@ -49,3 +58,4 @@ def engine(
             proc.wait()
         hostcheck.unmount_below(exec_root)
         hostcheck.unmount_below(data_root)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from sandbox_agent import network
+
 
 def _mounts() -> list[str]:
     with open("/proc/self/mounts") as f:
@@ -42,6 +44,15 @@ def remove(leaked: dict[str, list[str]]) -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     for link in leaked.get("veths", []):
         subprocess.run(["ip", "link", "del", link], capture_output=True)
+
+
+def forget_allowances(before: list[tuple[str, ...]]) -> None:
+    """Drop the gateway allowances that nodes added since `before`. A node's allowance outlives
+    its agent by design (its sandboxes may still run), so a test's ends with the test: a later
+    test's server could otherwise get the same port and be reachable from its sandboxes."""
+    for rule in network.allowances():
+        if rule not in before:
+            subprocess.run(["iptables", "-w", "-D", network.ISOLATION_CHAIN, *rule], capture_output=True)
 
 
 def unmount_below(root: Path) -> None:
