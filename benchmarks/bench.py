@@ -253,8 +253,8 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
     eager.delete(sid)
     return _entry(
         "stasis", size, memory,
-        # Conservative: from the start of `runc pause`, not from when the tasks stopped inside it.
-        frozen_ms=t["freeze_ms"] + t["frozen_ms"], node_free_ms=t["node_free_ms"],
+        # Conservative: from the start of `runc checkpoint`, not from when CRIU froze the tasks.
+        frozen_ms=t["frozen_ms"], node_free_ms=t["node_free_ms"],
         durable_ms=t["durable_ms"], restored_running_ms=restored_ms, resident_ms=resident_ms,
         eager_restored_running_ms=eager_ms, lazy_fetch_ms=phases.get("fetch_ms", 0.0),
         lazy_restore_ms=phases.get("restore_ms", 0.0), stored_bytes=manifests[0].sizes.stored_bytes, new_bytes_2nd=manifests[1].sizes.new_bytes,

@@ -130,6 +130,11 @@ class Backend(Protocol):
     def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         """CRIU-dump the frozen sandbox into images_dir and leave it frozen."""
 
+    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        """Freeze the running sandbox, CRIU-dump it into images_dir and kill it, so that none of
+        its code runs after the dump; return once its processes are gone and their memory is
+        free. If this fails, the sandbox runs on, as it was."""
+
     lazy_restore: bool
     """Whether `restore` takes a `lazy.Transfer`, to resume before the memory is all here."""
 
@@ -146,10 +151,6 @@ class Backend(Protocol):
 
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
         """The sandbox's state and its init PID (0 if none)."""
-
-    def stop(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        """Kill a frozen sandbox so that none of its code runs again, and return once its
-        processes are gone and their memory is free."""
 
     def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         """Resume a sandbox stopped right after its dump from those images, in its own writable

@@ -249,6 +249,15 @@ class DockerBackend:
             return SandboxState.RUNNING, int(state.get("Pid", 0))
         return SandboxState.EXITED, 0
 
+    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        self.freeze(record, layout)
+        try:
+            self.dump(record, layout, images_dir)
+        except BaseException:
+            self.thaw(record, layout)
+            raise
+        self.stop(record, layout)
+
     def stop(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self.kill(record, layout, signals.SIGKILL)
         with _translated(f"stopping sandbox {record.id}"):

@@ -213,13 +213,18 @@ class Node:
                     sandbox_id,
                 )
                 self._remove_now(record, layout)
-            elif layout.stopped.exists():
+                continue
+            state = self.backend.status(record, layout)[0]
+            if layout.stopped.exists() and state == SandboxState.EXITED:
                 # Its agent died between the kill and the commit: the snapshot never landed.
                 images = Path(layout.stopped.read_text())
                 self._revive(record, layout, images)
                 if images.name == ckpt.CRIU_DIR and images.parent.name.startswith(_partial(sandbox_id)):
                     shutil.rmtree(images.parent, ignore_errors=True)
-            elif self.backend.status(record, layout)[0] == SandboxState.PAUSED:
+                continue
+            # Its agent died before a stopping dump was done (the sandbox runs on) or after.
+            layout.stopped.unlink(missing_ok=True)
+            if state == SandboxState.PAUSED:
                 # Only a checkpoint freezes a sandbox; this one's agent died before it thawed.
                 self.backend.thaw(record, layout)
                 log.warning(
@@ -423,25 +428,31 @@ class Node:
             staging = parent / f"{_partial(sandbox_id)}{uuid.uuid4().hex[:8]}"
             staging.mkdir()
             images = staging / ckpt.CRIU_DIR
-            frozen_at = 0.0
+            frozen = False
             stopped = False
             try:
                 frozen_wall = time.time()
                 began = time.monotonic()
-                with timeline.phase(Phase.FREEZE):
-                    self.backend.freeze(record, layout)
-                frozen_at = time.monotonic()
-                with timeline.phase(Phase.DUMP):
-                    self.backend.dump(record, layout, images)
-                if not leave_running:
+                if leave_running:
+                    with timeline.phase(Phase.FREEZE):
+                        self.backend.freeze(record, layout)
+                    frozen = True
+                    with timeline.phase(Phase.DUMP):
+                        self.backend.dump(record, layout, images)
+                else:
                     # Stopping: the processes go as soon as their memory is written. The layer
                     # can wait, since nothing writes to it once they are gone; if anything
-                    # after this fails, they are revived from these images.
+                    # after this fails, they are revived from these images. The mark goes
+                    # first, so an agent that dies once they are gone still revives them.
                     layout.stopped.write_text(str(images))
-                    self.backend.stop(record, layout)
+                    try:
+                        with timeline.phase(Phase.DUMP):
+                            self.backend.dump_and_stop(record, layout, images)
+                    except BaseException:
+                        layout.stopped.unlink(missing_ok=True)  # it runs on, as it was
+                        raise
                     stopped = True
-                    timeline.record(Phase.FROZEN, frozen_at)
-                    frozen_at = 0.0
+                    timeline.record(Phase.FROZEN, began)
                     timeline.record(Phase.NODE_FREE, began)
                 with timeline.phase(Phase.LAYER):
                     upper = self.backend.upper_dir(record, layout)
@@ -449,8 +460,8 @@ class Node:
                     log_bytes = _read_log(upper, 0, None)[1]
                 if leave_running:
                     self.backend.thaw(record, layout)
-                    timeline.record(Phase.FROZEN, frozen_at)
-                    frozen_at = 0.0
+                    frozen = False
+                    timeline.record(Phase.FROZEN, began)
                 captured = ckpt.seal(
                     ckpt.Checkpoint(
                         sandbox_id=sandbox_id,
@@ -476,8 +487,7 @@ class Node:
                 yield captured
                 timeline.record(Phase.DURABLE, began)
             except BaseException:
-                if frozen_at:
-                    layout.stopped.unlink(missing_ok=True)
+                if frozen:
                     self.backend.thaw(record, layout)
                 elif stopped:
                     self._revive(record, layout, images)

@@ -6,14 +6,13 @@ import json
 import os
 import signal as signals
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from sandbox_agent import _command, idmap, lazy, network, overlay, seccomp
-from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, STOP_TIMEOUT_S, SandboxLayout, wrapped_command
+from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
-from sandbox_agent.errors import CommandFailed, FailedPrecondition
+from sandbox_agent.errors import CommandFailed
 from sandbox_agent.images import Image
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
@@ -222,12 +221,28 @@ class RuncBackend:
         self._runc("resume", record.id, what=f"thawing sandbox {record.id}")
 
     def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        # On a paused container CRIU leaves the freezer as it found it: still frozen.
+        self._checkpoint(record, layout, images_dir, "--leave-running")
+
+    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        # Frozen by runc first: CRIU's own freeze checks the freezer only every 100 ms. CRIU kills
+        # the tasks once their images are written, and runc deletes the container; if the dump
+        # fails, CRIU leaves the tree as it found it, frozen, and it is thawed here.
+        self.freeze(record, layout)
+        try:
+            self._checkpoint(record, layout, images_dir)
+        except BaseException:
+            self._runc("resume", record.id, check=False)
+            raise
+
+    def _checkpoint(
+        self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path, *extra: str
+    ) -> None:
         work = layout.criu_work / "dump"
         work.mkdir(parents=True, exist_ok=True)
         try:
-            # On a paused container CRIU leaves the freezer as it found it: still frozen.
             self._runc(
-                "checkpoint", "--leave-running", "--tcp-established", "--file-locks",
+                "checkpoint", *extra, "--tcp-established", "--file-locks",
                 "--image-path", str(images_dir), "--work-path", str(work), record.id,
             )  # fmt: skip
         except CommandFailed as exc:
@@ -287,21 +302,10 @@ class RuncBackend:
                 f"CRIU restore of sandbox {record.id} failed", _log_tail(work / "restore.log")
             ) from exc
 
-    def stop(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        # `runc kill --all` signals every task while the cgroup is frozen and only then thaws
-        # it, so each task meets SIGKILL before it could run another instruction.
-        self._runc("kill", "--all", record.id, "KILL", what=f"stopping sandbox {record.id}")
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while self.status(record, layout)[0] != SandboxState.EXITED:
-            if time.monotonic() > deadline:
-                raise FailedPrecondition(
-                    f"sandbox {record.id} still runs {STOP_TIMEOUT_S:.0f} s after SIGKILL"
-                )
-            time.sleep(0.005)
-
     def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
-        # The rootfs stays mounted; only runc's record of the dead container must go.
-        self._runc("delete", "--force", record.id, what=f"clearing stopped sandbox {record.id}")
+        # The rootfs stays mounted; only runc's record of the dead container must go, if a
+        # checkpoint did not delete it already.
+        self._runc("delete", "--force", record.id, check=False)
         self._criu_restore(record, layout, images_dir)
 
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:

@@ -21,6 +21,7 @@ from sandbox_agent import (
     SandboxSpec,
     SandboxState,
 )
+from sandbox_agent.errors import CommandFailed
 from sandbox_agent.spec import Resources
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
@@ -184,9 +185,9 @@ def test_phase_hooks_see_each_phase_and_a_failed_phase_leaves_the_sandbox_runnin
     wait_for_log(node, "hooked", lambda t: "sha " in t)
     with pytest.raises(InvalidSpec, match="refused layer of hooked"):
         node.checkpoint("hooked", tmp_path / "refused", leave_running=False)
-    # Stopping kills the sandbox once its memory is dumped; the failure after that revived it
-    # from the images, with its memory, not restarted.
-    assert seen == [Phase.FREEZE, Phase.DUMP, Phase.FROZEN, Phase.NODE_FREE]
+    # Stopping kills the sandbox as its memory is dumped (CRIU freezes it); the failure after
+    # that revived it from the images, with its memory, not restarted.
+    assert seen == [Phase.DUMP, Phase.FROZEN, Phase.NODE_FREE]
     assert node.get("hooked").state == SandboxState.RUNNING and not (tmp_path / "refused").exists()
     revived = node.harness_log("hooked").count(b"sha ")
     log = wait_for_log(node, "hooked", lambda t: t.count("sha ") > revived)
@@ -199,3 +200,37 @@ def test_phase_hooks_see_each_phase_and_a_failed_phase_leaves_the_sandbox_runnin
     assert taken.timings_ms["frozen_ms"] >= taken.timings_ms["dump_ms"]
     before_count = node.harness_log("hooked").count(b"sha ")
     wait_for_log(node, "hooked", lambda t: t.count("sha ") > before_count)
+
+
+UNDUMPABLE = r"""
+import os, time
+# An open file, deleted, of more than CRIU's 1 MiB ghost-file limit: CRIU refuses to dump it.
+f = open("/tmp/held", "wb")
+f.write(b"x" * (2 << 20))
+f.flush()
+os.unlink("/tmp/held")
+n = 0
+while True:
+    n += 1
+    print("tick", n, flush=True)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_stopping_checkpoint_criu_refuses_leaves_the_sandbox_running(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    node = make_node("node-u")
+    node.create("held", SandboxSpec(image="base", command=("python3", "-c", UNDUMPABLE)))
+    wait_for_log(node, "held", lambda t: "tick 2" in t)
+    with pytest.raises(CommandFailed, match="CRIU dump of sandbox held failed") as failed:
+        node.checkpoint("held", tmp_path / "refused", leave_running=False)
+    assert "ghost" in str(failed.value), "the error carries CRIU's own reason"
+    # Neither killed nor left frozen, with no mark that a restarted agent would revive it by.
+    status = node.get("held")
+    assert status.state == SandboxState.RUNNING and not status.busy
+    assert not (tmp_path / "refused").exists() and not list(node.settings.root.glob("sandboxes/held/stopped*"))
+    ticks = node.harness_log("held").count(b"tick ")
+    wait_for_log(node, "held", lambda t: t.count("tick ") > ticks + 2)
+    node.delete("held")
