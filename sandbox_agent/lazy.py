@@ -29,7 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
 
 from sandbox_agent.errors import ToolUnavailable
 
@@ -96,18 +99,18 @@ def memories(images: Path) -> tuple[dict[int, Memory], set[str]]:
     tasks: dict[int, Memory] = {}
     others: set[str] = set()
     for path in sorted(images.glob("pagemap-*.img")):
-        head, *entries = _records(path.read_bytes(), path.name)
-        pages_file = f"pages-{head.get(1, 0)}.img"
+        head, entries = _pagemap(path.read_bytes(), path.name)
+        pages_file = f"pages-{head.pages_id}.img"
         name = path.name.removeprefix("pagemap-").removesuffix(".img")
         if not name.isdigit():
             others.add(pages_file)
             continue
         runs, offset = [], 0
         for e in entries:
-            pages = e.get(5) or e.get(2, 0)  # nr_pages, or the older compat_nr_pages
-            flags = e.get(4, PE_PRESENT)
+            pages = e.nr_pages or e.compat_nr_pages  # the older images have only the latter
+            flags = e.flags if e.HasField("flags") else PE_PRESENT
             if flags & PE_PRESENT:
-                runs.append(Run(e.get(1, 0), pages, offset, bool(flags & PE_LAZY)))
+                runs.append(Run(e.vaddr, pages, offset, bool(flags & PE_LAZY)))
                 offset += pages * PAGE
         tasks[int(name)] = Memory(pages_file, runs)
     return tasks, others
@@ -265,52 +268,56 @@ class Daemon:
         self.process.wait()
 
 
-def _records(raw: bytes, name: str) -> list[dict[int, int]]:
-    """The entries of a CRIU protobuf image: after its two magic numbers, length-prefixed
-    messages. Only integer fields are kept (all a pagemap has)."""
+def _pagemap_messages() -> tuple[type[Message], type[Message]]:
+    """CRIU's pagemap_head and pagemap_entry (criu/images/pagemap.proto), parsed by the protobuf
+    runtime: a 2 GiB process has thousands of entries, too many to decode in Python loops.
+    Every field is optional here, so an entry CRIU leaves out reads as absent, not as an error."""
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="stasis/criu/pagemap.proto", package="stasis.criu", syntax="proto2"
+    )
+    field = descriptor_pb2.FieldDescriptorProto
+    head = proto.message_type.add(name="PagemapHead")
+    head.field.add(name="pages_id", number=1, type=field.TYPE_UINT32, label=field.LABEL_OPTIONAL)
+    entry = proto.message_type.add(name="PagemapEntry")
+    for name, number, kind in (
+        ("vaddr", 1, field.TYPE_UINT64),
+        ("compat_nr_pages", 2, field.TYPE_UINT32),
+        ("in_parent", 3, field.TYPE_BOOL),
+        ("flags", 4, field.TYPE_UINT32),
+        ("nr_pages", 5, field.TYPE_UINT64),
+    ):
+        entry.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("stasis.criu.PagemapHead")),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("stasis.criu.PagemapEntry")),
+    )
+
+
+_PAGEMAP_HEAD, _PAGEMAP_ENTRY = _pagemap_messages()
+
+
+def _pagemap(raw: bytes, name: str) -> tuple[Any, list[Any]]:
+    """The head and entries of a CRIU pagemap image: after its two magic numbers, messages each
+    after its length."""
     if len(raw) < 8 or struct.unpack_from("<II", raw) != (IMG_COMMON_MAGIC, PAGEMAP_MAGIC):
         raise ValueError(f"{name} is not a CRIU pagemap image")
-    out, at = [], 8
-    while at < len(raw):
-        (size,) = struct.unpack_from("<I", raw, at)
-        out.append(_message(raw[at + 4 : at + 4 + size]))
-        at += 4 + size
-    if not out:
+    messages: list[Any] = []
+    at = 8
+    try:
+        while at < len(raw):
+            (size,) = struct.unpack_from("<I", raw, at)
+            if at + 4 + size > len(raw):
+                raise ValueError(f"{name} is damaged: a message runs past its end")
+            kind = _PAGEMAP_ENTRY if messages else _PAGEMAP_HEAD
+            messages.append(kind.FromString(raw[at + 4 : at + 4 + size]))
+            at += 4 + size
+    except (struct.error, DecodeError) as exc:
+        raise ValueError(f"{name} is damaged: {exc}") from exc
+    if not messages:
         raise ValueError(f"{name} has no pagemap header")
-    return out
-
-
-def _message(raw: bytes) -> dict[int, int]:
-    fields: dict[int, int] = {}
-    at = 0
-    while at < len(raw):
-        key, at = _varint(raw, at)
-        number, kind = key >> 3, key & 7
-        if kind == 0:
-            fields[number], at = _varint(raw, at)
-        elif kind == 1:
-            fields[number] = struct.unpack_from("<Q", raw, at)[0]
-            at += 8
-        elif kind == 5:
-            fields[number] = struct.unpack_from("<I", raw, at)[0]
-            at += 4
-        elif kind == 2:
-            size, at = _varint(raw, at)
-            at += size
-        else:
-            raise ValueError(f"unexpected protobuf wire type {kind}")
-    return fields
-
-
-def _varint(raw: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = raw[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
+    return messages[0], messages[1:]
 
 
 class Transfer:

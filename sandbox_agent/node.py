@@ -222,7 +222,7 @@ class Node:
                 if images.name == ckpt.CRIU_DIR and images.parent.name.startswith(_partial(sandbox_id)):
                     shutil.rmtree(images.parent, ignore_errors=True)
                 continue
-            # Its agent died before a stopping dump was done (the sandbox runs on) or after.
+            # A stopping dump that never finished: the sandbox runs on, and its mark goes.
             layout.stopped.unlink(missing_ok=True)
             if state == SandboxState.PAUSED:
                 # Only a checkpoint freezes a sandbox; this one's agent died before it thawed.

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._errors import InvalidSnapshotMeta, SnapshotCorrupt
 
@@ -66,11 +66,11 @@ class SnapshotMeta:
     """Caller-side phase timings in milliseconds (freeze, dump, ...)."""
 
 
-@dataclass(frozen=True)
-class ChunkRef:
+class ChunkRef(NamedTuple):
     """One chunk of a file: the hash of its raw bytes, raw length and stored (compressed) length,
     and where it lies: at `offset` in pack `pack` (hash BLAKE3), or, in snapshots of format v1, in
-    an object of its own (hash SHA-256)."""
+    an object of its own (hash SHA-256). A tuple, as a 2 GiB memory image has 32,768 of them to
+    decode before its restore can start."""
 
     hash: str
     length: int
@@ -334,13 +334,25 @@ def _decode_entry(item: dict[str, Any]) -> Entry:
 
 
 def _decode_chunk(path: str, item: Any) -> ChunkRef:
-    if not isinstance(item, list) or len(item) not in (3, 5):
+    if type(item) is not list:
         raise ValueError(f"{path}: bad chunk reference {item!r}")
-    ref = ChunkRef(
-        str(item[0]), int(item[1]), int(item[2]), *((str(item[3]), int(item[4])) if len(item) == 5 else ())
-    )
-    if not _CHUNK_HASH.fullmatch(ref.hash) or ref.length <= 0 or ref.stored_length <= 0:
+    if len(item) == 5:
+        digest, length, stored_length, pack, offset = item
+        located = type(pack) is str and type(offset) is int and offset >= 0 and PACK_ID.fullmatch(pack)
+        if not located:
+            raise ValueError(f"{path}: bad chunk location {item!r}")
+    elif len(item) == 3:
+        digest, length, stored_length = item
+        pack, offset = "", 0
+    else:
         raise ValueError(f"{path}: bad chunk reference {item!r}")
-    if len(item) == 5 and (not PACK_ID.fullmatch(ref.pack) or ref.offset < 0):
-        raise ValueError(f"{path}: bad chunk location {item!r}")
-    return ref
+    if not (
+        type(length) is int
+        and type(stored_length) is int
+        and length > 0
+        and stored_length > 0
+        and type(digest) is str
+        and _CHUNK_HASH.fullmatch(digest)
+    ):
+        raise ValueError(f"{path}: bad chunk reference {item!r}")
+    return ChunkRef(digest, length, stored_length, pack, offset)

@@ -5,6 +5,7 @@ restore, removes the sandbox and leaves the snapshot intact for another try."""
 from __future__ import annotations
 
 import re
+import struct
 import subprocess
 import threading
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import Node, SandboxSpec
+from sandbox_agent import Node, SandboxSpec, lazy
 from sandbox_agent.node import SnapshotTarget
 from snapshots import SnapshotStore, StoredFile, StoreUnavailable
 from tests.sandbox_agent import programs
@@ -178,3 +179,52 @@ def test_an_agent_restarted_while_memory_arrives_removes_the_sandbox(
     assert b.restore_from_store("first", "mem-s1").busy
     restarted = Node(b.settings)
     assert restarted.list() == []
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _fields(**numbered: int) -> bytes:
+    """A protobuf message of varint fields, given as f<number>=value."""
+    return b"".join(_varint(int(k[1:]) << 3) + _varint(v) for k, v in numbered.items())
+
+
+def _pagemap(*messages: bytes) -> bytes:
+    framed = b"".join(struct.pack("<I", len(m)) + m for m in messages)
+    return struct.pack("<II", lazy.IMG_COMMON_MAGIC, lazy.PAGEMAP_MAGIC) + framed
+
+
+@pytest.mark.timeout(30)
+def test_pagemap_images_read_as_criu_writes_them(tmp_path: Path) -> None:
+    present, lazy_flag = lazy.PE_PRESENT, lazy.PE_LAZY
+    (tmp_path / "pagemap-42.img").write_bytes(
+        _pagemap(
+            _fields(f1=3),  # the head: pages-3.img
+            _fields(f1=0x400000, f2=2, f4=present, f5=2),
+            _fields(f1=0x7F0000000000, f2=0, f4=present | lazy_flag, f5=1 << 20),  # 4 GiB
+            _fields(f1=0x7F1000000000, f2=4),  # an older image: no flags, compat_nr_pages alone
+            _fields(f1=0x7F2000000000, f2=0, f4=lazy_flag, f5=8),  # not present: no data
+        )
+    )
+    (tmp_path / "pagemap-shmem-7.img").write_bytes(_pagemap(_fields(f1=9)))
+    tasks, others = lazy.memories(tmp_path)
+    assert others == {"pages-9.img"}
+    memory = tasks[42]
+    assert memory.pages_file == "pages-3.img"
+    assert [(r.vaddr, r.pages, r.offset, r.lazy) for r in memory.runs] == [
+        (0x400000, 2, 0, False),
+        (0x7F0000000000, 1 << 20, 2 * lazy.PAGE, True),
+        (0x7F1000000000, 4, (2 + (1 << 20)) * lazy.PAGE, False),
+    ]
+    (tmp_path / "pagemap-42.img").write_bytes(_pagemap(_fields(f1=3), _fields(f1=1, f5=2))[:-1])
+    with pytest.raises(ValueError, match=r"pagemap-42\.img is damaged"):
+        lazy.memories(tmp_path)
+    (tmp_path / "pagemap-42.img").write_bytes(b"not an image")
+    with pytest.raises(ValueError, match=r"pagemap-42\.img is not a CRIU pagemap image"):
+        lazy.memories(tmp_path)

@@ -266,10 +266,16 @@ def test_restarted_agent_thaws_a_sandbox_an_interrupted_checkpoint_froze(make_no
     node = make_node("node-a")
     node.create("frozen", SandboxSpec(image="base", command=("sleep", "600")))
     record = node.get("frozen").record
-    node.backend.freeze(record, node._layout("frozen"))
+    layout = node._layout("frozen")
+    node.backend.freeze(record, layout)
+    # It died inside a stopping dump: the sandbox is marked as stopped, but CRIU never got to
+    # kill it. Reviving it from images that were never finished would lose it.
+    layout.stopped.write_text(str(layout.dir / "never-written"))
     assert node.get("frozen").state == SandboxState.PAUSED
     restarted = make_node("node-a")  # the same node root: the agent came back
-    assert restarted.get("frozen").state == SandboxState.RUNNING
+    status = restarted.get("frozen")
+    assert status.state == SandboxState.RUNNING and status.pid == node.get("frozen").pid
+    assert not layout.stopped.exists()
 
 
 @pytest.mark.timeout(120)
