@@ -131,14 +131,6 @@ def prepare_node(node: str, allowed_ports: Sequence[int]) -> None:
         _iptables("-I", "FORWARD", "1", *jump_out)
 
 
-def forget_node(node: str) -> None:
-    """Drop `node`'s allowances: for a node that is gone for good. An agent that merely exits
-    keeps them, so its sandboxes, which outlive it, still reach the gateway."""
-    for rule in allowances(node):
-        if _mark(rule) is not None:
-            _iptables("-D", ISOLATION_CHAIN, *rule, check=False)
-
-
 def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
     """Make the sandbox's netns; with an address, wire its veth. Returns the netns path."""
     ns = netns_name(node, sandbox_id)

