@@ -320,7 +320,8 @@ def _decode_entry(item: dict[str, Any]) -> Entry:
     if not 0 <= mode <= 0o7777:
         raise ValueError(f"{path}: mode {mode:o} out of range")
     if kind is EntryKind.FILE:
-        chunks = tuple(_decode_chunk(path, c) for c in item["chunks"])
+        packs: set[str] = set()  # a file's chunks lie in a few packs: each id is checked once
+        chunks = tuple(_decode_chunk(path, c, packs) for c in item["chunks"])
         size = int(item["size"])
         if sum(c.length for c in chunks) != size:
             raise ValueError(f"{path}: chunk lengths do not add up to size {size}")
@@ -333,14 +334,15 @@ def _decode_entry(item: dict[str, Any]) -> Entry:
     return Entry(path, kind, mode)
 
 
-def _decode_chunk(path: str, item: Any) -> ChunkRef:
+def _decode_chunk(path: str, item: Any, packs: set[str]) -> ChunkRef:
     if type(item) is not list:
         raise ValueError(f"{path}: bad chunk reference {item!r}")
     if len(item) == 5:
         digest, length, stored_length, pack, offset = item
-        located = type(pack) is str and type(offset) is int and offset >= 0 and PACK_ID.fullmatch(pack)
-        if not located:
-            raise ValueError(f"{path}: bad chunk location {item!r}")
+        if not (type(offset) is int and offset >= 0 and pack in packs):
+            if not (type(pack) is str and type(offset) is int and offset >= 0 and PACK_ID.fullmatch(pack)):
+                raise ValueError(f"{path}: bad chunk location {item!r}")
+            packs.add(pack)
     elif len(item) == 3:
         digest, length, stored_length = item
         pack, offset = "", 0

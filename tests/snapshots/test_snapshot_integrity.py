@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +127,32 @@ def test_writer_killed_mid_put_leaves_no_visible_snapshot(scratch: Path) -> None
         # The id is still free for the retried checkpoint.
         store.put(tree, make_meta("doomed"))
         assert store.verify().ok
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda c: [*c[:3], "../../etc", c[4]], "bad chunk location"),
+        (lambda c: [*c[:4], -1], "bad chunk location"),
+        (lambda c: [*c[:4], "12"], "bad chunk location"),
+        (lambda c: ["G" * 64, *c[1:]], "bad chunk reference"),
+        (lambda c: [c[0], 0, *c[2:]], "bad chunk reference"),
+        (lambda c: [c[0], True, *c[2:]], "bad chunk reference"),
+        (lambda c: c[:4], "bad chunk reference"),
+    ],
+)
+def test_a_manifest_with_an_edited_chunk_reference_is_refused(
+    local_store: SnapshotStore, scratch: Path, edit: Callable[[list[Any]], list[Any]], problem: str
+) -> None:
+    """Each chunk is checked, also one in a pack whose id an earlier chunk had already shown
+    good: the last chunk of the pages file is edited, after many of the same pack."""
+    local_store.put(make_tree(scratch / "tree", os.urandom(2 << 20)), make_meta("snap-1"))
+    path = scratch / "store" / "snapshots" / "snap-1.json"
+    doc = json.loads(path.read_bytes())
+    pages = next(e for e in doc["entries"] if e["path"] == "criu/pages-1.img")
+    assert len(pages["chunks"]) > 2 and len({c[3] for c in pages["chunks"]}) == 1
+    pages["chunks"][-1] = edit(pages["chunks"][-1])
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SnapshotCorrupt, match=f"unreadable manifest: .*{problem}"):
+        local_store.manifest("snap-1")
