@@ -44,10 +44,10 @@ class AgentSettings:
     every node alike (a snapshot carries the map). 0 runs sandboxes without a user namespace, as
     the node's own root; only for hosts without id-mapped mounts."""
     criu: str = "criu"
+    """CRIU binary; 4.2 or newer is needed on kernels >= 6.16 for TCP sockets."""
     lazy_restore: bool = True
     """Restore from the snapshot store lazily where the backend can (runc): the sandbox runs
     once its small images are here, and its memory follows as it touches it (`lazy`)."""
-    """CRIU binary; 4.2 or newer is needed on kernels >= 6.16 for TCP sockets."""
     allowed_ports: tuple[int, ...] = ()
     """TCP ports on 169.254.1.1 that sandboxes may reach (the inference gateway's); all else is dropped."""
     slots: int = 4
