@@ -145,9 +145,10 @@ class Backend(Protocol):
         image: Image,
         checkpoint: Checkpoint,
         transfer: Transfer | None = None,
-    ) -> None:
+    ) -> int:
         """Rebuild the writable layer from the checkpoint and resume its processes; with a
-        `transfer` (only where `lazy_restore`), before their memory has all arrived."""
+        `transfer` (only where `lazy_restore`), before their memory has all arrived. Returns the
+        sandbox's init PID."""
 
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
         """The sandbox's state and its init PID (0 if none)."""

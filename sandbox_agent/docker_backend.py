@@ -215,12 +215,13 @@ class DockerBackend:
         image: Image,
         checkpoint: Checkpoint,
         transfer: Transfer | None = None,
-    ) -> None:
+    ) -> int:
         if transfer is not None:
             raise FailedPrecondition("the docker backend restores memory eagerly only")
         container = self._create(record, image)
         overlay.import_layer(checkpoint.layer, Path(container.attrs["GraphDriver"]["Data"]["UpperDir"]))
         self._start_from(record, container, checkpoint.criu_dir)
+        return self.status(record, layout)[1]
 
     def _start_from(self, record: SandboxRecord, container: Container, images_dir: Path) -> None:
         target = self._checkpoints_dir(container) / CHECKPOINT_NAME

@@ -152,8 +152,10 @@ def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
         if Path("/proc/sys/net/ipv6").exists():
             links = ["all", "default", *(["eth0"] if address else [])]
             settings += [f"net.ipv6.conf.{link}.disable_ipv6=1" for link in links]
+        # nsenter only joins the netns, whose /proc/sys/net is then the sandbox's; `ip netns
+        # exec` would also make a mount namespace and remount /sys (3-7 ms more).
         _command.run(
-            ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", *settings],
+            ["nsenter", f"--net={netns_path(node, sandbox_id)}", "sysctl", "-q", "-w", *settings],
             what="setting up the sandbox's netns (no IPv6, low ports for its root)",
         )
         inside = ["link set lo up"]

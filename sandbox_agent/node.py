@@ -693,7 +693,7 @@ class Node:
             if transfer is not None:
                 layout.arriving.touch()
             with timeline.phase(Phase.RESTORE):
-                self.backend.restore(record, layout, local, checkpoint, transfer)
+                pid = self.backend.restore(record, layout, local, checkpoint, transfer)
             record.timings_ms = timeline.timings_ms()
             # What the restored process writes from its first instant on belongs to this run.
             # (Checkpoints older than `log_bytes` are measured now, a little late.)
@@ -701,7 +701,8 @@ class Node:
                 checkpoint.sizes.log_bytes or _read_log(self.backend.upper_dir(record, layout), 0, None)[1]
             )
             record.save(layout.record)
-        return self._status(record)
+        # Running as of the restore's return; asking the runtime again would only cost time.
+        return SandboxStatus(record=record, state=SandboxState.RUNNING, pid=pid, busy=transfer is not None)
 
     def _restore_image(self, checkpoint: ckpt.Checkpoint, image: str, timeline: Timeline) -> Image:
         ref = image or checkpoint.spec.image
