@@ -138,6 +138,10 @@ class Backend(Protocol):
     lazy_restore: bool
     """Whether `restore` takes a `lazy.Transfer`, to resume before the memory is all here."""
 
+    def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        """What a restore needs before the checkpoint's files are here; it runs while they are
+        fetched."""
+
     def restore(
         self,
         record: SandboxRecord,

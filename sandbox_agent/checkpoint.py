@@ -96,21 +96,17 @@ def seal(checkpoint: Checkpoint, *, hash_files: bool = True) -> Checkpoint:
     return sealed
 
 
-def load(directory: Path, *, verify: bool = True) -> Checkpoint:
-    """Read a checkpoint; with verify, refuse one whose files are missing, truncated or altered."""
-    if not directory.is_dir():
-        raise NotFound(f"checkpoint directory {directory} does not exist")
-    meta = directory / METADATA
+def parse(raw: bytes, where: str, directory: Path = Path()) -> Checkpoint:
+    """The checkpoint that metadata `raw` (read from `where`) describes, its files in `directory`."""
     try:
-        body = json.loads(meta.read_text())
-    except FileNotFoundError as exc:
-        raise CheckpointCorrupt(f"{directory} is not a complete checkpoint: {METADATA} is missing") from exc
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointCorrupt(f"{meta} is not valid JSON: {exc}") from exc
-    if body.get("format") != FORMAT:
-        raise CheckpointCorrupt(f"{meta} has format {body.get('format')!r}; this node reads {FORMAT!r}")
+        raise CheckpointCorrupt(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        found = body.get("format") if isinstance(body, dict) else None
+        raise CheckpointCorrupt(f"{where} has format {found!r}; this node reads {FORMAT!r}")
     try:
-        checkpoint = Checkpoint(
+        return Checkpoint(
             sandbox_id=body["sandbox_id"],
             node=body["node"],
             backend=body["backend"],
@@ -126,7 +122,19 @@ def load(directory: Path, *, verify: bool = True) -> Checkpoint:
             directory=directory,
         )
     except (KeyError, TypeError) as exc:
-        raise CheckpointCorrupt(f"{meta} lacks a field or has a wrong one: {exc}") from exc
+        raise CheckpointCorrupt(f"{where} lacks a field or has a wrong one: {exc}") from exc
+
+
+def load(directory: Path, *, verify: bool = True) -> Checkpoint:
+    """Read a checkpoint; with verify, refuse one whose files are missing, truncated or altered."""
+    if not directory.is_dir():
+        raise NotFound(f"checkpoint directory {directory} does not exist")
+    meta = directory / METADATA
+    try:
+        raw = meta.read_bytes()
+    except FileNotFoundError as exc:
+        raise CheckpointCorrupt(f"{directory} is not a complete checkpoint: {METADATA} is missing") from exc
+    checkpoint = parse(raw, str(meta), directory)
     for rel in (f"{CRIU_DIR}/inventory.img", LAYER):
         if not (directory / rel).is_file():
             raise CheckpointCorrupt(f"checkpoint {directory}: file {rel} is missing")

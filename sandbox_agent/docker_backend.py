@@ -208,6 +208,9 @@ class DockerBackend:
         source = self._checkpoints_dir(container) / CHECKPOINT_NAME
         shutil.move(str(source), images_dir)
 
+    def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        """Nothing: Docker makes the container, and its layer, from the checkpoint's image."""
+
     def restore(
         self,
         record: SandboxRecord,

@@ -14,10 +14,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, wait
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from sandbox_agent import _command, confined, launch, lazy, network, oci, overlay
 from sandbox_agent import checkpoint as ckpt
@@ -45,6 +47,8 @@ from sandbox_agent.spec import (
 from snapshots import Manifest, SnapshotCorrupt, SnapshotMeta, SnapshotNotFound, SnapshotStore, StoredFile
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def _ms(seconds: float) -> float:
@@ -516,63 +520,67 @@ class Node:
 
     def restore_from_store(self, sandbox_id: str, snapshot_id: str, *, image: str = "") -> SandboxStatus:
         """Fetch a snapshot (every chunk verified by hash) and restore it on this node: lazily
-        where the backend can, else whole."""
+        where the backend can, else whole. The sandbox's network and its writable layer's disk are
+        made while the snapshot's files arrive.
+
+        A lazy restore leaves the pages files in the store: it writes the pages CRIU restores
+        itself and resumes the sandbox; the rest of its memory arrives as it runs
+        (`lazy.Transfer`). Until every page is in, the sandbox stays busy (no checkpoint
+        meanwhile), and a page that cannot be had removes it."""
         store = self._require_store()
         validate_id("sandbox_id", sandbox_id)
         if self._layout(sandbox_id).dir.exists():
             raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
         staging = self._staging / f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
         timeline = Timeline(sandbox_id, self.hooks)
-        if self._lazy and snapshot_id not in self._eager_next:
-            return self._restore_lazily(store, sandbox_id, snapshot_id, staging, timeline, image)
-        try:
-            with timeline.phase(Phase.FETCH):
-                store.fetch(snapshot_id, staging)
+        lazily = self._lazy and snapshot_id not in self._eager_next
+        files = _OpenedFiles(store, snapshot_id)
+        head: Future[ckpt.Checkpoint] = Future()
+
+        def fetch() -> dict[int, lazy.Memory] | None:
+            try:
+                with timeline.phase(Phase.FETCH):
+                    metadata = files.open(ckpt.METADATA)
+                    raw = metadata.read(0, metadata.size)
+                    head.set_result(ckpt.parse(raw, f"{snapshot_id}:{ckpt.METADATA}"))
+                    leave_out = _PAGES.fullmatch if lazily else lambda path: False
+                    store.fetch(snapshot_id, staging, leave_out=leave_out, manifest=files.manifest)
+                    return lazy.prepare(staging / ckpt.CRIU_DIR, files.images) if lazily else None
+            except BaseException as exc:
+                if not head.done():
+                    head.set_exception(exc)
+                raise
+
+        fetching = _in_thread(fetch, f"fetch-{sandbox_id}")
+
+        def fetched() -> tuple[ckpt.Checkpoint, lazy.Transfer | None]:
+            memory = fetching.result()
             # Every chunk was verified as it was fetched; the directory needs no second pass.
-            return self._restore(sandbox_id, staging, timeline, image=image, verify=False, source=snapshot_id)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-
-    def _restore_lazily(
-        self,
-        store: SnapshotStore,
-        sandbox_id: str,
-        snapshot_id: str,
-        staging: Path,
-        timeline: Timeline,
-        image: str,
-    ) -> SandboxStatus:
-        """Restore with the memory left in the store: fetch all but the pages files, write the
-        pages CRIU restores itself, and resume the sandbox; the rest of its memory arrives as it
-        runs (`lazy.Transfer`). Until every page is in, the sandbox stays busy (no checkpoint
-        meanwhile), and a page that cannot be had removes it."""
-        opened: dict[str, StoredFile] = {}
-        guard = threading.Lock()
-
-        def stored(name: str) -> StoredFile:
-            with guard:
-                if name not in opened:
-                    opened[name] = store.open_file(snapshot_id, f"{ckpt.CRIU_DIR}/{name}", manifest)
-                return opened[name]
+            with timeline.phase(Phase.VERIFY):
+                checkpoint = ckpt.load(staging, verify=False)
+            if memory is None:
+                return checkpoint, None
+            return checkpoint, lazy.Transfer(
+                memory, files.images, fault=lambda _: self._stop_quietly(sandbox_id)
+            )
 
         def release() -> None:
-            for f in opened.values():
-                f.close()
+            wait([fetching])  # its files are not removed under it
+            files.close()
             shutil.rmtree(staging, ignore_errors=True)
 
         try:
-            with timeline.phase(Phase.FETCH):
-                manifest = store.fetch(snapshot_id, staging, leave_out=_PAGES.fullmatch)
-                memory = lazy.prepare(staging / ckpt.CRIU_DIR, stored)
-            layout = self._layout(sandbox_id)
-            transfer = lazy.Transfer(memory, stored, fault=lambda _: self._stop_quietly(sandbox_id))
-            status = self._restore(
-                sandbox_id, staging, timeline, image=image, verify=False, source=snapshot_id,
-                transfer=transfer,
+            status, transfer = self._restore(
+                sandbox_id, head.result(), timeline, image=image, source=snapshot_id, fetched=fetched,
+                keep_busy=lazily,
             )  # fmt: skip
         except BaseException:
             release()
             raise
+        if transfer is None:
+            release()
+            return status
+        layout = self._layout(sandbox_id)
         if transfer.failure is not None:  # failed while the restore was finishing
             self._memory_arrives(sandbox_id, snapshot_id, layout, transfer, timeline, release)
             raise transfer.failure
@@ -655,41 +663,48 @@ class Node:
         self, sandbox_id: str, checkpoint_dir: Path, *, image: str = "", verify: bool = True
     ) -> SandboxStatus:
         """Start a new sandbox from a checkpoint directory, on this node, under a new id if need be."""
+        validate_id("sandbox_id", sandbox_id)
         timeline = Timeline(sandbox_id, self.hooks)
-        return self._restore(
-            sandbox_id, checkpoint_dir, timeline, image=image, verify=verify, source=str(checkpoint_dir)
-        )
+        with timeline.phase(Phase.VERIFY):
+            checkpoint = ckpt.load(checkpoint_dir, verify=verify)
+        status, _ = self._restore(
+            sandbox_id, checkpoint, timeline, image=image, source=str(checkpoint_dir),
+            fetched=lambda: (checkpoint, None),
+        )  # fmt: skip
+        return status
 
     def _restore(
         self,
         sandbox_id: str,
-        checkpoint_dir: Path,
+        head: ckpt.Checkpoint,
         timeline: Timeline,
         *,
         image: str,
-        verify: bool,
         source: str,
-        transfer: lazy.Transfer | None = None,
-    ) -> SandboxStatus:
-        validate_id("sandbox_id", sandbox_id)
-        with timeline.phase(Phase.VERIFY):
-            checkpoint = ckpt.load(checkpoint_dir, verify=verify)
-        local = self._restore_image(checkpoint, image, timeline)
-        if checkpoint.backend != self.backend.name:
+        fetched: Callable[[], tuple[ckpt.Checkpoint, lazy.Transfer | None]],
+        keep_busy: bool = False,
+    ) -> tuple[SandboxStatus, lazy.Transfer | None]:
+        """Restore the sandbox whose checkpoint `head` describes. Its network and writable layer's
+        disk are made first; then `fetched()` gives the checkpoint whole (once its files are
+        here) and, for a lazy restore, the transfer of its memory."""
+        local = self._restore_image(head, image, timeline)
+        if head.backend != self.backend.name:
             raise FailedPrecondition(
-                f"checkpoint {source} was taken by the {checkpoint.backend} backend; "
+                f"checkpoint {source} was taken by the {head.backend} backend; "
                 f"node {self.name} runs {self.backend.name}"
             )
         record = SandboxRecord(
             id=sandbox_id,
             node=self.name,
             backend=self.backend.name,
-            spec=checkpoint.spec,
+            spec=head.spec,
             image_digest=local.digest,
             created_at=time.time(),
             restored_from=source,
         )
-        with self._new_sandbox(sandbox_id, record, keep_busy=transfer is not None) as layout:
+        with self._new_sandbox(sandbox_id, record, keep_busy=keep_busy) as layout:
+            self.backend.prepare_restore(record, layout)
+            checkpoint, transfer = fetched()
             if transfer is not None:
                 layout.arriving.touch()
             with timeline.phase(Phase.RESTORE):
@@ -702,7 +717,8 @@ class Node:
             )
             record.save(layout.record)
         # Running as of the restore's return; asking the runtime again would only cost time.
-        return SandboxStatus(record=record, state=SandboxState.RUNNING, pid=pid, busy=transfer is not None)
+        status = SandboxStatus(record=record, state=SandboxState.RUNNING, pid=pid, busy=keep_busy)
+        return status, transfer
 
     def _restore_image(self, checkpoint: ckpt.Checkpoint, image: str, timeline: Timeline) -> Image:
         ref = image or checkpoint.spec.image
@@ -854,6 +870,51 @@ class Node:
 
 _PAGES = re.compile(rf"{ckpt.CRIU_DIR}/pages-\d+\.img")
 """The CRIU images that hold memory, which a lazy restore leaves in the store."""
+
+
+class _OpenedFiles:
+    """A snapshot's files opened for reads at any offset (`StoredFile`), each once, from any
+    thread; its manifest is read once, by the first."""
+
+    def __init__(self, store: SnapshotStore, snapshot_id: str) -> None:
+        self.store = store
+        self.snapshot_id = snapshot_id
+        self.manifest: Manifest | None = None
+        self._opened: dict[str, StoredFile] = {}
+        self._lock = threading.Lock()
+
+    def open(self, path: str) -> StoredFile:
+        with self._lock:
+            if path not in self._opened:
+                if self.manifest is None:
+                    self.manifest = self.store.manifest(self.snapshot_id)
+                self._opened[path] = self.store.open_file(self.snapshot_id, path, self.manifest)
+            return self._opened[path]
+
+    def images(self, name: str) -> StoredFile:
+        """The CRIU image of that name."""
+        return self.open(f"{ckpt.CRIU_DIR}/{name}")
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._opened.values():
+                f.close()
+            self._opened.clear()
+
+
+def _in_thread(fn: Callable[[], T], name: str) -> Future[T]:
+    """Run fn in a thread of its own; its result, or what it raised, in the future returned."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(fn())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 def _partial(sandbox_id: str) -> str:

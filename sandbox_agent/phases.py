@@ -44,7 +44,8 @@ class Phase(enum.StrEnum):
     VERIFY = "verify"
     """Checking the checkpoint directory's files against their recorded hashes."""
     RESTORE = "restore"
-    """Rebuilding the writable layer and the network, and CRIU restoring the processes."""
+    """Rebuilding the writable layer and CRIU restoring the processes (the network and the
+    layer's disk are made while the snapshot is fetched)."""
     RESIDENT = "resident"
     """A span: from the restore's start until a lazily restored sandbox has all its memory."""
     # both

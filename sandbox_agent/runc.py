@@ -253,6 +253,9 @@ class RuncBackend:
     lazy_restore = True
     """Restores may take their memory lazily (`lazy.Transfer`)."""
 
+    def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        self._layer_disk(record, layout)
+
     def restore(
         self,
         record: SandboxRecord,
@@ -261,7 +264,6 @@ class RuncBackend:
         checkpoint: Checkpoint,
         transfer: lazy.Transfer | None = None,
     ) -> int:
-        self._layer_disk(record, layout)
         overlay.import_layer(checkpoint.layer, layout.upper)
         self._mount_root(record, layout, image)
         self._write_bundle(record, layout)

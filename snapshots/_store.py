@@ -223,6 +223,7 @@ class SnapshotStore:
         dest: str | os.PathLike[str],
         *,
         leave_out: Callable[[str], object] = lambda path: False,
+        manifest: Manifest | None = None,
     ) -> Manifest:
         """Recreate a snapshot's tree at dest (which must not exist), verifying every chunk.
 
@@ -230,13 +231,15 @@ class SnapshotStore:
         complete or not at all. Raises SnapshotNotFound or SnapshotCorrupt
         naming the snapshot, file and chunk. The files whose paths `leave_out` holds true for
         are made at their size but left unwritten (holes), for the caller to fill from
-        `open_file` as it needs them.
+        `open_file` as it needs them. `manifest`, if the caller has it already, spares reading
+        it again.
         """
         target = Path(dest)
         if target.exists() or target.is_symlink():
             raise FileExistsError(f"fetch destination {target} already exists")
         with self._lock(LockKind.SHARED, f"fetch {snapshot_id}"):
-            manifest = self.manifest(snapshot_id)
+            if manifest is None or manifest.snapshot_id != snapshot_id:
+                manifest = self.manifest(snapshot_id)
             work = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex}")
             work.mkdir(mode=0o700)
             try:
