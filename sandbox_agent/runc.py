@@ -6,17 +6,18 @@ import json
 import os
 import signal as signals
 import threading
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import _command, idmap, lazy, network, overlay, seccomp
+from sandbox_agent import _command, freezer, idmap, lazy, network, overlay, seccomp
 from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
-from sandbox_agent.errors import CommandFailed
+from sandbox_agent.errors import CommandFailed, FailedPrecondition
 from sandbox_agent.images import Image
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_ROOT = freezer.CGROUP_ROOT
 CGROUP_PARENT = "stasis"
 
 # Docker's default capability set without NET_RAW (no forged packets), MKNOD (the devices
@@ -215,24 +216,25 @@ class RuncBackend:
         return layout.upper
 
     def freeze(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        self._runc("pause", record.id, what=f"freezing sandbox {record.id}")
+        freezer.freeze(self._cgroups_path(record))
 
     def thaw(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        self._runc("resume", record.id, what=f"thawing sandbox {record.id}")
+        freezer.thaw(self._cgroups_path(record))
 
     def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         # On a paused container CRIU leaves the freezer as it found it: still frozen.
         self._checkpoint(record, layout, images_dir, "--leave-running")
 
     def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
-        # Frozen by runc first: CRIU's own freeze checks the freezer only every 100 ms. CRIU kills
-        # the tasks once their images are written, and runc deletes the container; if the dump
+        # Frozen first: CRIU's own freeze checks the freezer only every 100 ms. CRIU kills the
+        # tasks once their images are written, and runc deletes the container; if the dump
         # fails, CRIU leaves the tree as it found it, frozen, and it is thawed here.
         self.freeze(record, layout)
         try:
             self._checkpoint(record, layout, images_dir)
         except BaseException:
-            self._runc("resume", record.id, check=False)
+            with suppress(OSError, FailedPrecondition):
+                self.thaw(record, layout)
             raise
 
     def _checkpoint(
