@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,3 +139,17 @@ def damage(store_dir: Path, ref: ChunkRef, replacement: bytes | None = None) -> 
             blob = bytearray(replacement)
         f.seek(ref.offset)
         f.write(bytes(blob))
+
+
+def as_v2(doc: dict[str, Any]) -> None:
+    """Rewrite a manifest as format v2 wrote it: one list per chunk."""
+    doc["format"] = "stasis.snapshot/v2"
+    for entry in doc["entries"]:
+        if entry["type"] == "file":
+            t = entry["chunks"]
+            hashes = [t["hashes"][i : i + 64] for i in range(0, len(t["hashes"]), 64)]
+            packs = [t["packs"][i] for i in t["pack"]]
+            entry["chunks"] = [
+                list(c)
+                for c in zip(hashes, t["lengths"], t["stored_lengths"], packs, t["offsets"], strict=True)
+            ]

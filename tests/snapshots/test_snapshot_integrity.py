@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from snapshots import RetentionPolicy, SnapshotCorrupt, SnapshotNotFound, SnapshotStore
-from tests.snapshots.conftest import REPO, damage, fast_settings, make_meta, make_tree
+from tests.snapshots.conftest import REPO, as_v2, damage, fast_settings, make_meta, make_tree
 
 
 @pytest.mark.timeout(60)
@@ -129,6 +129,30 @@ def test_writer_killed_mid_put_leaves_no_visible_snapshot(scratch: Path) -> None
         assert store.verify().ok
 
 
+def _stored_pages(store_dir: Path, snapshot_id: str) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """The stored manifest's path and document, and its pages file's entry."""
+    path = store_dir / "snapshots" / f"{snapshot_id}.json"
+    doc = json.loads(path.read_bytes())
+    pages = next(e for e in doc["entries"] if e["path"] == "criu/pages-1.img")
+    return path, doc, pages
+
+
+@pytest.mark.timeout(60)
+def test_a_manifest_written_as_v2_reads_as_the_same_snapshot(
+    local_store: SnapshotStore, scratch: Path
+) -> None:
+    tree = make_tree(scratch / "tree", os.urandom(2 << 20))
+    written = local_store.put(tree, make_meta("snap-1"))
+    path, doc, _ = _stored_pages(scratch / "store", "snap-1")
+    as_v2(doc)
+    path.write_text(json.dumps(doc))
+    assert local_store.manifest("snap-1") == written
+    local_store.fetch("snap-1", scratch / "fetched")
+    assert (scratch / "fetched" / "criu" / "pages-1.img").read_bytes() == (
+        tree / "criu" / "pages-1.img"
+    ).read_bytes()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("edit", "problem"),
@@ -142,17 +166,54 @@ def test_writer_killed_mid_put_leaves_no_visible_snapshot(scratch: Path) -> None
         (lambda c: c[:4], "bad chunk reference"),
     ],
 )
-def test_a_manifest_with_an_edited_chunk_reference_is_refused(
+def test_a_v2_manifest_with_an_edited_chunk_reference_is_refused(
     local_store: SnapshotStore, scratch: Path, edit: Callable[[list[Any]], list[Any]], problem: str
 ) -> None:
     """Each chunk is checked, also one in a pack whose id an earlier chunk had already shown
     good: the last chunk of the pages file is edited, after many of the same pack."""
     local_store.put(make_tree(scratch / "tree", os.urandom(2 << 20)), make_meta("snap-1"))
-    path = scratch / "store" / "snapshots" / "snap-1.json"
-    doc = json.loads(path.read_bytes())
-    pages = next(e for e in doc["entries"] if e["path"] == "criu/pages-1.img")
+    path, doc, pages = _stored_pages(scratch / "store", "snap-1")
+    as_v2(doc)
     assert len(pages["chunks"]) > 2 and len({c[3] for c in pages["chunks"]}) == 1
     pages["chunks"][-1] = edit(pages["chunks"][-1])
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SnapshotCorrupt, match=f"unreadable manifest: .*{problem}"):
+        local_store.manifest("snap-1")
+
+
+def _set(column: str, value: object) -> Callable[[dict[str, Any]], None]:
+    def edit(table: dict[str, Any]) -> None:
+        table[column][-1] = value
+
+    return edit
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (_set("packs", "../../etc"), "bad pack list"),
+        (_set("offsets", -1), "out of range"),
+        (_set("offsets", "12"), "other than integers"),
+        (_set("lengths", 0), "out of range"),
+        (_set("lengths", True), "other than integers"),
+        (_set("stored_lengths", 1.5), "other than integers"),
+        (_set("pack", 1), "names pack 1 of 1"),
+        (_set("pack", -1), "out of range"),
+        (lambda t: t.update(hashes="G" * 64 + t["hashes"][64:]), "lowercase hex"),
+        (lambda t: t.update(hashes=t["hashes"][:-64]), "lowercase hex"),
+        (lambda t: t["offsets"].pop(), "differ in length"),
+        (lambda t: t.update(lengths=dict(enumerate(t["lengths"]))), "other than integers"),
+    ],
+)
+def test_a_manifest_with_an_edited_chunk_column_is_refused(
+    local_store: SnapshotStore, scratch: Path, edit: Callable[[dict[str, Any]], None], problem: str
+) -> None:
+    """A file's chunks are columns (format v3): each column is checked whole."""
+    local_store.put(make_tree(scratch / "tree", os.urandom(2 << 20)), make_meta("snap-1"))
+    path, doc, pages = _stored_pages(scratch / "store", "snap-1")
+    assert len(pages["chunks"]["lengths"]) > 2 and pages["chunks"]["packs"] != []
+    edit(pages["chunks"])
     path.write_text(json.dumps(doc))
     with pytest.raises(SnapshotCorrupt, match=f"unreadable manifest: .*{problem}"):
         local_store.manifest("snap-1")
