@@ -266,10 +266,16 @@ class Node:
 
     @contextmanager
     def _new_sandbox(
-        self, sandbox_id: str, record: SandboxRecord, *, keep_busy: bool = False
+        self,
+        sandbox_id: str,
+        record: SandboxRecord,
+        *,
+        keep_busy: bool = False,
+        alongside: Callable[[SandboxLayout], None] | None = None,
     ) -> Iterator[SandboxLayout]:
-        """Reserve the id and undo everything if building the sandbox fails. With `keep_busy`,
-        the sandbox stays busy when built, until the caller calls `_done`."""
+        """Reserve the id, make the sandbox's network (and run `alongside` meanwhile, in another
+        thread), and undo everything if building the sandbox fails. With `keep_busy`, the
+        sandbox stays busy when built, until the caller calls `_done`."""
         layout = self._layout(sandbox_id)
         with self._lock:
             if layout.dir.exists() or sandbox_id in self._busy:
@@ -279,8 +285,15 @@ class Node:
             self._busy.add(sandbox_id)
         try:
             record.save(layout.record)
-            if self.backend.wants_netns:
-                network.create(self.name, sandbox_id, record.spec.address)
+            meanwhile = _in_thread(lambda: alongside(layout), f"build-{sandbox_id}") if alongside else None
+            try:
+                if self.backend.wants_netns:
+                    network.create(self.name, sandbox_id, record.spec.address)
+            finally:
+                if meanwhile is not None:
+                    wait([meanwhile])  # nothing is undone under it
+            if meanwhile is not None:
+                meanwhile.result()
             yield layout
         except BaseException:
             self._teardown(record, layout)
@@ -704,8 +717,12 @@ class Node:
             created_at=time.time(),
             restored_from=source,
         )
-        with self._new_sandbox(sandbox_id, record, keep_busy=keep_busy) as layout:
-            self.backend.prepare_restore(record, layout)
+        with self._new_sandbox(
+            sandbox_id,
+            record,
+            keep_busy=keep_busy,
+            alongside=lambda layout: self.backend.prepare_restore(record, layout),
+        ) as layout:
             checkpoint, transfer = fetched()
             if transfer is not None:
                 layout.arriving.touch()
