@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
@@ -65,9 +65,9 @@ class Readable(Protocol):
     def read(self, offset: int, length: int) -> bytes: ...
 
 
-@dataclass(frozen=True)
-class Run:
-    """Consecutive pages of one process: where they are mapped and where they lie in its pages file."""
+class Run(NamedTuple):
+    """Consecutive pages of one process: where they are mapped and where they lie in its pages
+    file. A tuple: a 2 GiB interpreter heap has thousands, read before its restore can start."""
 
     vaddr: int
     pages: int

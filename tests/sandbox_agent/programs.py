@@ -33,10 +33,13 @@ os.setxattr("/work/new.txt", "user.stasis", b"kept")
 with open("/work/sparse.bin", "wb") as f:
     f.seek(8 << 20)
     f.write(b"end")
+with open("/dev/shm/segment", "wb") as f:  # a tmpfs: CRIU archives it, the layer has no part
+    f.write(os.urandom(4096))
+os.chmod("/dev/shm", 0o1770)
 
 def view():
     out = []
-    for top in ("/work", "/etc", "/usr/share/doc/bash"):
+    for top in ("/work", "/etc", "/usr/share/doc/bash", "/dev/shm"):
         for root, dirs, files in os.walk(top):
             dirs.sort()
             for name in sorted(dirs + files):
@@ -49,6 +52,8 @@ def view():
                     entry += " " + hashlib.sha256(open(p, "rb").read()).hexdigest()[:16]
                     entry += " " + ",".join(f"{k}={os.getxattr(p, k).decode()}" for k in os.listxattr(p))
                 out.append(entry)
+    st = os.stat("/dev/shm")
+    out.append(f"/dev/shm {st.st_mode:o} {st.st_uid}:{st.st_gid}")
     return hashlib.sha256("\n".join(out).encode()).hexdigest(), len(out)
 
 print("gone", os.path.exists("/etc/debian_version"), flush=True)
