@@ -331,10 +331,14 @@ class Transfer:
         self.daemon: Daemon | None = None
 
     def start(self, criu: str, images: Path, work: Path) -> None:
-        """Serve, and have the daemon ready for the restore's tasks (`runc restore --lazy-pages
-        --work-path work`: they meet on a socket in that directory)."""
+        """Serve, and start the daemon for the restore's tasks (`runc restore --lazy-pages
+        --work-path work`: they meet on a socket in that directory); `ready` waits for it."""
         self.server.start()
         self.daemon = Daemon(criu, images, work, self.server)
+
+    def ready(self) -> None:
+        """Until the daemon listens for the restore's tasks; if it cannot, stop everything."""
+        assert self.daemon is not None
         try:
             self.daemon.wait_ready()
         except BaseException:

@@ -266,10 +266,25 @@ class RuncBackend:
         checkpoint: Checkpoint,
         transfer: lazy.Transfer | None = None,
     ) -> int:
-        overlay.import_layer(checkpoint.layer, layout.upper)
-        self._mount_root(record, layout, image)
-        self._write_bundle(record, layout)
+        if transfer is not None:
+            # CRIU's lazy-pages daemon takes some milliseconds to start: the layer and the root
+            # are made meanwhile.
+            transfer.start(self.criu, checkpoint.criu_dir, self._restore_work(layout))
+        try:
+            overlay.import_layer(checkpoint.layer, layout.upper)
+            self._mount_root(record, layout, image)
+            self._write_bundle(record, layout)
+        except BaseException:
+            if transfer is not None:
+                transfer.abort()
+            raise
         return self._criu_restore(record, layout, checkpoint.criu_dir, transfer)
+
+    @staticmethod
+    def _restore_work(layout: SandboxLayout) -> Path:
+        work = layout.criu_work / "restore"
+        work.mkdir(parents=True, exist_ok=True)
+        return work
 
     def _criu_restore(
         self,
@@ -279,9 +294,8 @@ class RuncBackend:
         transfer: lazy.Transfer | None = None,
     ) -> int:
         """CRIU-restore the sandbox's processes and return its init's pid; with a `transfer`,
-        lazily: they run at once and their memory arrives as they touch it."""
-        work = layout.criu_work / "restore"
-        work.mkdir(parents=True, exist_ok=True)
+        lazily: they run at once and their memory arrives as they touch it (`transfer`, started)."""
+        work = self._restore_work(layout)
         pid_file = work / "pid"
         pid_file.unlink(missing_ok=True)
         if record.spec.userns_base:
@@ -291,7 +305,7 @@ class RuncBackend:
             for image in images_dir.iterdir():
                 image.chmod(0o644)
         if transfer is not None:
-            transfer.start(self.criu, images_dir, work)
+            transfer.ready()
         try:
             self._runc(
                 "restore", "--detach", "--tcp-established", "--file-locks",
