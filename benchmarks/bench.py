@@ -253,7 +253,7 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
     eager.delete(sid)
     return _entry(
         "stasis", size, memory,
-        # Conservative: from the start of `runc checkpoint`, not from when CRIU froze the tasks.
+        # Conservative: from the node's freeze until `runc checkpoint` returns, not until CRIU killed the tasks.
         frozen_ms=t["frozen_ms"], node_free_ms=t["node_free_ms"],
         durable_ms=t["durable_ms"], restored_running_ms=restored_ms, resident_ms=resident_ms,
         eager_restored_running_ms=eager_ms, lazy_fetch_ms=phases.get("fetch_ms", 0.0),
