@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import Node, SandboxSpec, lazy
+from sandbox_agent import Node, SandboxSpec, lazy, overlay
 from sandbox_agent.node import SnapshotTarget
+from sandbox_agent.runc import RuncBackend
 from snapshots import SnapshotStore, StoredFile, StoreUnavailable
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
@@ -114,6 +115,59 @@ def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snaps
     b.restore_from_store("second", "mem-s1")
     _resident(b, "second")
     _intact(b, "second", sha)
+
+
+def _fail_fetch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    read = StoredFile.read
+
+    def failing(self: StoredFile, offset: int, length: int) -> bytes:
+        if threading.current_thread().name.startswith("fetch-"):
+            raise StoreUnavailable(f"file://{tmp_path}/store", None, "the store went away (injected)")
+        return read(self, offset, length)
+
+    monkeypatch.setattr(StoredFile, "read", failing)
+
+
+def _fail_layer_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def failing(*_: object) -> None:
+        raise OSError("no room for the layer's disk (injected)")
+
+    monkeypatch.setattr(RuncBackend, "prepare_restore", failing)
+
+
+def _fail_layer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """After the lazy-pages daemon has started."""
+
+    def failing(*_: object) -> None:
+        raise OSError("the layer cannot be unpacked (injected)")
+
+    monkeypatch.setattr(overlay, "import_layer", failing)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fault", [_fail_fetch, _fail_layer_disk, _fail_layer])
+def test_a_restore_that_fails_while_the_sandbox_is_built_leaves_nothing(
+    make_node: NodeFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: Callable[[pytest.MonkeyPatch, Path], None],
+) -> None:
+    """The fetch, the network and the layer's disk run side by side, and CRIU's daemon starts
+    before the layer is made: whichever fails, the rest is undone and the snapshot stays."""
+    b, sha = _snapshot(make_node, tmp_path)
+    with monkeypatch.context() as patched:
+        fault(patched, tmp_path)
+        with pytest.raises((StoreUnavailable, OSError), match="injected"):
+            b.restore_from_store("first", "mem-s1")
+    assert b.list() == []
+    assert not list((b.settings.root / "staging").iterdir())
+    assert not list((b.settings.root / "sandboxes").iterdir())
+    daemons = subprocess.run(["pgrep", "-f", f"lazy-pages --images-dir {b.settings.root}/"], check=False)
+    assert daemons.returncode == 1, "CRIU's lazy-pages daemon was left running"
+
+    b.restore_from_store("first", "mem-s1")
+    _resident(b, "first")
+    _intact(b, "first", sha)
 
 
 @pytest.mark.timeout(180)
