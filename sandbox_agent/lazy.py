@@ -26,7 +26,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -63,6 +63,11 @@ class Readable(Protocol):
     size: int
 
     def read(self, offset: int, length: int) -> bytes: ...
+
+
+class ReadableMany(Readable, Protocol):
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Several ranges at once, their chunks fetched together."""
 
 
 class Run(NamedTuple):
@@ -116,7 +121,7 @@ def memories(images: Path) -> tuple[dict[int, Memory], set[str]]:
     return tasks, others
 
 
-def prepare(images: Path, stored: Callable[[str], Readable]) -> dict[int, Memory]:
+def prepare(images: Path, stored: Callable[[str], ReadableMany]) -> dict[int, Memory]:
     """Write into the (sparse) pages files what a lazy restore reads itself: the processes'
     non-lazy runs, and every pages file of shared memory whole. `stored(name)` is the
     snapshot's file of that name in the images directory. Returns the processes' memory."""
@@ -127,11 +132,10 @@ def prepare(images: Path, stored: Callable[[str], Readable]) -> dict[int, Memory
             eager = [(r.offset, r.pages * PAGE) for r in memory.runs if not r.lazy]
             writes.setdefault(memory.pages_file, []).extend(eager)
     for name, ranges in writes.items():
-        source = stored(name)
         with open(images / name, "r+b") as f:
-            for offset, length in ranges:
+            for (offset, _), data in zip(ranges, stored(name).read_many(ranges), strict=True):
                 f.seek(offset)
-                f.write(source.read(offset, length))
+                f.write(data)
     return tasks
 
 

@@ -13,6 +13,7 @@ import bisect
 import itertools
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from types import TracebackType
 
@@ -53,21 +54,47 @@ class StoredFile:
     def read(self, offset: int, length: int) -> bytes:
         """`length` bytes from `offset`, every chunk of them verified; SnapshotCorrupt names the
         chunk that is missing or does not match its hash."""
+        first, last = self._span(offset, length)
+        if length == 0:
+            return b""
+        chunks = self._load(range(first, last + 1))
+        self._read_ahead(last + 1)
+        return self._cut(offset, length, first, chunks)
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Each (offset, length) of `ranges`, as `read` gives it. The chunks under all of them are
+        fetched at once, their runs side by side on the store's threads, and none ahead: for
+        reads known in advance and scattered over the file."""
+        spans = [self._span(offset, length) for offset, length in ranges]
+        wanted = sorted(
+            {
+                i
+                for (first, last), (_, n) in zip(spans, ranges, strict=True)
+                if n
+                for i in range(first, last + 1)
+            }
+        )
+        found = dict(zip(wanted, self._load(wanted, side_by_side=True), strict=True))
+        return [
+            self._cut(offset, length, first, [found[i] for i in range(first, last + 1)]) if length else b""
+            for (offset, length), (first, last) in zip(ranges, spans, strict=True)
+        ]
+
+    def _span(self, offset: int, length: int) -> tuple[int, int]:
+        """The first and last chunk under a range (a valid one)."""
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ValueError(
                 f"{self.path}: cannot read {length} bytes at {offset} of a {self.size}-byte file"
             )
-        if length == 0:
-            return b""
         first = bisect.bisect_right(self._starts, offset) - 1
-        last = bisect.bisect_right(self._starts, offset + length - 1) - 1
-        chunks = self._load(range(first, last + 1))
-        self._read_ahead(last + 1)
+        return first, bisect.bisect_right(self._starts, offset + max(length, 1) - 1) - 1
+
+    def _cut(self, offset: int, length: int, first: int, chunks: list[bytes]) -> bytes:
         data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
         at = offset - self._starts[first]
         return data[at : at + length]
 
-    def _load(self, wanted: range) -> list[bytes]:
+    def _load(self, wanted: Sequence[int], side_by_side: bool = False) -> list[bytes]:
         with self._guard:
             found = {i: self._cache[i] for i in wanted if i in self._cache}
             for i in found:
@@ -76,10 +103,15 @@ class StoredFile:
         for i, (future, at) in ahead.items():
             found[i] = self._checked(i, future.result()[at])
         missing = [i for i in wanted if i not in found]
-        for run in _runs(missing, self._refs):
-            refs = [self._refs[i] for i in run]
-            for i, raw in zip(run, self._chunks.read_run(refs), strict=True):
-                found[i] = self._checked(i, raw)
+        runs = _runs(missing, self._refs)
+        if side_by_side and len(runs) > 1:
+            later = [(run, self._chunks.read_later([self._refs[i] for i in run])) for run in runs]
+            raws = [(run, future.result()) for run, future in later]
+        else:
+            raws = [(run, self._chunks.read_run([self._refs[i] for i in run])) for run in runs]
+        for run, raw in raws:
+            for i, chunk in zip(run, raw, strict=True):
+                found[i] = self._checked(i, chunk)
         missing += ahead
         with self._guard:
             for i in missing:

@@ -36,6 +36,20 @@ def test_any_range_reads_back_exactly(stored: SnapshotStore) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_many_scattered_ranges_read_at_once_as_one_by_one(stored: SnapshotStore) -> None:
+    rng = random.Random(11)
+    ranges = [(0, 0), (len(MEMORY), 0), (0, 4096), (len(MEMORY) - 10, 10)]
+    for _ in range(60):
+        offset = rng.randrange(len(MEMORY))
+        ranges.append((offset, rng.randrange(min(200_000, len(MEMORY) - offset) + 1)))
+    with stored.open_file("s1", "criu/pages-1.img") as f:
+        assert f.read_many(ranges) == [MEMORY[o : o + n] for o, n in ranges]
+        assert f.read_many([]) == []
+        with pytest.raises(ValueError, match="cannot read 2 bytes at"):
+            f.read_many([(0, 1), (len(MEMORY) - 1, 2)])
+
+
+@pytest.mark.timeout(60)
 def test_a_damaged_chunk_is_named_when_its_range_is_read(stored: SnapshotStore, scratch: Path) -> None:
     entry = next(e for e in stored.manifest("s1").files() if e.path == "criu/pages-1.img")
     victim = entry.chunks[len(entry.chunks) // 2]
@@ -45,6 +59,8 @@ def test_a_damaged_chunk_is_named_when_its_range_is_read(stored: SnapshotStore, 
         assert f.read(0, 4096) == MEMORY[:4096], "chunks before it read fine"
         with pytest.raises(SnapshotCorrupt, match=f"criu/pages-1.img.*{victim.hash}"):
             f.read(start, 10)
+        with pytest.raises(SnapshotCorrupt, match=f"criu/pages-1.img.*{victim.hash}"):
+            f.read_many([(0, 4096), (start, 10), (len(MEMORY) - 4096, 4096)])
     with pytest.raises(FileNotFoundError, match=r"no file criu/missing\.img"):
         stored.open_file("s1", "criu/missing.img")
 
