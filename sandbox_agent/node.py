@@ -549,18 +549,21 @@ class Node:
         staging = self._staging / f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
         timeline = Timeline(sandbox_id, self.hooks)
         lazily = self._lazy and snapshot_id not in self._eager_next
-        files = _OpenedFiles(store, snapshot_id)
+        reader = store.reader(snapshot_id)
+
+        def images(name: str) -> StoredFile:
+            return reader.open(f"{ckpt.CRIU_DIR}/{name}")
+
         head: Future[ckpt.Checkpoint] = Future()
 
         def fetch() -> dict[int, lazy.Memory] | None:
             try:
                 with timeline.phase(Phase.FETCH):
-                    metadata = files.open(ckpt.METADATA)
+                    metadata = reader.open(ckpt.METADATA)
                     raw = metadata.read(0, metadata.size)
                     head.set_result(ckpt.parse(raw, f"{snapshot_id}:{ckpt.METADATA}"))
-                    leave_out = _PAGES.fullmatch if lazily else lambda path: False
-                    store.fetch(snapshot_id, staging, leave_out=leave_out, manifest=files.manifest)
-                    return lazy.prepare(staging / ckpt.CRIU_DIR, files.images) if lazily else None
+                    reader.fetch(staging, leave_out=_PAGES.fullmatch if lazily else lambda path: False)
+                    return lazy.prepare(staging / ckpt.CRIU_DIR, images) if lazily else None
             except BaseException as exc:
                 if not head.done():
                     head.set_exception(exc)
@@ -575,13 +578,11 @@ class Node:
                 checkpoint = ckpt.load(staging, verify=False)
             if memory is None:
                 return checkpoint, None
-            return checkpoint, lazy.Transfer(
-                memory, files.images, fault=lambda _: self._stop_quietly(sandbox_id)
-            )
+            return checkpoint, lazy.Transfer(memory, images, fault=lambda _: self._stop_quietly(sandbox_id))
 
         def release() -> None:
             wait([fetching])  # its files are not removed under it
-            files.close()
+            reader.close()
             shutil.rmtree(staging, ignore_errors=True)
 
         try:
@@ -889,36 +890,6 @@ class Node:
 
 _PAGES = re.compile(rf"{ckpt.CRIU_DIR}/pages-\d+\.img")
 """The CRIU images that hold memory, which a lazy restore leaves in the store."""
-
-
-class _OpenedFiles:
-    """A snapshot's files opened for reads at any offset (`StoredFile`), each once, from any
-    thread; its manifest is read once, by the first."""
-
-    def __init__(self, store: SnapshotStore, snapshot_id: str) -> None:
-        self.store = store
-        self.snapshot_id = snapshot_id
-        self.manifest: Manifest | None = None
-        self._opened: dict[str, StoredFile] = {}
-        self._lock = threading.Lock()
-
-    def open(self, path: str) -> StoredFile:
-        with self._lock:
-            if path not in self._opened:
-                if self.manifest is None:
-                    self.manifest = self.store.manifest(self.snapshot_id)
-                self._opened[path] = self.store.open_file(self.snapshot_id, path, self.manifest)
-            return self._opened[path]
-
-    def images(self, name: str) -> StoredFile:
-        """The CRIU image of that name."""
-        return self.open(f"{ckpt.CRIU_DIR}/{name}")
-
-    def close(self) -> None:
-        with self._lock:
-            for f in self._opened.values():
-                f.close()
-            self._opened.clear()
 
 
 def _in_thread(fn: Callable[[], T], name: str) -> Future[T]:

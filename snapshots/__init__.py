@@ -23,7 +23,7 @@ from ._history import SnapshotInfo
 from ._manifest import FORMAT, ChunkRef, Entry, EntryKind, Manifest, Reason, SnapshotMeta, SnapshotSizes
 from ._random import StoredFile
 from ._settings import ChunkingSettings, LockSettings, RetrySettings, StoreSettings
-from ._store import SnapshotStore
+from ._store import SnapshotReader, SnapshotStore
 from ._verify import Problem, VerifyReport
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotMeta",
     "SnapshotNotFound",
+    "SnapshotReader",
     "SnapshotSizes",
     "SnapshotStore",
     "StoreError",

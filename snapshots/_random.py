@@ -33,10 +33,10 @@ _AHEAD_RUN = 16
 class StoredFile:
     """One regular file of a snapshot, open for reads at any offset (`SnapshotStore.open_file`).
 
-    Holds a shared lock on the store until closed, so garbage collection leaves its chunks be.
-    Thread-safe."""
+    Holds a shared lock on the store until closed (or its `SnapshotReader` holds one), so
+    garbage collection leaves its chunks be. Thread-safe."""
 
-    def __init__(self, chunks: ChunkStore, snapshot_id: str, entry: Entry, lock: StoreLock) -> None:
+    def __init__(self, chunks: ChunkStore, snapshot_id: str, entry: Entry, lock: StoreLock | None) -> None:
         self.snapshot_id = snapshot_id
         self.path = entry.path
         self.size = entry.size
@@ -148,7 +148,8 @@ class StoredFile:
         for future, _ in pending.values():
             future.cancel()
         wait([f for f, _ in pending.values()])
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> StoredFile:
         return self

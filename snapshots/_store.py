@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -223,7 +224,6 @@ class SnapshotStore:
         dest: str | os.PathLike[str],
         *,
         leave_out: Callable[[str], object] = lambda path: False,
-        manifest: Manifest | None = None,
     ) -> Manifest:
         """Recreate a snapshot's tree at dest (which must not exist), verifying every chunk.
 
@@ -231,40 +231,47 @@ class SnapshotStore:
         complete or not at all. Raises SnapshotNotFound or SnapshotCorrupt
         naming the snapshot, file and chunk. The files whose paths `leave_out` holds true for
         are made at their size but left unwritten (holes), for the caller to fill from
-        `open_file` as it needs them. `manifest`, if the caller has it already, spares reading
-        it again.
+        `open_file` as it needs them.
         """
+        with self.reader(snapshot_id) as reader:
+            return reader.fetch(dest, leave_out=leave_out)
+
+    def reader(self, snapshot_id: str) -> SnapshotReader:
+        """One snapshot, to fetch and to read at any offset from any thread under one shared
+        lock (`SnapshotReader`)."""
+        return SnapshotReader(self, snapshot_id)
+
+    def _build_tree(
+        self, manifest: Manifest, dest: str | os.PathLike[str], leave_out: Callable[[str], object]
+    ) -> None:
+        """`fetch`'s work, under the caller's lock."""
         target = Path(dest)
         if target.exists() or target.is_symlink():
             raise FileExistsError(f"fetch destination {target} already exists")
-        with self._lock(LockKind.SHARED, f"fetch {snapshot_id}"):
-            if manifest is None or manifest.snapshot_id != snapshot_id:
-                manifest = self.manifest(snapshot_id)
-            work = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex}")
-            work.mkdir(mode=0o700)
-            try:
-                files: list[tuple[Entry, Path]] = []
-                for entry in manifest.entries:
-                    path = work / entry.path
-                    if entry.kind is EntryKind.DIR:
-                        path.mkdir(mode=0o700)
-                    elif entry.kind is EntryKind.SYMLINK:
-                        os.symlink(entry.target or "", path)
-                    else:
-                        with open(path, "wb") as f:
-                            f.truncate(entry.size)
-                        if not leave_out(entry.path):
-                            files.append((entry, path))
-                self._chunks.restore_files(snapshot_id, files)
-                # Modes last, deepest first, so read-only files and dirs do not block their own filling.
-                for entry in reversed(manifest.entries):
-                    if entry.kind is not EntryKind.SYMLINK:
-                        os.chmod(work / entry.path, entry.mode)
-                os.rename(work, target)
-            except BaseException:
-                shutil.rmtree(work, ignore_errors=True)
-                raise
-        return manifest
+        work = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex}")
+        work.mkdir(mode=0o700)
+        try:
+            files: list[tuple[Entry, Path]] = []
+            for entry in manifest.entries:
+                path = work / entry.path
+                if entry.kind is EntryKind.DIR:
+                    path.mkdir(mode=0o700)
+                elif entry.kind is EntryKind.SYMLINK:
+                    os.symlink(entry.target or "", path)
+                else:
+                    with open(path, "wb") as f:
+                        f.truncate(entry.size)
+                    if not leave_out(entry.path):
+                        files.append((entry, path))
+            self._chunks.restore_files(manifest.snapshot_id, files)
+            # Modes last, deepest first, so read-only files and dirs do not block their own filling.
+            for entry in reversed(manifest.entries):
+                if entry.kind is not EntryKind.SYMLINK:
+                    os.chmod(work / entry.path, entry.mode)
+            os.rename(work, target)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
 
     def read_file(self, snapshot_id: str, path: str, dest: str | os.PathLike[str]) -> None:
         """Write one regular file of a snapshot to dest, verifying every chunk of it; SnapshotNotFound
@@ -370,3 +377,72 @@ class SnapshotStore:
             tree = Path(scratch) / "checkpoint"
             self.fetch(snapshot_id, tree)
             return _archive.export_checkpoint_archive(tree, target)
+
+
+class SnapshotReader:
+    """One snapshot, opened for reading from any thread, as a restore reads it: one shared store
+    lock (taken at the first read, held until `close`), under which the manifest is read once,
+    the tree fetched (`fetch`) and files opened for reads at any offset (`open`, each once). One
+    lock instead of one per file: each lock is a durable write and a listing of the store's locks."""
+
+    def __init__(self, store: SnapshotStore, snapshot_id: str) -> None:
+        self.store = store
+        self.snapshot_id = snapshot_id
+        self._manifest: Manifest | None = None
+        self._lock: StoreLock | None = None
+        self._opened: dict[str, StoredFile] = {}
+        self._guard = threading.Lock()
+
+    @property
+    def manifest(self) -> Manifest:
+        """The snapshot's manifest; SnapshotNotFound or SnapshotCorrupt if there is no good one."""
+        with self._guard:
+            if self._manifest is None:
+                lock = self.store._lock(LockKind.SHARED, f"read {self.snapshot_id}")
+                try:
+                    self._manifest = self.store.manifest(self.snapshot_id)
+                except BaseException:
+                    lock.release()
+                    raise
+                self._lock = lock
+            return self._manifest
+
+    def fetch(
+        self, dest: str | os.PathLike[str], *, leave_out: Callable[[str], object] = lambda path: False
+    ) -> Manifest:
+        """As `SnapshotStore.fetch`."""
+        manifest = self.manifest
+        self.store._build_tree(manifest, dest, leave_out)
+        return manifest
+
+    def open(self, path: str) -> StoredFile:
+        """One regular file, to read at any offset (`StoredFile`); FileNotFoundError if the
+        snapshot has no such file."""
+        manifest = self.manifest
+        with self._guard:
+            if path not in self._opened:
+                entry = next(
+                    (e for e in manifest.entries if e.path == path and e.kind is EntryKind.FILE), None
+                )
+                if entry is None:
+                    raise FileNotFoundError(f"snapshot {self.snapshot_id} has no file {path}")
+                self._opened[path] = StoredFile(self.store._chunks, self.snapshot_id, entry, None)
+            return self._opened[path]
+
+    def close(self) -> None:
+        """Close every file opened here and release the lock."""
+        with self._guard:
+            opened, self._opened = self._opened, {}
+            lock, self._lock = self._lock, None
+        for f in opened.values():
+            f.close()
+        if lock is not None:
+            lock.release()
+
+    def __enter__(self) -> SnapshotReader:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

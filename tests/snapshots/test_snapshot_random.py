@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from snapshots import SnapshotCorrupt, SnapshotStore
-from tests.snapshots.conftest import damage, make_meta, make_tree
+from snapshots import (
+    LockSettings,
+    RetentionPolicy,
+    SnapshotCorrupt,
+    SnapshotNotFound,
+    SnapshotStore,
+    StoreLocked,
+)
+from tests.snapshots.conftest import damage, fast_settings, make_meta, make_tree
 
 MEMORY = os.urandom(3 << 20)
 
@@ -63,6 +70,32 @@ def test_a_damaged_chunk_is_named_when_its_range_is_read(stored: SnapshotStore, 
             f.read_many([(0, 4096), (start, 10), (len(MEMORY) - 4096, 4096)])
     with pytest.raises(FileNotFoundError, match=r"no file criu/missing\.img"):
         stored.open_file("s1", "criu/missing.img")
+
+
+@pytest.mark.timeout(60)
+def test_a_reader_fetches_and_opens_under_one_lock_until_closed(stored: SnapshotStore, scratch: Path) -> None:
+    from snapshots._locks import read_locks  # test seam: the lock protocol is internal
+
+    backend = stored._backend
+    impatient = SnapshotStore(
+        fast_settings(stored.settings.url, locks=LockSettings(gc_acquire_timeout_s=0.3))
+    )
+    with stored.reader("s1") as reader:
+        assert list(read_locks(backend)) == [], "nothing is taken before the first read"
+        reader.fetch(scratch / "out", leave_out=lambda path: path == "criu/pages-1.img")
+        pages = reader.open("criu/pages-1.img")
+        assert reader.open("criu/pages-1.img") is pages
+        assert pages.read_many([(5, 100)]) == [MEMORY[5:105]]
+        assert len(list(read_locks(backend))) == 1, "one shared lock for the fetch and every file"
+        with pytest.raises(StoreLocked, match="read s1"):
+            impatient.gc(RetentionPolicy(keep_last=1))
+        with pytest.raises(FileNotFoundError, match=r"no file criu/missing\.img"):
+            reader.open("criu/missing.img")
+    assert list(read_locks(backend)) == []
+    impatient.close()
+    with pytest.raises(SnapshotNotFound), stored.reader("nope") as missing:
+        missing.open("criu/pages-1.img")
+    assert list(read_locks(backend)) == [], "a failed first read leaves no lock"
 
 
 @pytest.mark.timeout(60)
