@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
+import gc
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import repeat
@@ -265,6 +267,25 @@ def _safe_path(path: object) -> bool:
 
 def decode(raw: bytes, snapshot_id: str) -> Manifest:
     """Parse and check a stored manifest; anything malformed is SnapshotCorrupt."""
+    with _collector_paused():
+        return _decode(raw, snapshot_id)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Hold off Python's cyclic garbage collector while a manifest is decoded. A 2 GiB image's
+    tens of thousands of new lists and tuples (none of them in a cycle) would otherwise set off
+    collections that walk every object of the process: 30-50 ms more, now and then."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _decode(raw: bytes, snapshot_id: str) -> Manifest:
 
     def bad(detail: str) -> SnapshotCorrupt:
         return SnapshotCorrupt(snapshot_id, None, None, f"unreadable manifest: {detail}")
