@@ -277,25 +277,17 @@ class SnapshotStore:
         """Write one regular file of a snapshot to dest, verifying every chunk of it; SnapshotNotFound
         if there is no such snapshot, FileNotFoundError if it has no such file."""
         with self._lock(LockKind.SHARED, f"read {snapshot_id}"):
-            manifest = self.manifest(snapshot_id)
-            entry = next((e for e in manifest.entries if e.path == path and e.kind is EntryKind.FILE), None)
-            if entry is None:
-                raise FileNotFoundError(f"snapshot {snapshot_id} has no file {path}")
+            entry = _file_entry(self.manifest(snapshot_id), path)
             with open(dest, "wb") as f:
                 f.truncate(entry.size)
             self._chunks.restore_files(snapshot_id, [(entry, Path(dest))])
 
-    def open_file(self, snapshot_id: str, path: str, manifest: Manifest | None = None) -> StoredFile:
+    def open_file(self, snapshot_id: str, path: str) -> StoredFile:
         """One regular file of a snapshot, to read at any offset, each chunk verified as it is
-        read (`StoredFile`). It holds a shared lock on the store until closed. `manifest`, if
-        the caller has it already (from `fetch`), spares reading it again."""
+        read (`StoredFile`). It holds a shared lock on the store until closed."""
         lock = self._lock(LockKind.SHARED, f"read {snapshot_id}:{path}")
         try:
-            if manifest is None or manifest.snapshot_id != snapshot_id:
-                manifest = self.manifest(snapshot_id)
-            entry = next((e for e in manifest.entries if e.path == path and e.kind is EntryKind.FILE), None)
-            if entry is None:
-                raise FileNotFoundError(f"snapshot {snapshot_id} has no file {path}")
+            entry = _file_entry(self.manifest(snapshot_id), path)
         except BaseException:
             lock.release()
             raise
@@ -379,6 +371,14 @@ class SnapshotStore:
             return _archive.export_checkpoint_archive(tree, target)
 
 
+def _file_entry(manifest: Manifest, path: str) -> Entry:
+    """The regular file `path` of a snapshot; FileNotFoundError if it has none."""
+    entry = next((e for e in manifest.entries if e.path == path and e.kind is EntryKind.FILE), None)
+    if entry is None:
+        raise FileNotFoundError(f"snapshot {manifest.snapshot_id} has no file {path}")
+    return entry
+
+
 class SnapshotReader:
     """One snapshot, opened for reading from any thread, as a restore reads it: one shared store
     lock (taken at the first read, held until `close`), under which the manifest is read once,
@@ -421,11 +421,7 @@ class SnapshotReader:
         manifest = self.manifest
         with self._guard:
             if path not in self._opened:
-                entry = next(
-                    (e for e in manifest.entries if e.path == path and e.kind is EntryKind.FILE), None
-                )
-                if entry is None:
-                    raise FileNotFoundError(f"snapshot {self.snapshot_id} has no file {path}")
+                entry = _file_entry(manifest, path)
                 self._opened[path] = StoredFile(self.store._chunks, self.snapshot_id, entry, None)
             return self._opened[path]
 
