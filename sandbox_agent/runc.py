@@ -346,7 +346,8 @@ class RuncBackend:
         state, _ = self.status(record, layout)
         if state == SandboxState.PAUSED and signal != signals.SIGKILL:
             # A frozen task acts on a signal only once thawed (`kill --all` thaws for SIGKILL).
-            self._runc("resume", record.id, check=False)
+            with suppress(OSError, FailedPrecondition):
+                self.thaw(record, layout)
         if state != SandboxState.EXITED:
             self._runc("kill", "--all", record.id, str(signal), check=False)
 

@@ -246,8 +246,6 @@ class SnapshotStore:
     ) -> None:
         """`fetch`'s work, under the caller's lock."""
         target = Path(dest)
-        if target.exists() or target.is_symlink():
-            raise FileExistsError(f"fetch destination {target} already exists")
         work = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex}")
         work.mkdir(mode=0o700)
         try:
@@ -411,6 +409,9 @@ class SnapshotReader:
         self, dest: str | os.PathLike[str], *, leave_out: Callable[[str], object] = lambda path: False
     ) -> Manifest:
         """As `SnapshotStore.fetch`."""
+        target = Path(dest)
+        if target.exists() or target.is_symlink():  # before any lock or read of the store
+            raise FileExistsError(f"fetch destination {target} already exists")
         manifest = self.manifest
         self.store._build_tree(manifest, dest, leave_out)
         return manifest
