@@ -46,14 +46,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 Abort = Callable[[Any, grpc.ServicerContext, Any], None]
 
 
-def guarded(method: F, errors: tuple[type[BaseException], ...], abort: Abort) -> F:
+def guarded(
+    method: F,
+    errors: tuple[type[BaseException], ...],
+    abort: Abort,
+    check: Callable[[Any], None] = lambda request: None,
+) -> F:
     """`method`, a unary or server-streaming handler, with any of `errors` it raises handed to
-    `abort(service, context, exc)`, which ends the call with a status."""
+    `abort(service, context, exc)`, which ends the call with a status. `check(request)` runs
+    first, and what it raises is handled alike."""
     if inspect.isgeneratorfunction(method):
 
         @functools.wraps(method)
         def stream(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             try:
+                check(request)
                 yield from method(self, request, context)
             except errors as exc:
                 abort(self, context, exc)
@@ -63,6 +70,7 @@ def guarded(method: F, errors: tuple[type[BaseException], ...], abort: Abort) ->
     @functools.wraps(method)
     def unary(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
+            check(request)
             return method(self, request, context)
         except errors as exc:
             abort(self, context, exc)

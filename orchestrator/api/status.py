@@ -1,4 +1,5 @@
-"""Errors become gRPC status codes here and nowhere else in the orchestrator's services."""
+"""Errors become gRPC status codes here and nowhere else in the orchestrator's services; `rpc`
+also refuses, before any handler runs, a request whose text holds a NUL (`text`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from orchestrator.api.text import refuse_nul
 from orchestrator.domain import (
     Conflict,
     FailedPrecondition,
@@ -42,8 +44,11 @@ def abort(context: grpc.ServicerContext, exc: StasisError | SnapshotError) -> No
 
 
 def rpc(method: F) -> F:
-    """Map Stasis and snapshot errors to status codes, for unary and server-streaming methods."""
-    return guarded(method, (StasisError, SnapshotError), lambda _, context, exc: abort(context, exc))
+    """Refuse a request whose text holds a NUL (`text`), and map Stasis and snapshot errors to
+    status codes, for unary and server-streaming methods."""
+    return guarded(
+        method, (StasisError, SnapshotError), lambda _, context, exc: abort(context, exc), refuse_nul
+    )
 
 
 def required(field: str, value: str) -> str:

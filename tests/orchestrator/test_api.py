@@ -68,6 +68,14 @@ MALFORMED = [
     ),
     (pb.EpisodeSpec(image="base", command=["true"], reward=pb.RewardSpec()), "spec.reward.command"),
     (_spec(labels={"bad key!": "v"}), "spec.labels.bad key!"),
+    (_spec(command=["python3", "-c", "print(1)\0"]), "spec.command[2]"),
+    (_spec(image="ba\0se"), "spec.image"),
+    (_spec(labels={"team": "a\0b"}), "spec.labels.team"),
+    (_spec(labels={"te\0am": "ab"}), "spec.labels.te\\0am"),
+    (
+        pb.EpisodeSpec(image="base", command=["true"], reward=pb.RewardSpec(command=["\0"])),
+        "spec.reward.command[0]",
+    ),
 ]
 
 
@@ -150,6 +158,29 @@ def test_unknown_ids_are_not_found(api: tuple[pb_grpc.StasisStub, StasisClient])
         code, details = _status(call)
         assert code == grpc.StatusCode.NOT_FOUND, name
         assert "nope" in details or "node-9" in details, details
+
+
+@pytest.mark.timeout(60)
+def test_text_with_a_nul_is_refused_by_field_before_any_handler_runs(
+    api: tuple[pb_grpc.StasisStub, StasisClient],
+) -> None:
+    stub, client = api
+    taken = client.submit({"image": "base", "command": ["sleep", "30"]})
+    calls = {
+        "request_id": lambda: stub.SubmitEpisode(pb.SubmitEpisodeRequest(spec=_spec(), request_id="t\0")),
+        "episode_id": lambda: stub.GetEpisode(pb.GetEpisodeRequest(episode_id=taken.id + "\0")),
+        "reason": lambda: stub.PreemptEpisode(pb.PreemptEpisodeRequest(episode_id=taken.id, reason="\0")),
+        "node": lambda: stub.DrainNode(pb.DrainNodeRequest(node="node-1\0")),
+        "episode_ids[1]": lambda: next(
+            stub.WatchEpisodes(pb.WatchEpisodesRequest(episode_ids=[taken.id, "\0"]))
+        ),
+    }
+    for field, call in calls.items():
+        code, details = _status(call)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert details == f"{field}: must not contain a NUL character"
+    assert [e.id for e in client.episodes()] == [taken.id]
+    assert [n.state for n in client.nodes()] == ["READY"], "the drain was carried out"
 
 
 @pytest.mark.timeout(120)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import StasisClient
+from orchestrator import InvalidArgument, StasisClient
 from orchestrator.api import Orchestrator, OrchestratorSettings
 from orchestrator.domain import NodeRecord, NodeState
 from orchestrator.gateway import CanonicalRequest
@@ -41,6 +41,9 @@ def test_an_orchestrator_on_postgresql_serves_from_it_and_a_new_one_finds_everyt
         with StasisClient(first.address) as client:
             submitted = client.submit(spec, request_id="trainer-7")
             assert client.submit(spec, request_id="trainer-7").id == submitted.id
+            with pytest.raises(InvalidArgument) as err:  # PostgreSQL's text refuses a NUL
+                client.submit(spec, request_id="trainer-\0")
+            assert err.value.field == "request_id"
             heard = next(iter(client.watch([submitted.id])))
             assert heard.episode_id == submitted.id
         request = CanonicalRequest.parse(
