@@ -44,7 +44,15 @@ from sandbox_agent.spec import (
     validate_files,
     validate_id,
 )
-from snapshots import Manifest, SnapshotCorrupt, SnapshotMeta, SnapshotNotFound, SnapshotStore, StoredFile
+from snapshots import (
+    Manifest,
+    SnapshotCorrupt,
+    SnapshotMeta,
+    SnapshotNotFound,
+    SnapshotStore,
+    StoredFile,
+    collector_paused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -541,7 +549,14 @@ class Node:
         A lazy restore leaves the pages files in the store: it writes the pages CRIU restores
         itself and resumes the sandbox; the rest of its memory arrives as it runs
         (`lazy.Transfer`). Until every page is in, the sandbox stays busy (no checkpoint
-        meanwhile), and a page that cannot be had removes it."""
+        meanwhile), and a page that cannot be had removes it.
+
+        Until the sandbox runs, Python's cyclic collector is held off (`collector_paused`): one
+        collection walks every object of the agent, and the restore allocates enough to set one off."""
+        with collector_paused():
+            return self._restore_from_store(sandbox_id, snapshot_id, image)
+
+    def _restore_from_store(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxStatus:
         store = self._require_store()
         validate_id("sandbox_id", sandbox_id)
         if self._layout(sandbox_id).dir.exists():

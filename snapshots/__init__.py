@@ -5,6 +5,7 @@ public API; the underscore modules are internal.
 """
 
 from ._archive import export_checkpoint_archive, import_checkpoint_archive
+from ._collector import collector_paused
 from ._errors import (
     InvalidCheckpoint,
     InvalidSettings,
@@ -58,6 +59,7 @@ __all__ = [
     "StoreUnavailable",
     "StoredFile",
     "VerifyReport",
+    "collector_paused",
     "export_checkpoint_archive",
     "import_checkpoint_archive",
 ]

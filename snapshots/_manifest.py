@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import enum
-import gc
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import repeat
 from typing import Any, NamedTuple
 
+from ._collector import collector_paused
 from ._errors import InvalidSnapshotMeta, SnapshotCorrupt
 
 FORMAT = "stasis.snapshot/v3"
@@ -267,22 +266,8 @@ def _safe_path(path: object) -> bool:
 
 def decode(raw: bytes, snapshot_id: str) -> Manifest:
     """Parse and check a stored manifest; anything malformed is SnapshotCorrupt."""
-    with _collector_paused():
+    with collector_paused():
         return _decode(raw, snapshot_id)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Hold off Python's cyclic garbage collector while a manifest is decoded. A 2 GiB image's
-    tens of thousands of new lists and tuples (none of them in a cycle) would otherwise set off
-    collections that walk every object of the process: 30-50 ms more, now and then."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _decode(raw: bytes, snapshot_id: str) -> Manifest:
