@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import contextvars
 import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TypeVar
+
+from orchestrator.state.grouping import GroupCommit
 
 T = TypeVar("T")
 
 READERS = 4
 """Read connections per database: enough for the API threads and the control loop to read while
 a commit syncs, few enough that SQLite's per-connection memory stays small."""
-
-
-@dataclass
-class _Queued(Generic[T]):
-    """One caller's share of a group commit."""
-
-    work: Callable[[sqlite3.Connection], T]
-    context: contextvars.Context = field(default_factory=contextvars.copy_context)
-    result: T | None = None
-    error: BaseException | None = None
-    done: bool = False
 
 
 class Database:
@@ -47,8 +36,7 @@ class Database:
         self._all_readers = [self._connect(query_only=True) for _ in range(READERS)]
         for reader in self._all_readers:
             self._readers.put(reader)
-        self._queue: list[_Queued[Any]] = []
-        self._queue_lock = threading.Lock()
+        self._group = GroupCommit(self.tx, lambda: self._writer == threading.get_ident())
         self._on_commit = on_commit
         self.closed = False
 
@@ -118,44 +106,5 @@ class Database:
 
     def grouped(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run `work` in a write transaction that it may share with other callers' work: one
-        commit, and so one fsync, for all of them. It returns once that commit is on disk.
-
-        Whoever holds the writer lock next takes everything queued by then, so callers that
-        arrive while a commit is being synced share the following one. Each work is a
-        savepoint of its own: one that raises is undone alone and its caller gets the error.
-        It runs in its caller's context, so events record who asked.
-        """
-        queued = _Queued(work)
-        with self._queue_lock:
-            self._queue.append(queued)
-        with self.lock:
-            if self._depth:  # inside this thread's own transaction: it commits with that one
-                with self._queue_lock:
-                    self._queue.remove(queued)
-                with self.tx() as db:
-                    return work(db)
-            if not queued.done:
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                self._commit(batch)
-        if queued.error is not None:
-            raise queued.error
-        return queued.result  # type: ignore[return-value]
-
-    def _commit(self, batch: list[_Queued[Any]]) -> None:
-        try:
-            with self.tx() as db:
-                for queued in batch:
-                    try:
-                        with self.tx():
-                            queued.result = queued.context.run(queued.work, db)
-                    except Exception as exc:  # handed to the caller it belongs to
-                        queued.error = exc
-        except BaseException as exc:
-            for queued in batch:
-                queued.error = exc
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            for queued in batch:
-                queued.done = True
+        commit, and so one fsync, for all of them (`grouping.GroupCommit`)."""
+        return self._group.run(work)

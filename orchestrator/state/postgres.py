@@ -5,14 +5,16 @@ It behaves as `SqliteStateStore` does, method for method: both run the logic of 
 Every state change commits together with its event in one transaction, and writers take one
 lock first (`WRITER_LOCK`), so they see each other's work as SQLite's single writer does and
 events commit in `seq` order. A request id is looked up and stored in the transaction of the
-work it names. Watchers wake on NOTIFY. What differs: submits do not share commits (PostgreSQL
-syncs each), and the server must be reachable, else calls fail with TemporaryError.
+work it names. Concurrent submits share one commit, and so one flush of the server's WAL
+(group commit, `grouping.GroupCommit`, as on SQLite). Watchers wake on NOTIFY. What differs: the
+server must be reachable, else calls fail with TemporaryError.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from orchestrator.domain import Episode
 from orchestrator.state.postgres_database import EVENTS_CHANNEL, PostgresDatabase, PostgresLease
 from orchestrator.state.postgres_schema import SCHEMA
 from orchestrator.state.sql import Connection, SqlStateStore
@@ -63,6 +65,11 @@ class PostgresStateStore(SqlStateStore):
         if self._lease is not None:
             self._lease.release()
         self._database.close()
+
+    def _submitted(self, insert: Callable[[Connection], list[Episode]]) -> list[Episode]:
+        """Run a submit's `insert` in a write transaction that concurrent submits share (group
+        commit); each is a savepoint of its own."""
+        return self._database.grouped(insert)
 
     def _one_of(self, column: str, values: Sequence[object]) -> tuple[str, list[object]]:
         """One array argument, however many values: the statement's text stays the same."""

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -21,9 +22,11 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from orchestrator.domain import InvalidArgument, TemporaryError
+from orchestrator.state.grouping import GroupCommit
 from orchestrator.state.lease import standing_by
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _Pooled = psycopg.Connection[DictRow]
 
@@ -97,6 +100,7 @@ class PostgresDatabase:
         self._writer = threading.Lock()
         self._writing: tuple[int, _Pooled] | None = None
         """The thread inside a write transaction, and that transaction's connection."""
+        self._group = GroupCommit(self.tx, lambda: self._own() is not None)
         self.fence: Callable[[Connection], None] | None = None
         """Run first in every write transaction; raises to refuse it (see `PostgresLease`)."""
         self._closing = threading.Event()
@@ -175,6 +179,11 @@ class PostgresDatabase:
                 yield Connection(db)
             finally:
                 self._writing = None
+
+    def grouped(self, work: Callable[[Connection], T]) -> T:
+        """Run `work` in a write transaction that it may share with other callers' work: one
+        commit, and so one WAL flush on the server, for all of them (`grouping.GroupCommit`)."""
+        return self._group.run(work)
 
     def create(self, schema: str) -> None:
         """Create the tables of `schema` that do not exist yet (the trajectory ledger's), as the

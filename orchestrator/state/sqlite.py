@@ -1,8 +1,8 @@
 """The embedded state store: episodes, their events, snapshots, nodes and request ids in one
 SQLite file (WAL, synchronous=FULL), by the logic of `sql.py`.
 
-What is SQLite's own: concurrent submits share one commit, and so one fsync (group commit), and
-watchers wake on every commit.
+Concurrent submits share one commit, and so one fsync (group commit, `grouping.GroupCommit`, as
+on PostgreSQL). What is SQLite's own: watchers wake on every commit.
 """
 
 from __future__ import annotations

@@ -257,12 +257,12 @@ def test_concurrent_submits_are_each_durable_on_behalf_of_their_own_caller(open_
 
 
 @pytest.mark.timeout(60)
-def test_concurrent_sqlite_submits_share_commits(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
-    database = store._database
+def test_concurrent_submits_share_commits(open_store: OpenStore) -> None:
+    store = open_store()
+    group = store._database._group  # type: ignore[attr-defined]
     commits = []
-    notify = database._on_commit
-    database._on_commit = lambda: (commits.append(1), notify())[1]
+    commit = group._commit
+    group._commit = lambda batch: (commits.append(len(batch)), commit(batch))[1]
     pool = ids.address_pool("10.9.0.0/22")
     start = threading.Barrier(24)
 
@@ -275,7 +275,8 @@ def test_concurrent_sqlite_submits_share_commits(tmp_path: Path) -> None:
             assert len({e.id for e in threads.map(submit, range(24))}) == 24
     finally:
         store.close()
-    assert len(commits) < 24, "no two submits shared a commit"
+    assert sum(commits) == 24 and len(commits) < 24, f"no two submits shared a commit: {commits}"
+    assert len(open_store().query()) == 24
 
 
 @pytest.mark.timeout(60)
