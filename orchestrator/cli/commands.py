@@ -437,6 +437,20 @@ class Commands:
         self.progress(f"context {a.name} ({a.server}) is current in {path}")
         return 0
 
+    def state(self) -> int:
+        from orchestrator.api import migrate_to_postgres
+
+        a = self.args
+        if not a.database_url:
+            raise InvalidArgument(
+                "--database-url", "is required (or $STASIS_DATABASE_URL): the database to copy into"
+            )
+        state_db = Path(a.state_dir) / "state.db"
+        copied = migrate_to_postgres(state_db, a.database_url)
+        _table([("TABLE", "ROWS"), *((table, str(rows)) for table, rows in copied.items())], self.out)
+        self.progress(f"{state_db} is in PostgreSQL now; start the orchestrator with --database-url")
+        return 0
+
     def token(self) -> int:
         from orchestrator.api import add_token
 

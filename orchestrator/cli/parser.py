@@ -70,12 +70,9 @@ def parser() -> argparse.ArgumentParser:
         help="plaintext gRPC health checking alone, for probes that cannot speak TLS; "
         "stasis.v1.Stasis is SERVING only on the leader",
     )
-    srv.add_argument("--state-dir", default=env("STASIS_STATE_DIR", "/var/lib/stasis"))
-    srv.add_argument(
-        "--database-url",
-        default=env("STASIS_DATABASE_URL", ""),
-        help="postgresql://USER:PASSWORD@HOST:PORT/DATABASE to keep episodes, events and nodes in "
-        "(default: $STASIS_DATABASE_URL, else SQLite in --state-dir); prefer the variable, as flags show in ps",
+    _state_flags(
+        srv,
+        "to keep episodes, events and nodes in (default: $STASIS_DATABASE_URL, else SQLite in --state-dir)",
     )
     srv.add_argument("--snapshot-store", default=env("STASIS_SNAPSHOT_STORE", ""))
     srv.add_argument(
@@ -228,6 +225,15 @@ def parser() -> argparse.ArgumentParser:
     tc.add_argument("--role", required=True, choices=("viewer", "trainer", "operator"))
     tc.add_argument("--tokens-file", required=True, help="the file `stasis server --tokens-file` reads")
 
+    st = sub.add_parser("state", help="the orchestrator's own state: move it from SQLite to PostgreSQL")
+    st_sub = st.add_subparsers(dest="state_command", required=True, metavar="ACTION")
+    sm = st_sub.add_parser(
+        "migrate",
+        help="copy --state-dir's SQLite state (episodes, events, snapshots, nodes, images, logs, request ids, "
+        "the trajectory ledger) into a PostgreSQL database no orchestrator has used; stop the orchestrator first",
+    )
+    _state_flags(sm, "to copy into (default: $STASIS_DATABASE_URL)")
+
     cf = sub.add_parser("config", help="the client config's contexts, as kubectl config")
     cf_sub = cf.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     sc = cf_sub.add_parser("set-context", help="add or replace a context and make it current")
@@ -238,10 +244,20 @@ def parser() -> argparse.ArgumentParser:
     sc.add_argument("--token-file", default="", help="a file holding the bearer token")
     # As with kubectl, where to connect may also follow the command (`kubectl stasis get -n NS`).
     for name, command in sub.choices.items():
-        if name not in ("up", "server"):
+        if name not in ("up", "server", "state"):
             for leaf in _leaves(command):
                 _connection_flags(leaf, defaults=False)
     return p
+
+
+def _state_flags(p: argparse.ArgumentParser, database: str) -> None:
+    """Where an orchestrator keeps its state: --state-dir, and --database-url for PostgreSQL."""
+    p.add_argument("--state-dir", default=os.environ.get("STASIS_STATE_DIR", "/var/lib/stasis"))
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("STASIS_DATABASE_URL", ""),
+        help=f"postgresql://USER:PASSWORD@HOST:PORT/DATABASE {database}; prefer the variable, as flags show in ps",
+    )
 
 
 def _connection_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:

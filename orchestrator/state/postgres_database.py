@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -59,6 +59,16 @@ class Connection:
 
     def execute(self, statement: str, args: Sequence[object] | None = None) -> psycopg.Cursor[DictRow]:
         return self._db.execute(statement.replace("?", "%s"), args)
+
+    def copy(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> int:
+        """Load `rows` into `table` with COPY, the quickest way in; how many there were. Values
+        of identity columns are taken as given."""
+        count = 0
+        with self._db.cursor().copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+                count += 1
+        return count
 
 
 def where(url: str) -> str:

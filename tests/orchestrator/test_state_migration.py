@@ -1,0 +1,127 @@
+"""`stasis state migrate`: an orchestrator's SQLite state copied whole into PostgreSQL, or not at
+all, and read back there exactly as the embedded store and ledger held it."""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from orchestrator.api import migrate_to_postgres
+from orchestrator.cli import main
+from orchestrator.domain import (
+    EpisodeSpec,
+    EpisodeState,
+    FailedPrecondition,
+    ImageRecord,
+    NodeRecord,
+    NodeState,
+)
+from orchestrator.gateway import Ledger, Verification
+from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore
+from tests.orchestrator.test_ledger import BYTES, _chat, _record
+from tests.orchestrator.test_state_store import POOL, SPEC, _snapshot
+from tests.postgres import PostgresServer
+
+
+def _fill(state_db: Path) -> None:
+    """A state file with a little of everything an orchestrator keeps."""
+    store = SqliteStateStore(state_db)
+    first = store.submit(SPEC, "trainer-1", POOL)
+    second = store.submit(EpisodeSpec(image="base", command=("true",), labels={"team": "b"}), "", POOL)
+    store.transition(first.id, EpisodeState.RUNNING, "started", node="node-1", run_started_at=100.0)
+    store.update(first.id, decision="pinned by hand", pinned_node="node-1", reward=0.5, log_offsets=(0, 7))
+    store.add_snapshot(_snapshot(first.id, 1), snapshots=1)
+    store.transition(second.id, EpisodeState.CANCELLED, "by hand")
+    store.upsert_node(
+        NodeRecord(
+            "node-1", "10.0.0.1:7000", NodeState.READY, "runc", 4, 1024, {"sha256:aa": ["base"]}, {}, 1.0
+        )
+    )
+    store.put_image(ImageRecord("tool", "r@sha256:aa", "sha256:bb", 10, "/src", 1.0))
+    store.put_log(first.id, 4096, b"log\x00\xff")
+    store.remember_request("op-1", "CancelEpisode", {"id": second.id}, second.id)
+    store.close()
+    ledger = Ledger.sqlite(state_db)
+    _record(ledger, _chat("hi"), "hello", episode_id=first.id)
+    _record(ledger, _chat("hi", "hello", "more"), "done", episode_id=first.id)
+    ledger.record_verification(first.id, Verification(0.75, 3, False, BYTES, 812.25))
+    ledger.close()
+
+
+def _state(store: StateStore, ledger: Ledger) -> dict[str, object]:
+    episodes = store.query()
+    return {
+        "episodes": episodes,
+        "events": store.events(0, limit=1000),
+        "snapshots": [store.snapshots(e.id) for e in episodes],
+        "nodes": store.nodes(),
+        "images": store.images(),
+        "logs": [store.log(e.id) for e in episodes],
+        "request": store.known_request("op-1", "CancelEpisode", {"id": episodes[1].id}),
+        "turns": [ledger.turns(e.id) for e in episodes],
+        "verifications": [ledger.verification(e.id) for e in episodes],
+    }
+
+
+@pytest.mark.timeout(60)
+def test_the_whole_state_moves_to_postgresql_and_carries_on_there(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    _fill(tmp_path / "state.db")
+    sqlite_store, sqlite_ledger = (
+        SqliteStateStore(tmp_path / "state.db"),
+        Ledger.sqlite(tmp_path / "state.db"),
+    )
+    before = _state(sqlite_store, sqlite_ledger)
+    sqlite_store.close()
+    sqlite_ledger.close()
+
+    url = postgres.database()
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["state", "migrate", "--state-dir", str(tmp_path), "--database-url", url], out, err) == 0, (
+        err.getvalue()
+    )
+    rows = dict(line.split() for line in out.getvalue().splitlines()[1:])
+    assert rows["episodes"] == "2" and rows["turns"] == "2" and rows["verifications"] == "1"
+    assert int(rows["events"]) == len(before["events"])  # type: ignore[arg-type]
+
+    store = PostgresStateStore(url)
+    try:
+        ledger = Ledger.postgres(store.database)
+        assert _state(store, ledger) == before
+        assert store.submit(SPEC, "trainer-1", POOL).id == before["episodes"][0].id  # type: ignore[index]
+        # New rows follow the copied ones: events keep their order, turns their ids.
+        later = store.submit(SPEC, "trainer-2", POOL)
+        assert store.events(0, [later.id])[0].seq > before["events"][-1].seq  # type: ignore[index]
+        episode = before["episodes"][0].id  # type: ignore[index]
+        turn = _record(ledger, _chat("again"), "yes", episode_id=episode)
+        assert turn.id > max(t.id for t in before["turns"][0])  # type: ignore[index]
+    finally:
+        store.close()
+
+    with pytest.raises(FailedPrecondition, match="already holds episodes"):
+        migrate_to_postgres(tmp_path / "state.db", url)
+    store = PostgresStateStore(url)
+    assert len(store.query()) == 3, "a refused migration wrote nothing"
+    store.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_text_postgresql_cannot_hold_or_a_missing_file_moves_nothing(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    url = postgres.database()
+    with pytest.raises(FailedPrecondition, match="there is no state file"):
+        migrate_to_postgres(tmp_path / "state.db", url)
+
+    _fill(tmp_path / "state.db")
+    with sqlite3.connect(tmp_path / "state.db") as db:  # as an older Stasis could have stored
+        db.execute("UPDATE nodes SET address = ?", ("node\x00-1",))
+    with pytest.raises(FailedPrecondition, match=r"nodes\.address of the row name='node-1' holds a NUL"):
+        migrate_to_postgres(tmp_path / "state.db", url)
+    store = PostgresStateStore(url)
+    assert store.query() == [] and store.nodes() == [], "the episodes copied first were kept"
+    store.close()
