@@ -20,8 +20,9 @@ once sized, as a Stasis node deletes its staging once stored). What each system 
 - docker: `docker checkpoint create` and `docker start --checkpoint` on a dockerd in experimental
   mode, restored into the same container (Docker's own flow; nothing is moved).
 
-Figures per entry: frozen_ms (from the start of the freeze to the kill), node_free_ms (until
-the processes are gone), durable_ms (until the snapshot is committed, or for CRIU and Docker
+Figures per entry: frozen_ms (from the start of the freeze to the kill, as CRIU measures it in
+its stats-dump; Docker: the whole `docker checkpoint create`), node_free_ms (until the processes
+are gone and the runtime has returned), durable_ms (until the snapshot is committed, or for CRIU and Docker
 its images fsynced), restored_running_ms (until the restored process runs), resident_ms (until
 every page is local: for raw CRIU and Docker the same, as they restore eagerly), stored_bytes
 (the first snapshot), new_bytes_2nd and new_bytes_3rd (what the later ones add).
@@ -59,7 +60,7 @@ from typing import Any
 from control_plane import submit_throughput
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's own Docker Engine
-from sandbox_agent import AgentSettings, Node, Phase, PhaseHooks, Resources, SandboxSpec
+from sandbox_agent import AgentSettings, Node, Phase, PhaseHooks, Resources, SandboxSpec, criu_stats
 from sandbox_agent.node import SnapshotTarget
 from tests.dockerd import engine as docker_engine
 
@@ -199,6 +200,8 @@ def run_criu(size: int, memory: str, work: Path) -> dict[str, Any]:
     _settle()
     started = time.perf_counter()
     third, dump_ms = dump("s3")
+    # As for Stasis, CRIU's own measure of the freeze (its work dir is the images dir here).
+    frozen_ms = criu_stats.frozen_ms(third) or dump_ms
     _fsync_tree(third)
     durable_ms = _ms(started)
     proc.wait()
@@ -207,7 +210,7 @@ def run_criu(size: int, memory: str, work: Path) -> dict[str, Any]:
     restored_ms = _ms(started)
     os.kill(proc.pid, signal.SIGKILL)
     return _entry(
-        "criu", size, memory, frozen_ms=dump_ms, node_free_ms=dump_ms, durable_ms=durable_ms,
+        "criu", size, memory, frozen_ms=frozen_ms, node_free_ms=dump_ms, durable_ms=durable_ms,
         restored_running_ms=restored_ms, resident_ms=restored_ms, stored_bytes=sizes[0],
         new_bytes_2nd=sizes[1], new_bytes_3rd=_du(third),
     )  # fmt: skip
@@ -253,7 +256,7 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
     eager.delete(sid)
     return _entry(
         "stasis", size, memory,
-        # Conservative: from the node's freeze until `runc checkpoint` returns, not until CRIU killed the tasks.
+        # CRIU's own measure, from its freeze until it killed the tasks; the node is free once runc returns.
         frozen_ms=t["frozen_ms"], node_free_ms=t["node_free_ms"],
         durable_ms=t["durable_ms"], restored_running_ms=restored_ms, resident_ms=resident_ms,
         eager_restored_running_ms=eager_ms, lazy_fetch_ms=phases.get("fetch_ms", 0.0),

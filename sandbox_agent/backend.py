@@ -130,10 +130,12 @@ class Backend(Protocol):
     def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         """CRIU-dump the frozen sandbox into images_dir and leave it frozen."""
 
-    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> float | None:
         """Freeze the running sandbox, CRIU-dump it into images_dir and kill it, so that none of
         its code runs after the dump; return once its processes are gone and their memory is
-        free. If this fails, the sandbox runs on, as it was."""
+        free. If this fails, the sandbox runs on, as it was. Returns how long its tasks were
+        frozen, in ms, where CRIU froze them itself (only it knows); None if the call was frozen
+        throughout."""
 
     lazy_restore: bool
     """Whether `restore` takes a `lazy.Transfer`, to resume before the memory is all here."""

@@ -253,7 +253,7 @@ class DockerBackend:
             return SandboxState.RUNNING, int(state.get("Pid", 0))
         return SandboxState.EXITED, 0
 
-    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> float | None:
         self.freeze(record, layout)
         try:
             self.dump(record, layout, images_dir)
@@ -261,6 +261,7 @@ class DockerBackend:
             self.thaw(record, layout)
             raise
         self.stop(record, layout)
+        return None
 
     def stop(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self.kill(record, layout, signals.SIGKILL)

@@ -474,13 +474,15 @@ class Node:
                     layout.stopped.write_text(str(images))
                     try:
                         with timeline.phase(Phase.DUMP):
-                            self.backend.dump_and_stop(record, layout, images)
+                            frozen_ms = self.backend.dump_and_stop(record, layout, images)
                     except BaseException:
                         layout.stopped.unlink(missing_ok=True)  # it runs on, as it was
                         raise
                     stopped = True
-                    timeline.record(Phase.FROZEN, began)
-                    timeline.record(Phase.NODE_FREE, began)
+                    free_ms = (time.monotonic() - began) * 1000
+                    # Frozen for part of the dump, where CRIU says how long; else for all of it.
+                    timeline.measured(Phase.FROZEN, free_ms if frozen_ms is None else min(frozen_ms, free_ms))
+                    timeline.measured(Phase.NODE_FREE, free_ms)
                 with timeline.phase(Phase.LAYER):
                     upper = self.backend.upper_dir(record, layout)
                     layer_bytes = overlay.export_layer(upper, staging / ckpt.LAYER)

@@ -83,7 +83,11 @@ class Timeline:
 
     def record(self, phase: Phase, started: float, ended: float | None = None) -> float:
         """Record a phase or span that began at `started` (time.monotonic) and ends now or at `ended`."""
-        ms = round(((time.monotonic() if ended is None else ended) - started) * 1000, 1)
+        return self.measured(phase, ((time.monotonic() if ended is None else ended) - started) * 1000)
+
+    def measured(self, phase: Phase, ms: float) -> float:
+        """Record a phase or span that lasted `ms`, as measured here or elsewhere (CRIU's own clock)."""
+        ms = round(ms, 1)
         self._ms[phase.key] = ms
         if self.hooks.after is not None:
             self.hooks.after(phase, self.sandbox_id, ms)

@@ -10,7 +10,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import _command, freezer, idmap, lazy, network, overlay, seccomp
+from sandbox_agent import _command, criu_stats, freezer, idmap, lazy, network, overlay, seccomp
 from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import CommandFailed, FailedPrecondition
@@ -225,23 +225,28 @@ class RuncBackend:
         # On a paused container CRIU leaves the freezer as it found it: still frozen.
         self._checkpoint(record, layout, images_dir, "--leave-running")
 
-    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
-        # Frozen first: CRIU's own freeze checks the freezer only every 100 ms. CRIU kills the
-        # tasks once their images are written, and runc deletes the container; if the dump
-        # fails, CRIU leaves the tree as it found it, frozen, and it is thawed here.
-        self.freeze(record, layout)
+    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> float | None:
+        # CRIU freezes the sandbox's cgroup itself, once runc and CRIU have started, so the
+        # freeze is theirs alone (our CRIU looks at the freezer again after 200 us, not 100 ms:
+        # scripts/criu-patches/freeze-poll.patch). It kills the tasks once their images are
+        # written, and runc deletes the container. If the dump fails, CRIU thaws the tasks; the
+        # thaw here only makes sure.
         try:
-            self._checkpoint(record, layout, images_dir)
+            work = self._checkpoint(record, layout, images_dir)
         except BaseException:
             with suppress(OSError, FailedPrecondition):
                 self.thaw(record, layout)
             raise
+        return criu_stats.frozen_ms(work)
 
     def _checkpoint(
         self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path, *extra: str
-    ) -> None:
+    ) -> Path:
+        """Dump with `runc checkpoint`; return CRIU's work directory, where its log and its
+        stats of this dump are."""
         work = layout.criu_work / "dump"
         work.mkdir(parents=True, exist_ok=True)
+        (work / criu_stats.STATS_DUMP).unlink(missing_ok=True)  # an earlier dump's
         try:
             self._runc(
                 "checkpoint", *extra, "--tcp-established", "--file-locks",
@@ -251,6 +256,7 @@ class RuncBackend:
             raise exc.with_log(
                 f"CRIU dump of sandbox {record.id} failed", _log_tail(work / "dump.log")
             ) from exc
+        return work
 
     lazy_restore = True
     """Restores may take their memory lazily (`lazy.Transfer`)."""

@@ -93,9 +93,11 @@ def test_memory_survives_move_to_another_node(
         checkpoint = a.checkpoint("mem", tmp_path / "ck", leave_running=False)
         assert checkpoint.sizes.criu_bytes > 64 << 20
         timings = checkpoint.timings_ms
-        assert (
-            timings["durable_ms"] >= timings["node_free_ms"] >= timings["frozen_ms"] >= timings["dump_ms"] > 0
-        )
+        assert timings["durable_ms"] >= timings["node_free_ms"] >= timings["dump_ms"] > 0
+        if backend == "runc":  # CRIU froze the tasks itself, once runc had started, and says how long
+            assert 0 < timings["frozen_ms"] < timings["dump_ms"], timings
+        else:
+            assert timings["frozen_ms"] >= timings["dump_ms"], timings
         assert a.list() == []
         remove_node_dirs(a)
         restored = b.restore("mem-restored", tmp_path / "ck")
