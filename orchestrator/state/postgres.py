@@ -12,9 +12,8 @@ server must be reachable, else calls fail with TemporaryError.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from orchestrator.domain import Episode
 from orchestrator.state.postgres_database import EVENTS_CHANNEL, PostgresDatabase, PostgresLease
 from orchestrator.state.postgres_schema import SCHEMA
 from orchestrator.state.sql import Connection, SqlStateStore
@@ -41,7 +40,7 @@ class PostgresStateStore(SqlStateStore):
 
     def __init__(self, url: str) -> None:
         self._database = PostgresDatabase(url, SCHEMA)
-        super().__init__(self._database.tx, self._database.read)
+        super().__init__(self._database.tx, self._database.read, self._database.grouped)
         self.where = self._database.where
         """The database's URL without its password."""
         self._lease: PostgresLease | None = None
@@ -65,11 +64,6 @@ class PostgresStateStore(SqlStateStore):
         if self._lease is not None:
             self._lease.release()
         self._database.close()
-
-    def _submitted(self, insert: Callable[[Connection], list[Episode]]) -> list[Episode]:
-        """Run a submit's `insert` in a write transaction that concurrent submits share (group
-        commit); each is a savepoint of its own."""
-        return self._database.grouped(insert)
 
     def _one_of(self, column: str, values: Sequence[object]) -> tuple[str, list[object]]:
         """One array argument, however many values: the statement's text stays the same."""

@@ -53,6 +53,7 @@ class Connection(Protocol):
 
 OpenConnection = Callable[[], AbstractContextManager[Connection]]
 """Lends a connection for a `with` block: a write transaction's, or one to read on."""
+Grouped = Callable[[Callable[[Any], list[Episode]]], list[Episode]]
 
 
 class SqlStateStore:
@@ -67,17 +68,15 @@ class SqlStateStore:
     REPLACE_LOG: ClassVar[str]
     """Insert a `logs` row (all columns, in order), overwriting one of the same episode."""
 
-    def __init__(self, tx: OpenConnection, read: OpenConnection) -> None:
+    def __init__(self, tx: OpenConnection, read: OpenConnection, grouped: Grouped) -> None:
         self._tx = tx
         """One write transaction; inside it, reads see its own writes."""
         self._read = read
         """A connection for reads, which see every committed transaction."""
+        self._grouped = grouped
+        """Runs a submit's insert in a write transaction that concurrent submits share, each its
+        own savepoint, and returns once it commits (group commit, `grouping.GroupCommit`)."""
         self._next_address = 0
-
-    def _submitted(self, insert: Callable[[Connection], list[Episode]]) -> list[Episode]:
-        """Run a submit's `insert` in a write transaction of its own, and return once it commits."""
-        with self._tx() as db:
-            return insert(db)
 
     def _one_of(self, column: str, values: Sequence[object]) -> tuple[str, list[object]]:
         """A condition that `column` is one of `values`, and its arguments."""
@@ -121,7 +120,7 @@ class SqlStateStore:
         def insert(db: Connection) -> list[Episode]:
             return [self._insert(db, spec, spec_json, rid, address_pool) for spec, spec_json, rid in encoded]
 
-        return self._submitted(insert)
+        return self._grouped(insert)
 
     def _insert(
         self, db: Connection, spec: EpisodeSpec, spec_json: str, request_id: str,

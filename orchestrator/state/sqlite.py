@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.domain import Episode
@@ -31,7 +30,7 @@ class SqliteStateStore(SqlStateStore):
     def __init__(self, path: Path) -> None:
         self.path = path
         self._database = Database(path, SCHEMA, on_commit=lambda: self._changed.notify_all())
-        super().__init__(self._database.tx, self._database.read)
+        super().__init__(self._database.tx, self._database.read, self._database.grouped)
         self._db = self._database.db
         self._changed = threading.Condition(self._database.lock)
         columns = {r["name"] for r in self._db.execute("PRAGMA table_info(events)")}
@@ -53,11 +52,6 @@ class SqliteStateStore(SqlStateStore):
 
     def _episode_from_row(self, row: sqlite3.Row) -> Episode:
         return records.episode_from_row(dict(zip(row.keys(), row, strict=True)))  # quicker than row[name]
-
-    def _submitted(self, insert: Callable[[sqlite3.Connection], list[Episode]]) -> list[Episode]:
-        """Run a submit's `insert` in a write transaction that concurrent submits share (group
-        commit), so many submits cost one fsync; each is a savepoint of its own."""
-        return self._database.grouped(insert)
 
     def wait_for_events(self, since_seq: int, timeout: float) -> bool:
         """Block until an event newer than since_seq exists, the store closes, or timeout passes."""
