@@ -106,9 +106,11 @@ def make_backend(settings: AgentSettings) -> Backend:
         # and fills the sandbox's cgroups and restores CRIU into them, so CRIU leaves cgroups
         # alone (dumping them took 15 ms of each freeze). A watched file's path is found by
         # scanning: harnesses watch their home and work dirs (Claude Code watches ~/.claude with
-        # inotify), which CRIU's default scan misses.
+        # inotify), which CRIU's default scan misses. A task leaving CRIU's parasite or restorer
+        # code is stopped by tracing its syscalls: a hardware breakpoint cost some 10 ms of every
+        # freeze on the VMs measured (scripts/criu-patches/breakpoints-option.patch).
         scans = "".join(f"irmap-scan-path {p}\n" for p in IRMAP_SCAN_PATHS)
-        conf.write_text("tcp-close\nnetwork-lock skip\nmanage-cgroups=ignore\n" + scans)
+        conf.write_text("tcp-close\nnetwork-lock skip\nmanage-cgroups=ignore\nno-breakpoints\n" + scans)
         return RuncBackend(settings.node, settings.root / "runc", conf, criu=settings.criu)
     if settings.backend == "docker":
         from sandbox_agent.docker_backend import DockerBackend
