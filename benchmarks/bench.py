@@ -484,6 +484,8 @@ def main() -> None:
     )
     b = Node(AgentSettings(node="bench-b", root=work / "b", snapshot_store=store))
     c = Node(AgentSettings(node="bench-c", root=work / "c", snapshot_store=store, lazy_restore=False))
+    for node in (a, b, c):
+        node.warm()  # as the agent does when it starts
     results: list[dict[str, Any]] = []
     report: dict[str, Any] = {"machine": machine(), "results": results}
     try:
@@ -519,6 +521,7 @@ def main() -> None:
     finally:
         for node in (a, b, c):
             node.delete_all()
+            node.close()
         shutil.rmtree(work, ignore_errors=True)
     _write(args.out, report)
     plot(results, args.out / "results.png")

@@ -73,7 +73,9 @@ def preempt_resume(root: Path, cycles: int) -> list[tuple[float, float, float, f
     finally:
         stack.stop()
         for node_root in sorted((stack.state_dir / "nodes").glob("*")):
-            Node(AgentSettings(node=node_root.name, root=node_root, base_image_tar=None)).delete_all()
+            node = Node(AgentSettings(node=node_root.name, root=node_root, base_image_tar=None))
+            node.delete_all()
+            node.close()
     return rows
 
 

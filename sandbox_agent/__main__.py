@@ -47,6 +47,12 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         help="where sandboxes' root filesystems are mounted; every directory on the way searchable",
     )
     p.add_argument(
+        "--memory-dir",
+        type=_path,
+        default=_path(env("STASIS_MEMORY_DIR", "/dev/shm")),
+        help="a tmpfs where lazy restores stage the snapshot's small files (empty: on disk)",
+    )
+    p.add_argument(
         "--userns-base",
         type=int,
         default=int(env("STASIS_USERNS_BASE", "100000")),
@@ -151,6 +157,7 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         criu=a.criu,
         lazy_restore=not a.eager_restore,
         run_dir=a.run_dir,
+        memory_dir=a.memory_dir,
         userns_base=a.userns_base,
         allowed_ports=tuple(dict.fromkeys([*a.allow_port, *([a.gateway_port] if a.gateway_forward else [])])),
         slots=a.slots,
@@ -191,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         if settings.join is not None:
             settings = replace(settings, tls=joined(settings.node, settings.root, settings.join))
         node = Node(settings)
+        node.warm()
         server, port = serve(node, settings.listen, settings.tls)
     except AgentError as exc:
         sys.exit(f"stasis-agent: {exc}")

@@ -140,6 +140,12 @@ class Backend(Protocol):
     lazy_restore: bool
     """Whether `restore` takes a `lazy.Transfer`, to resume before the memory is all here."""
 
+    def warm(self) -> None:
+        """Make ahead, in the background, what the first sandboxes will need."""
+
+    def close(self) -> None:
+        """Stop that background work and remove what it made; sandboxes are left as they are."""
+
     def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         """What a restore needs before the checkpoint's files are here; it runs while they are
         fetched."""

@@ -89,6 +89,12 @@ class DockerBackend:
     lazy_restore = False
     """Docker restores from a checkpoint it has whole."""
 
+    def warm(self) -> None:
+        pass  # Docker makes each container's layer itself
+
+    def close(self) -> None:
+        self.client.close()
+
     def __init__(self, node: str, url: str) -> None:
         self.node = node
         self.client = _client(url)

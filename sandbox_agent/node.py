@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal as signals
+import stat
 import tarfile
 import tempfile
 import threading
@@ -33,9 +34,10 @@ from sandbox_agent.errors import (
     NotFound,
 )
 from sandbox_agent.images import Image, ImageCache
+from sandbox_agent.layer_disks import LayerDisks
 from sandbox_agent.phases import Phase, PhaseHooks, Timeline
 from sandbox_agent.runc import RuncBackend
-from sandbox_agent.settings import AgentSettings
+from sandbox_agent.settings import MEMORY_STAGING_MAX_BYTES, AgentSettings
 from sandbox_agent.spec import (
     SandboxRecord,
     SandboxSpec,
@@ -45,6 +47,7 @@ from sandbox_agent.spec import (
     validate_id,
 )
 from snapshots import (
+    EntryKind,
     Manifest,
     SnapshotCorrupt,
     SnapshotMeta,
@@ -57,6 +60,24 @@ from snapshots import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def _private_dir(base: Path | None, name: str) -> Path | None:
+    """<base>/<name>, made if missing, when it is a directory only this process's user may enter
+    (base may be a world-writable tmpfs such as /dev/shm); else None, with a warning."""
+    if base is None:
+        return None
+    path = base / name
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as exc:
+        log.warning("not staging restores in %s: %s", path, exc)
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        log.warning("not staging restores in %s: not a directory of this user's alone", path)
+        return None
+    return path
 
 
 def _ms(seconds: float) -> float:
@@ -111,7 +132,8 @@ def make_backend(settings: AgentSettings) -> Backend:
         # freeze on the VMs measured (scripts/criu-patches/breakpoints-option.patch).
         scans = "".join(f"irmap-scan-path {p}\n" for p in IRMAP_SCAN_PATHS)
         conf.write_text("tcp-close\nnetwork-lock skip\nmanage-cgroups=ignore\nno-breakpoints\n" + scans)
-        return RuncBackend(settings.node, settings.root / "runc", conf, criu=settings.criu)
+        disks = LayerDisks(settings.root / "layer-disks")
+        return RuncBackend(settings.node, settings.root / "runc", conf, disks, criu=settings.criu)
     if settings.backend == "docker":
         from sandbox_agent.docker_backend import DockerBackend
 
@@ -180,6 +202,7 @@ class Node:
         whole, so it fails outright, as the control plane expects of a damaged snapshot."""
         self._staging = settings.root / "staging"
         self._staging.mkdir(exist_ok=True)
+        self._memory_staging = _private_dir(settings.memory_dir, f"stasis-{self.name}")
         self._lock = threading.Lock()
         self._busy: set[str] = set()
         network.prepare_node(self.name, settings.allowed_ports)
@@ -187,8 +210,9 @@ class Node:
         self._recover()
         # Whatever a crash left half-written here is garbage now (recovery took what it needed);
         # committed checkpoints live elsewhere.
-        for leftover in self._staging.iterdir():
-            shutil.rmtree(leftover, ignore_errors=True)
+        for staging in (self._staging, self._memory_staging):
+            for leftover in staging.iterdir() if staging is not None else ():
+                shutil.rmtree(leftover, ignore_errors=True)
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -565,9 +589,11 @@ class Node:
         validate_id("sandbox_id", sandbox_id)
         if self._layout(sandbox_id).dir.exists():
             raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
-        staging = self._staging / f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
+        name = f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
+        staging = self._staging / name
         timeline = Timeline(sandbox_id, self.hooks)
         lazily = self._lazy and snapshot_id not in self._eager_next
+        leave_out: Callable[[str], object] = _PAGES.fullmatch if lazily else lambda path: False
         reader = store.reader(snapshot_id)
 
         def images(name: str) -> StoredFile:
@@ -576,12 +602,14 @@ class Node:
         head: Future[ckpt.Checkpoint] = Future()
 
         def fetch() -> dict[int, lazy.Memory] | None:
+            nonlocal staging
             try:
                 with timeline.phase(Phase.FETCH):
                     metadata = reader.open(ckpt.METADATA)
                     raw = metadata.read(0, metadata.size)
                     head.set_result(ckpt.parse(raw, f"{snapshot_id}:{ckpt.METADATA}"))
-                    reader.fetch(staging, leave_out=_PAGES.fullmatch if lazily else lambda path: False)
+                    staging = self._staging_for(reader.manifest, leave_out) / name
+                    reader.fetch(staging, leave_out=leave_out)
                     return lazy.prepare(staging / ckpt.CRIU_DIR, images) if lazily else None
             except BaseException as exc:
                 if not head.done():
@@ -630,6 +658,16 @@ class Node:
         waiting.start()
         return status
 
+    def _staging_for(self, manifest: Manifest, leave_out: Callable[[str], object]) -> Path:
+        """Where a restore puts the snapshot's files that it fetches: in memory if they are few
+        (`AgentSettings.memory_dir`), else on disk."""
+        if self._memory_staging is None:
+            return self._staging
+        size = sum(e.size for e in manifest.entries if e.kind is EntryKind.FILE and not leave_out(e.path))
+        if size > MEMORY_STAGING_MAX_BYTES or 2 * size > shutil.disk_usage(self._memory_staging).free:
+            return self._staging
+        return self._memory_staging
+
     def _memory_arrives(
         self,
         sandbox_id: str,
@@ -672,6 +710,10 @@ class Node:
         self.backend.kill(record, layout, signals.SIGKILL)
         self._teardown(record, layout)
 
+    def warm(self) -> None:
+        """Make ahead, in the background, what the first sandboxes will need (`Backend.warm`)."""
+        self.backend.warm()
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Before the agent exits: wait up to `timeout_s` for memory still arriving, then remove
         each sandbox that still lacks some. Its pages would read as zeros without this agent."""
@@ -685,6 +727,10 @@ class Node:
                 log.warning("node %s removes sandbox %s: its memory is still arriving", self.name, sandbox_id)
                 with suppress(NotFound):
                     self._remove_now(self._record(sandbox_id), self._layout(sandbox_id))
+        self.backend.close()
+        if self._memory_staging is not None:
+            with suppress(OSError):  # still holds a restore's files
+                self._memory_staging.rmdir()
 
     def _stop_quietly(self, sandbox_id: str) -> None:
         """Kill a sandbox's processes at once, whatever it is busy with (a lazy restore's fault)."""

@@ -15,7 +15,8 @@ from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrappe
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import CommandFailed, FailedPrecondition
 from sandbox_agent.images import Image
-from sandbox_agent.spec import SandboxRecord, SandboxState
+from sandbox_agent.layer_disks import LayerDisks
+from sandbox_agent.spec import Resources, SandboxRecord, SandboxState
 
 CGROUP_ROOT = freezer.CGROUP_ROOT
 CGROUP_PARENT = "stasis"
@@ -50,11 +51,15 @@ class RuncBackend:
     wants_netns = True
     """The node makes the sandbox's network namespace; runc joins it by path."""
 
-    def __init__(self, node: str, state_root: Path, criu_restore_config: Path, criu: str = "criu") -> None:
+    def __init__(
+        self, node: str, state_root: Path, criu_restore_config: Path, disks: LayerDisks, criu: str = "criu"
+    ) -> None:
         self.node = node
         self.state_root = state_root
         """runc's own state dir; one per node keeps two agents on one host apart."""
         self.criu_restore_config = criu_restore_config
+        self.disks = disks
+        """Spare layer filesystems, in a dir on the filesystem of the sandboxes' dirs."""
         self.criu = criu
         state_root.mkdir(parents=True, exist_ok=True)
         self._idmaps: dict[int, idmap.IdMap] = {}
@@ -132,10 +137,11 @@ class RuncBackend:
             },
         }
 
-    @staticmethod
-    def _layer_disk(record: SandboxRecord, layout: SandboxLayout) -> None:
-        res = record.spec.resources
-        overlay.mount_layer_disk(layout.layer_image, layout.layer, res.disk_mb, res.inodes)
+    def _layer_disk(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        if not overlay.is_mounted(layout.layer):
+            res = record.spec.resources
+            self.disks.place(layout.layer_image, (res.disk_mb, res.inodes))
+        overlay.mount_layer_disk(layout.layer_image, layout.layer)
 
     def _mount_root(self, record: SandboxRecord, layout: SandboxLayout, image: Image) -> None:
         """The sandbox's root: its layer over its image, as its own ids see them."""
@@ -260,6 +266,13 @@ class RuncBackend:
 
     lazy_restore = True
     """Restores may take their memory lazily (`lazy.Transfer`)."""
+
+    def warm(self) -> None:
+        default = Resources()
+        self.disks.warm((default.disk_mb, default.inodes))
+
+    def close(self) -> None:
+        self.disks.close()
 
     def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self._layer_disk(record, layout)

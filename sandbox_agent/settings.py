@@ -9,6 +9,10 @@ from protos.tls import TlsFiles
 
 DEFAULT_BASE_IMAGE_TAR = Path("/var/cache/stasis/images/base/rootfs.tar")
 
+MEMORY_STAGING_MAX_BYTES = 64 << 20
+"""The most a restore stages in `AgentSettings.memory_dir`: its CRIU images but for the pages, and
+its layer, are usually well under a MiB; a large layer goes to disk, not into the node's memory."""
+
 
 @dataclass(frozen=True)
 class JoinSettings:
@@ -39,6 +43,12 @@ class AgentSettings:
     run_dir: Path = Path("/run/stasis")
     """Where sandboxes' root filesystems are mounted (under <run_dir>/<node>): every directory on
     the way must be searchable by others, since a sandbox's ids are unprivileged on the host."""
+    memory_dir: Path | None = Path("/dev/shm")
+    """A tmpfs where a lazy restore stages the snapshot's files other than its memory pages (which
+    stay in the store), when they fit in `MEMORY_STAGING_MAX_BYTES` and in half its free space:
+    on a disk busy writing back a checkpoint, creating those ~30 small files cost 10-15 ms of the
+    restore. The node uses <memory_dir>/stasis-<node>, a dir only its user may enter. None stages
+    on <root>/staging, as eager restores and larger files always do."""
     userns_base: int = 100_000
     """The host uid and gid of a sandbox's root: its ids 0..65535 are host ids from here on, on
     every node alike (a snapshot carries the map). 0 runs sandboxes without a user namespace, as

@@ -163,6 +163,20 @@ def test_agents_restore_lazily_unless_told_not_to(chart: Chart, reference_instal
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_agents_stage_restores_in_a_memory_volume_of_the_size_asked(chart: Chart) -> None:
+    install = chart.render("reference-model-values.yaml", sets={"agent.restoreStagingMemory": "1Gi"})
+    daemonset = find(install, "DaemonSet", AGENT)
+    agent = container(daemonset, "agent")
+    staging = _agent_settings(agent).memory_dir
+    assert staging is not None
+    assert by_name(agent["volumeMounts"])["restore-staging"]["mountPath"] == str(staging)
+    assert by_name(pod_spec(daemonset)["volumes"])["restore-staging"]["emptyDir"] == {
+        "medium": "Memory",
+        "sizeLimit": "1Gi",
+    }
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_orchestrator_is_a_single_recreated_writer(reference_install: list[Manifest]) -> None:
     deployment = find(reference_install, "Deployment", FULLNAME)
     assert deployment["spec"]["replicas"] == 1

@@ -39,7 +39,9 @@ def free_port() -> int:
 def remove_node_sandboxes(root: Path) -> None:
     """Delete every sandbox a node root holds, as the node's own agent would."""
     if (root / "sandboxes").is_dir():
-        Node(AgentSettings(node=root.name, root=root, base_image_tar=None)).delete_all()
+        node = Node(AgentSettings(node=root.name, root=root, base_image_tar=None))
+        node.delete_all()
+        node.close()
 
 
 def remove_sandboxes(state_dir: Path) -> None:

@@ -53,6 +53,7 @@ def make_node(tmp_path: Path, image_cache: Path, request: pytest.FixtureRequest)
             node.delete_all()
         else:
             node.backend.remove_leftovers(set())
+        node.close()
 
 
 def wait_for_log(node: Node, sandbox_id: str, predicate: Callable[[str], object], timeout: float = 30) -> str:
@@ -69,5 +70,20 @@ def wait_for_log(node: Node, sandbox_id: str, predicate: Callable[[str], object]
     )
 
 
+def restore_staging(node: Node) -> Path:
+    """Where the node stages a lazy restore's files: its dir on the memory tmpfs, if it has one."""
+    memory = node.settings.memory_dir
+    return memory / f"stasis-{node.name}" if memory is not None else node.settings.root / "staging"
+
+
+def staged(node: Node) -> list[Path]:
+    """What the node's checkpoints and restores have staged and not yet removed."""
+    return [
+        p for d in {node.settings.root / "staging", restore_staging(node)} if d.is_dir() for p in d.iterdir()
+    ]
+
+
 def remove_node_dirs(node: Node) -> None:
+    """The node's agent stops and its dirs go, as when its machine is lost."""
+    node.close()
     shutil.rmtree(node.settings.root)

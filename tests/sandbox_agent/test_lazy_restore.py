@@ -19,16 +19,16 @@ from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.runc import RuncBackend
 from snapshots import SnapshotStore, StoredFile, StoreUnavailable
 from tests.sandbox_agent import programs
-from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
+from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, restore_staging, staged, wait_for_log
 
 MIB = 64
 
 
-def _snapshot(make_node: NodeFactory, tmp_path: Path) -> tuple[Node, str]:
+def _snapshot(make_node: NodeFactory, tmp_path: Path, **b_settings: object) -> tuple[Node, str]:
     """A MEMORY program's snapshot in a fresh store, its node gone; the node to restore on, and
     the checksum of the memory it had."""
     store = f"file://{tmp_path}/store"
-    a, b = make_node("node-a", snapshot_store=store), make_node("node-b", snapshot_store=store)
+    a, b = make_node("node-a", snapshot_store=store), make_node("node-b", snapshot_store=store, **b_settings)
     a.create("mem", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, str(MIB))))
     log = wait_for_log(a, "mem", lambda t: t.count("sha ") >= 2)
     a.checkpoint_to_store("mem", SnapshotTarget("mem-s1", "mem", 1, "manual"), leave_running=False)
@@ -82,7 +82,7 @@ def test_the_sandbox_runs_before_its_memory_arrives(make_node: NodeFactory, tmp_
     resident = _resident(b, "lazy")
     assert resident >= timings["restore_ms"] and resident <= (time.monotonic() - started) * 1000
     _intact(b, "lazy", sha)
-    assert not list((b.settings.root / "staging").iterdir()), "the images go once the memory is in"
+    assert not staged(b), "the images go once the memory is in"
     with SnapshotStore.open(f"file://{tmp_path}/store") as store:
         memory = max(e.size for e in store.manifest("mem-s1").files() if e.path.startswith("criu/pages-"))
     assert memory > MIB << 20, "the memory came from the store while the sandbox ran"
@@ -109,7 +109,7 @@ def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snaps
     except StoreUnavailable as exc:  # it failed while the restore was still finishing
         assert "injected" in str(exc)
     _gone(b, "first")
-    assert not list((b.settings.root / "staging").iterdir())
+    assert not staged(b)
 
     monkeypatch.setattr(StoredFile, "read", read)
     b.restore_from_store("second", "mem-s1")
@@ -160,9 +160,9 @@ def test_a_restore_that_fails_while_the_sandbox_is_built_leaves_nothing(
         with pytest.raises((StoreUnavailable, OSError), match="injected"):
             b.restore_from_store("first", "mem-s1")
     assert b.list() == []
-    assert not list((b.settings.root / "staging").iterdir())
+    assert not staged(b)
     assert not list((b.settings.root / "sandboxes").iterdir())
-    daemons = subprocess.run(["pgrep", "-f", f"lazy-pages --images-dir {b.settings.root}/"], check=False)
+    daemons = subprocess.run(["pgrep", "-f", f"lazy-pages --images-dir {restore_staging(b)}/"], check=False)
     assert daemons.returncode == 1, "CRIU's lazy-pages daemon was left running"
 
     b.restore_from_store("first", "mem-s1")
@@ -171,15 +171,16 @@ def test_a_restore_that_fails_while_the_sandbox_is_built_leaves_nothing(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("memory_dir", [Path("/dev/shm"), None], ids=["staged-in-memory", "staged-on-disk"])
 def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_dir: Path | None
 ) -> None:
-    b, sha = _snapshot(make_node, tmp_path)
+    b, sha = _snapshot(make_node, tmp_path, memory_dir=memory_dir)
     read = _slow_reads(monkeypatch)
     restored = b.restore_from_store("first", "mem-s1")
     assert restored.busy
     killed = subprocess.run(
-        ["pkill", "-KILL", "-f", f"lazy-pages --images-dir {b.settings.root}/staging/"], check=False
+        ["pkill", "-KILL", "-f", f"lazy-pages --images-dir {restore_staging(b)}/"], check=False
     )
     assert killed.returncode == 0, "no lazy-pages daemon was running"
     _gone(b, "first")

@@ -14,7 +14,7 @@ from sandbox_agent.node import SnapshotTarget
 from snapshots import SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
 from tests.s3server import MotoServer
 from tests.sandbox_agent import programs
-from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
+from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, staged, wait_for_log
 from tests.snapshots.conftest import damage
 
 
@@ -65,7 +65,7 @@ def test_checkpoint_through_the_store(make_node: NodeFactory, store_url: str) ->
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert b.get("ep1-r2").record.timings_ms["resident_ms"] >= restored.record.timings_ms["restore_ms"]
-    assert not list((b.settings.root / "staging").iterdir())
+    assert not staged(b)
 
 
 @pytest.mark.timeout(120)

@@ -1,0 +1,107 @@
+"""Spare layer filesystems, made with the real mkfs.ext4 in a temporary dir."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sandbox_agent.layer_disks import LayerDisks
+
+SMALL = (16, 1024)
+OTHER = (32, 2048)
+EXT4_MAGIC_AT = 0x438
+
+
+def _is_ext4(image: Path, size_mb: int) -> bool:
+    with open(image, "rb") as f:
+        f.seek(EXT4_MAGIC_AT)
+        magic = f.read(2)
+    return magic == b"\x53\xef" and image.stat().st_size == size_mb << 20
+
+
+def _spares(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.img"))
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("the spares were not made in time")
+
+
+@pytest.mark.timeout(60)
+def test_a_placed_disk_is_a_spare_made_ahead_and_the_spare_is_made_again_later(tmp_path: Path) -> None:
+    spares = tmp_path / "spares"
+    disks = LayerDisks(spares, per_size=2, quiet_s=2.0)
+    try:
+        disks.warm(SMALL)
+        _wait_for(lambda: len(_spares(spares)) == 2)
+        made = set(_spares(spares))
+        disks.place(tmp_path / "sandbox.img", SMALL)
+        assert _is_ext4(tmp_path / "sandbox.img", SMALL[0])
+        assert len(set(_spares(spares)) & made) == 1, "one spare was taken, by a rename"
+        time.sleep(0.5)
+        assert len(_spares(spares)) == 1, "no spare is made while the restore that took one goes on"
+        _wait_for(lambda: len(_spares(spares)) == 2)
+        assert all(_is_ext4(p, SMALL[0]) for p in _spares(spares))
+    finally:
+        disks.close()
+    assert _spares(spares) == [], "close removes the spares"
+
+
+@pytest.mark.timeout(60)
+def test_without_a_spare_the_disk_is_made_at_once(tmp_path: Path) -> None:
+    disks = LayerDisks(tmp_path / "spares")
+    try:
+        disks.place(tmp_path / "sandbox.img", OTHER)
+        assert _is_ext4(tmp_path / "sandbox.img", OTHER[0])
+    finally:
+        disks.close()
+
+
+@pytest.mark.timeout(60)
+def test_only_the_last_sizes_asked_for_keep_spares(tmp_path: Path) -> None:
+    spares = tmp_path / "spares"
+    disks = LayerDisks(spares, per_size=1, sizes=1)
+    try:
+        disks.warm(SMALL)
+        _wait_for(lambda: [p.name.split("-")[0] for p in _spares(spares)] == ["16"])
+        disks.place(tmp_path / "sandbox.img", OTHER)  # made at once; SMALL's spare goes
+        _wait_for(lambda: [p.name.split("-")[0] for p in _spares(spares)] == ["32"])
+    finally:
+        disks.close()
+
+
+@pytest.mark.timeout(60)
+def test_what_an_earlier_agent_left_is_not_used(tmp_path: Path) -> None:
+    spares = tmp_path / "spares"
+    spares.mkdir()
+    (spares / "16-1024-left.img").write_bytes(b"not a filesystem")
+    (spares / "16-1024-cut.partial").write_bytes(b"")
+    disks = LayerDisks(spares)
+    try:
+        assert list(spares.iterdir()) == []
+        disks.place(tmp_path / "sandbox.img", SMALL)
+        assert _is_ext4(tmp_path / "sandbox.img", SMALL[0])
+    finally:
+        disks.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_spare_that_cannot_be_made_stops_the_refill_not_the_placing(tmp_path: Path) -> None:
+    spares = tmp_path / "spares"
+    disks = LayerDisks(spares)
+    try:
+        spares.rmdir()  # the node's root went away under it
+        disks.warm(SMALL)
+        time.sleep(0.5)
+        disks.place(tmp_path / "sandbox.img", SMALL)
+        assert _is_ext4(tmp_path / "sandbox.img", SMALL[0])
+    finally:
+        disks.close()
