@@ -5,7 +5,8 @@ snapshots, nodes, images, logs, request ids and the trajectory ledger's turns an
 The copy is one PostgreSQL transaction into a database that holds none of these rows yet, so it
 lands whole or not at all, and it never mixes with another orchestrator's state. The SQLite file's
 rows are only read (an older file gets the columns and tables a current orchestrator adds at
-start). Run it with the orchestrator stopped: what it writes after the copy began stays behind.
+start). It refuses to run while an orchestrator uses the state dir, and no orchestrator starts
+on it until the copy is done (`StateDirLock`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from orchestrator.domain import FailedPrecondition
 from orchestrator.gateway import Ledger
-from orchestrator.state import PostgresStateStore, SqliteStateStore
+from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock
 
 TABLES = ("episodes", "events", "snapshots", "nodes", "images", "logs", "requests", "turns", "verifications")
 """Every table the two databases share, the ledger's last."""
@@ -27,11 +28,23 @@ IDENTITIES = {"events": "seq", "turns": "id"}
 def migrate_to_postgres(state_db: Path, url: str) -> dict[str, int]:
     """Copy every row of `state_db` into the PostgreSQL database at `url`; rows copied per table.
 
-    FailedPrecondition, with nothing written, if there is no state file, if the database already
-    holds any of the rows, or if a text holds a NUL, which PostgreSQL's text cannot."""
+    FailedPrecondition, with nothing written, if there is no state file, if an orchestrator runs
+    on it, if the database already holds any of the rows, or if a text holds a NUL, which
+    PostgreSQL's text cannot."""
     if not state_db.is_file():
         raise FailedPrecondition(f"there is no state file {state_db} to migrate")
-    # Opened once as the orchestrator would: an older file gets the columns and tables it lacks.
+    owner = StateDirLock(state_db.parent, "stasis state migrate")
+    try:
+        return _copy(state_db, url)
+    finally:
+        owner.release()
+
+
+def _copy(
+    state_db: Path, url: str
+) -> dict[
+    str, int
+]:  # Opened once as the orchestrator would: an older file gets the columns and tables it lacks.
     SqliteStateStore(state_db).close()
     Ledger.sqlite(state_db).close()
     source = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True)

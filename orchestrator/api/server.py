@@ -35,7 +35,7 @@ from orchestrator.api.streams import API_WORKERS
 from orchestrator.control import AgentPool, Control, Verifier
 from orchestrator.domain import Episode, FailedPrecondition, NotFound
 from orchestrator.gateway import Gateway, Ledger, live_peer
-from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore, standing_by
+from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock, StateStore, standing_by
 from protos import pki
 from protos.admission import OPEN, Admission
 from protos.stasis.v1 import stasis_pb2 as pb
@@ -52,6 +52,16 @@ class Orchestrator:
     def __init__(self, settings: OrchestratorSettings) -> None:
         self.settings = settings
         settings.state_dir.mkdir(parents=True, exist_ok=True)
+        # The embedded store has no lease to fence a second orchestrator on the same file.
+        self._owner = None if settings.database_url else StateDirLock(settings.state_dir, "an orchestrator")
+        try:
+            self._assemble(settings)
+        except BaseException:
+            if self._owner is not None:
+                self._owner.release()
+            raise
+
+    def _assemble(self, settings: OrchestratorSettings) -> None:
         self.store = _state_store(settings)
         self.ledger = _ledger(settings, self.store)
         self.snapshots = SnapshotStore.open(settings.store_url)
@@ -227,6 +237,8 @@ class Orchestrator:
         self.ledger.close()
         self.snapshots.close()
         self.store.close()
+        if self._owner is not None:
+            self._owner.release()
 
 
 def _state_store(settings: OrchestratorSettings) -> StateStore:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.api import migrate_to_postgres
+from orchestrator.api import Orchestrator, OrchestratorSettings, migrate_to_postgres
 from orchestrator.cli import main
 from orchestrator.domain import (
     EpisodeSpec,
@@ -20,7 +20,7 @@ from orchestrator.domain import (
     NodeState,
 )
 from orchestrator.gateway import Ledger, Verification
-from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore
+from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock, StateStore
 from tests.orchestrator.test_ledger import BYTES, _chat, _record
 from tests.orchestrator.test_state_store import POOL, SPEC, _snapshot
 from tests.postgres import PostgresServer
@@ -125,3 +125,32 @@ def test_a_text_postgresql_cannot_hold_or_a_missing_file_moves_nothing(
     store = PostgresStateStore(url)
     assert store.query() == [] and store.nodes() == [], "the episodes copied first were kept"
     store.close()
+
+
+@pytest.mark.timeout(60)
+def test_nothing_moves_while_an_orchestrator_runs_on_the_state_dir(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    url = postgres.database()
+    _fill(tmp_path / "state.db")
+    running = Orchestrator(OrchestratorSettings(state_dir=tmp_path, listen="127.0.0.1:0")).start(
+        gateway=False
+    )
+    try:
+        with pytest.raises(
+            FailedPrecondition, match=rf"the state dir {tmp_path} is in use by an orchestrator \(pid "
+        ):
+            migrate_to_postgres(tmp_path / "state.db", url)
+        store = PostgresStateStore(url)
+        assert store.query() == [], "nothing was copied"
+        store.close()
+    finally:
+        running.stop()
+    assert sum(migrate_to_postgres(tmp_path / "state.db", url).values()) > 0, "once it stopped, it moves"
+    with pytest.raises(FailedPrecondition, match="in use by stasis state migrate") as refused:
+        owner = StateDirLock(tmp_path, "stasis state migrate")
+        try:
+            Orchestrator(OrchestratorSettings(state_dir=tmp_path, listen="127.0.0.1:0"))
+        finally:
+            owner.release()
+    assert "stop it first" in str(refused.value)
