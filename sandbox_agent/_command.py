@@ -67,10 +67,7 @@ def run(
         raise ToolUnavailable(f"{args[0]} is not installed or not on PATH") from exc
     except subprocess.TimeoutExpired as exc:
         raise CommandFailed(
-            argv=args,
-            returncode=-1,
-            stderr_tail=tail(exc.stderr or b""),
-            what=what or f"{args[0]} timed out after {timeout}s",
+            argv=args, returncode=-1, stderr_tail=tail(exc.stderr or b""), what=what, timeout_s=timeout
         ) from exc
     duration_ms = (time.monotonic() - started) * 1000
     stderr = tail(proc.stderr or b"")

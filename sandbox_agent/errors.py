@@ -62,16 +62,26 @@ class CommandFailed(AgentError):
     """A tool ran and refused: carries argv, exit code and the tail of its log."""
 
     def __init__(
-        self, *, argv: Sequence[str], returncode: int, stderr_tail: str, what: str = "", log_tail: str = ""
+        self,
+        *,
+        argv: Sequence[str],
+        returncode: int,
+        stderr_tail: str,
+        what: str = "",
+        log_tail: str = "",
+        timeout_s: float | None = None,
     ) -> None:
         self.argv = tuple(argv)
         self.returncode = returncode
         self.stderr_tail = stderr_tail
         self.log_tail = log_tail
+        self.timeout_s = timeout_s
+        """Set when the tool was killed for running longer than this."""
         head = what or f"{self.argv[0]} failed"
+        how = f"killed, timed out after {timeout_s:g} s" if timeout_s is not None else f"exit {returncode}"
         detail = log_tail or stderr_tail
         super().__init__(
-            f"{head} (exit {returncode}): {' '.join(self.argv[:4])}{' ...' if len(self.argv) > 4 else ''}"
+            f"{head} ({how}): {' '.join(self.argv[:4])}{' ...' if len(self.argv) > 4 else ''}"
             + (f"\n{detail}" if detail else "")
         )
 
@@ -82,4 +92,5 @@ class CommandFailed(AgentError):
             stderr_tail=self.stderr_tail,
             what=what,
             log_tail=log_tail,
+            timeout_s=self.timeout_s,
         )

@@ -26,7 +26,7 @@ class LayerDisks:
     `quiet_s` after the last one was taken and at the lowest CPU priority, so as not to slow the
     restore that took it."""
 
-    def __init__(self, directory: Path, *, per_size: int = 2, sizes: int = 2, quiet_s: float = 1.0) -> None:
+    def __init__(self, directory: Path, *, per_size: int = 2, sizes: int = 2, quiet_s: float = 0.25) -> None:
         self._dir = directory
         self._per_size = per_size
         self._sizes = sizes
@@ -38,7 +38,8 @@ class LayerDisks:
         self._worker: threading.Thread | None = None
         directory.mkdir(parents=True, exist_ok=True)
         for leftover in directory.iterdir():  # a spare made by an earlier agent is not trusted
-            leftover.unlink(missing_ok=True)
+            if leftover.is_file() and not leftover.is_symlink():
+                leftover.unlink()
 
     def warm(self, size: Size) -> None:
         """Make spares of `size` in the background, before any sandbox asks for one."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import signal as signals
 import threading
+import time
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,8 @@ from sandbox_agent.errors import CommandFailed, FailedPrecondition
 from sandbox_agent.images import Image
 from sandbox_agent.layer_disks import LayerDisks
 from sandbox_agent.spec import Resources, SandboxRecord, SandboxState
+
+log = logging.getLogger(__name__)
 
 CGROUP_ROOT = freezer.CGROUP_ROOT
 CGROUP_PARENT = "stasis"
@@ -60,6 +65,9 @@ class RuncBackend:
         self.criu_restore_config = criu_restore_config
         self.disks = disks
         """Spare layer filesystems, in a dir on the filesystem of the sandboxes' dirs."""
+        self.restore_timeout_s = 300.0
+        """How long a `runc restore` may take before it is killed and the restore fails (a CRIU
+        that hangs, on a hung store read or in the kernel, must not hold the sandbox's slot)."""
         self.criu = criu
         state_root.mkdir(parents=True, exist_ok=True)
         self._idmaps: dict[int, idmap.IdMap] = {}
@@ -74,12 +82,15 @@ class RuncBackend:
                 self._idmaps[userns_base] = idmap.IdMap(userns_base)
             return self._idmaps[userns_base]
 
-    def _runc(self, *args: str, check: bool = True, what: str = "") -> _command.Completed:
+    def _runc(
+        self, *args: str, check: bool = True, what: str = "", timeout: float = 600
+    ) -> _command.Completed:
         return _command.run(
             ["runc", "--root", str(self.state_root), "--criu", self.criu, *args],
             check=check,
             stdin=_command.DEVNULL,
             what=what or f"runc {args[0]}",
+            timeout=timeout,
         )
 
     def _cgroups_path(self, record: SandboxRecord) -> str:
@@ -330,7 +341,7 @@ class RuncBackend:
                 "restore", "--detach", "--tcp-established", "--file-locks",
                 *(["--lazy-pages"] if transfer is not None else []),
                 "--image-path", str(images_dir), "--work-path", str(work), "--pid-file", str(pid_file),
-                "--bundle", str(layout.bundle), record.id,
+                "--bundle", str(layout.bundle), record.id, timeout=self.restore_timeout_s,
             )  # fmt: skip
         except CommandFailed as exc:
             if transfer is not None:
@@ -372,9 +383,30 @@ class RuncBackend:
 
     def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self._runc("delete", "--force", record.id, check=False)
+        # What runc cannot delete when it, or the CRIU under it, hung and was killed: the tasks
+        # left in the sandbox's cgroups (a restoring CRIU among them: runc puts it there), and
+        # runc's state of the container with its mount of the root for CRIU.
+        self._kill_cgroup_tasks(record.id)
+        overlay.unmount_below(self.state_root / record.id)
+        shutil.rmtree(self.state_root / record.id, ignore_errors=True)
         overlay.unmount_below(layout.reachable)
         overlay.unmount_below(layout.mapped)
         self._remove_cgroups(record.id)
+
+    def _kill_cgroup_tasks(self, sandbox_id: str, timeout_s: float = 10.0) -> None:
+        """SIGKILL every task in the sandbox's cgroups and wait until they are gone."""
+        procs = [c / CGROUP_PARENT / self.node / sandbox_id / "cgroup.procs" for c in CGROUP_ROOT.iterdir()]
+        deadline = time.monotonic() + timeout_s
+        while pids := {int(p) for f in procs if f.is_file() for p in _read_quietly(f).split()}:
+            if time.monotonic() > deadline:
+                log.warning("tasks %s of sandbox %s outlived SIGKILL", sorted(pids), sandbox_id)
+                return
+            for pid in pids:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signals.SIGKILL)
+            with suppress(OSError, FailedPrecondition):
+                freezer.thaw(f"/{CGROUP_PARENT}/{self.node}/{sandbox_id}")  # frozen tasks die thawed
+            time.sleep(0.01)
 
     def _remove_cgroups(self, sandbox_id: str) -> None:
         for controller in CGROUP_ROOT.iterdir():
@@ -397,6 +429,13 @@ class RuncBackend:
                 self._remove_cgroups(container["id"])
                 removed.append(container["id"])
         return removed
+
+
+def _read_quietly(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # the cgroup went meanwhile
+        return ""
 
 
 def _log_tail(path: Path, lines: int = 25) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_agent import Node, SandboxSpec, lazy, overlay
+from sandbox_agent.errors import CommandFailed
 from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.runc import RuncBackend
 from snapshots import SnapshotStore, StoredFile, StoreUnavailable
@@ -168,6 +169,43 @@ def test_a_restore_that_fails_while_the_sandbox_is_built_leaves_nothing(
     b.restore_from_store("first", "mem-s1")
     _resident(b, "first")
     _intact(b, "first", sha)
+
+
+HANGING_CRIU = """#!/bin/sh
+# runc runs `criu swrk` twice for a restore: to ask its version, then to restore. The restore hangs.
+if [ "$1" = swrk ]; then
+    n=$(($(cat "$0.calls" 2>/dev/null || echo 0) + 1))
+    echo "$n" > "$0.calls"
+    [ "$n" = 2 ] && exec sleep 1000
+fi
+exec criu "$@"
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_restore_that_hangs_is_killed_and_leaves_nothing(make_node: NodeFactory, tmp_path: Path) -> None:
+    """A CRIU that never answers: runc is killed at the restore's time limit, and CRIU (which
+    runc put into the sandbox's cgroups), runc's mount of the root and the cgroups go too."""
+    criu = tmp_path / "hanging-criu"
+    criu.write_text(HANGING_CRIU)
+    criu.chmod(0o755)
+    b, sha = _snapshot(make_node, tmp_path, criu=str(criu))
+    assert isinstance(b.backend, RuncBackend)
+    b.backend.restore_timeout_s = 5
+    with pytest.raises(
+        CommandFailed, match=r"CRIU restore of sandbox hung failed \(killed, timed out after 5 s\)"
+    ):
+        b.restore_from_store("hung", "mem-s1")
+    assert (tmp_path / "hanging-criu.calls").read_text().strip() == "2", "the restore itself hung"
+    assert b.list() == [] and not staged(b)
+    assert str(b.settings.root) not in Path("/proc/self/mounts").read_text(), "no mount is left"
+    cgroups = [p for p in Path("/sys/fs/cgroup").glob(f"*/stasis/{b.name}/hung") if p.exists()]
+    assert cgroups == [], "its cgroups were removed, so nothing was left in them"
+    assert subprocess.run(["pgrep", "-f", "^sleep 1000$"], check=False).returncode == 1, "CRIU was killed"
+
+    b.restore_from_store("hung", "mem-s1")  # the snapshot and the node are as they were
+    _resident(b, "hung")
+    _intact(b, "hung", sha)
 
 
 @pytest.mark.timeout(180)
