@@ -10,7 +10,6 @@ also merged into the default client config, so the CLI finds it with no flag.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -148,9 +147,12 @@ class LocalRegistry:
         (self.root / "config.yml").write_text(json.dumps(config))  # JSON is YAML
         log_path = self.root / "registry.log"
         with open(log_path, "ab") as out:
+            # The kernel sends it SIGTERM when `stasis up` dies, however it dies. Set by setpriv
+            # before the exec, not by a preexec_fn: running Python in a forked child of a process
+            # with gRPC threads can hang it before it ever execs.
             self.process = subprocess.Popen(
-                ["docker-registry", "serve", str(self.root / "config.yml")],
-                stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                ["setpriv", "--pdeathsig", "TERM", "--", "docker-registry", "serve", str(self.root / "config.yml")],
+                stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while True:
@@ -293,11 +295,6 @@ class LocalStack:
         if self.model is not None:
             self.model.stop()
         self.registry.stop()
-
-
-def _die_with_parent() -> None:
-    """In a child before exec: the kernel sends it SIGTERM when `stasis up` dies, however it dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
