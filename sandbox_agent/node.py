@@ -589,8 +589,8 @@ class Node:
         validate_id("sandbox_id", sandbox_id)
         if self._layout(sandbox_id).dir.exists():
             raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
-        name = f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
-        staging = self._staging / name
+        staged_as = f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
+        staging = self._staging / staged_as
         timeline = Timeline(sandbox_id, self.hooks)
         lazily = self._lazy and snapshot_id not in self._eager_next
         leave_out: Callable[[str], object] = _PAGES.fullmatch if lazily else lambda path: False
@@ -608,7 +608,7 @@ class Node:
                     metadata = reader.open(ckpt.METADATA)
                     raw = metadata.read(0, metadata.size)
                     head.set_result(ckpt.parse(raw, f"{snapshot_id}:{ckpt.METADATA}"))
-                    staging = self._staging_for(reader.manifest, leave_out) / name
+                    staging = self._staging_for(reader.manifest, leave_out) / staged_as
                     reader.fetch(staging, leave_out=leave_out)
                     return lazy.prepare(staging / ckpt.CRIU_DIR, images) if lazily else None
             except BaseException as exc:

@@ -58,9 +58,7 @@ def make_layer_fs(image: Path, size_mb: int, inodes: int, *, nice: bool = False)
 
 
 def mount_layer_disk(image: Path, target: Path) -> None:
-    """Loop-mount a layer's filesystem (`make_layer_fs`) at target, unless it is mounted already."""
-    if is_mounted(target):
-        return
+    """Loop-mount a layer's filesystem (`make_layer_fs`) at target."""
     target.mkdir(parents=True, exist_ok=True)
     _command.run(["mount", "-o", "loop", str(image), str(target)], what=f"mounting {image} at {target}")
 

@@ -149,9 +149,10 @@ class RuncBackend:
         }
 
     def _layer_disk(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        if not overlay.is_mounted(layout.layer):
-            res = record.spec.resources
-            self.disks.place(layout.layer_image, (res.disk_mb, res.inodes))
+        if overlay.is_mounted(layout.layer):
+            return
+        res = record.spec.resources
+        self.disks.place(layout.layer_image, (res.disk_mb, res.inodes))
         overlay.mount_layer_disk(layout.layer_image, layout.layer)
 
     def _mount_root(self, record: SandboxRecord, layout: SandboxLayout, image: Image) -> None:
@@ -386,26 +387,27 @@ class RuncBackend:
         # What runc cannot delete when it, or the CRIU under it, hung and was killed: the tasks
         # left in the sandbox's cgroups (a restoring CRIU among them: runc puts it there), and
         # runc's state of the container with its mount of the root for CRIU.
-        self._kill_cgroup_tasks(record.id)
+        self._kill_cgroup_tasks(record)
         overlay.unmount_below(self.state_root / record.id)
         shutil.rmtree(self.state_root / record.id, ignore_errors=True)
         overlay.unmount_below(layout.reachable)
         overlay.unmount_below(layout.mapped)
         self._remove_cgroups(record.id)
 
-    def _kill_cgroup_tasks(self, sandbox_id: str, timeout_s: float = 10.0) -> None:
+    def _kill_cgroup_tasks(self, record: SandboxRecord, timeout_s: float = 10.0) -> None:
         """SIGKILL every task in the sandbox's cgroups and wait until they are gone."""
-        procs = [c / CGROUP_PARENT / self.node / sandbox_id / "cgroup.procs" for c in CGROUP_ROOT.iterdir()]
+        cgroup = self._cgroups_path(record)
+        procs = [c / cgroup.lstrip("/") / "cgroup.procs" for c in CGROUP_ROOT.iterdir()]
         deadline = time.monotonic() + timeout_s
         while pids := {int(p) for f in procs if f.is_file() for p in _read_quietly(f).split()}:
             if time.monotonic() > deadline:
-                log.warning("tasks %s of sandbox %s outlived SIGKILL", sorted(pids), sandbox_id)
+                log.warning("tasks %s of sandbox %s outlived SIGKILL", sorted(pids), record.id)
                 return
             for pid in pids:
                 with suppress(ProcessLookupError):
                     os.kill(pid, signals.SIGKILL)
             with suppress(OSError, FailedPrecondition):
-                freezer.thaw(f"/{CGROUP_PARENT}/{self.node}/{sandbox_id}")  # frozen tasks die thawed
+                freezer.thaw(cgroup)  # frozen tasks die thawed
             time.sleep(0.01)
 
     def _remove_cgroups(self, sandbox_id: str) -> None:

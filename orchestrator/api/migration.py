@@ -40,11 +40,8 @@ def migrate_to_postgres(state_db: Path, url: str) -> dict[str, int]:
         owner.release()
 
 
-def _copy(
-    state_db: Path, url: str
-) -> dict[
-    str, int
-]:  # Opened once as the orchestrator would: an older file gets the columns and tables it lacks.
+def _copy(state_db: Path, url: str) -> dict[str, int]:
+    # Opened once as the orchestrator would: an older file gets the columns and tables it lacks.
     SqliteStateStore(state_db).close()
     Ledger.sqlite(state_db).close()
     source = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True)
