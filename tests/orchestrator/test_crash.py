@@ -35,7 +35,7 @@ def test_orchestrator_killed_during_a_preemption(make_cluster: Callable[..., Clu
     cluster = make_cluster(nodes=2, slots=2)
     spec = {
         "image": "base",
-        "command": ["python3", "-c", counter(200, memory_mb=64)],
+        "command": ["python3", "-c", counter(80, memory_mb=64)],
         "resources": {"memory_mb": 512},
     }
     with cluster.client() as c:
@@ -82,7 +82,7 @@ def test_orchestrator_killed_at_random_moments(make_cluster: Callable[..., Clust
     cluster = make_cluster(nodes=2, slots=2)
     spec = {
         "image": "base",
-        "command": ["python3", "-c", counter(160, step_s=0.2)],
+        "command": ["python3", "-c", counter(80, step_s=0.2)],
         "preemption": {"time_slice_s": 1.0},
     }
     with cluster.client() as c:

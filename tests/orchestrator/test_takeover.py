@@ -36,7 +36,7 @@ def test_the_standby_completes_a_preemption_when_the_leader_dies(
     make_cluster: Callable[..., Cluster], postgres: PostgresServer
 ) -> None:
     cluster = make_cluster(nodes=2, slots=2, database_url=postgres.database(), replicas=2)
-    spec = {"image": "base", "command": ["python3", "-c", counter(120, memory_mb=64)]}
+    spec = {"image": "base", "command": ["python3", "-c", counter(60, memory_mb=64)]}
     assert _serving(cluster, 0) and not _serving(cluster, 1), "only the leader is ready"
     assert _serving(cluster, 1, ""), "the standby is alive"
 
