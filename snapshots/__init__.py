@@ -21,7 +21,17 @@ from ._errors import (
 )
 from ._gc import GcReport, RetentionPolicy
 from ._history import SnapshotInfo
-from ._manifest import FORMAT, ChunkRef, Entry, EntryKind, Manifest, Reason, SnapshotMeta, SnapshotSizes
+from ._manifest import (
+    FORMAT,
+    ChunkRef,
+    ChunkTable,
+    Entry,
+    EntryKind,
+    Manifest,
+    Reason,
+    SnapshotMeta,
+    SnapshotSizes,
+)
 from ._random import StoredFile
 from ._settings import ChunkingSettings, LockSettings, RetrySettings, StoreSettings
 from ._store import SnapshotReader, SnapshotStore
@@ -30,6 +40,7 @@ from ._verify import Problem, VerifyReport
 __all__ = [
     "FORMAT",
     "ChunkRef",
+    "ChunkTable",
     "ChunkingSettings",
     "Entry",
     "EntryKind",

@@ -6,11 +6,11 @@ import enum
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from ._collector import collector_paused
 from ._errors import InvalidSnapshotMeta, SnapshotCorrupt
@@ -76,14 +76,78 @@ class SnapshotMeta:
 class ChunkRef(NamedTuple):
     """One chunk of a file: the hash of its raw bytes, raw length and stored (compressed) length,
     and where it lies: at `offset` in pack `pack` (hash BLAKE3), or, in snapshots of format v1, in
-    an object of its own (hash SHA-256). A tuple, as a 2 GiB memory image has 32,768 of them to
-    decode before its restore can start."""
+    an object of its own (hash SHA-256)."""
 
     hash: str
     length: int
     stored_length: int
     pack: str = ""
     offset: int = 0
+
+
+class ChunkTable(Sequence[ChunkRef]):
+    """A file's chunks as a v3 manifest stores them, in columns, with each `ChunkRef` made only
+    when it is asked for. A 2 GiB memory image has 32,768 chunks; a lazy restore reads a few of
+    them before the sandbox runs, so making them all first would only delay it."""
+
+    __slots__ = ("_hashes", "_offsets", "_packs", "_stored", "_where", "lengths")
+
+    def __init__(
+        self,
+        hashes: str,
+        lengths: list[int],
+        stored: list[int],
+        packs: list[str],
+        where: list[int],
+        offsets: list[int],
+    ) -> None:
+        self._hashes = hashes
+        self.lengths = lengths
+        """Each chunk's raw length, in order."""
+        self._stored = stored
+        self._packs = packs
+        self._where = where
+        self._offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @overload
+    def __getitem__(self, index: int) -> ChunkRef: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[ChunkRef, ...]: ...
+    def __getitem__(self, index: int | slice) -> ChunkRef | tuple[ChunkRef, ...]:
+        if isinstance(index, slice):
+            return tuple(map(self.__getitem__, range(len(self))[index]))
+        i = range(len(self))[index]
+        return ChunkRef(
+            self._hashes[64 * i : 64 * i + 64],
+            self.lengths[i],
+            self._stored[i],
+            self._packs[self._where[i]],
+            self._offsets[i],
+        )
+
+    def __iter__(self) -> Iterator[ChunkRef]:
+        digests = (self._hashes[i : i + 64] for i in range(0, len(self._hashes), 64))
+        named = map(self._packs.__getitem__, self._where)
+        # tuple.__new__ as NamedTuple._make does, without its per-call length check: 3x faster.
+        return map(
+            tuple.__new__,
+            repeat(ChunkRef),
+            zip(digests, self.lengths, self._stored, named, self._offsets, strict=True),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+
+def chunk_lengths(chunks: Sequence[ChunkRef]) -> Iterable[int]:
+    """Each chunk's raw length, in order, without making the chunks of a `ChunkTable`."""
+    return chunks.lengths if isinstance(chunks, ChunkTable) else (c.length for c in chunks)
 
 
 @dataclass(frozen=True)
@@ -95,7 +159,8 @@ class Entry:
     mode: int
     """Permission bits (st_mode & 0o7777)."""
     size: int = 0
-    chunks: tuple[ChunkRef, ...] = ()
+    chunks: Sequence[ChunkRef] = ()
+    """A tuple, or a `ChunkTable` when read from a v3 manifest."""
     target: str | None = None
     """Link target, for symlinks only."""
 
@@ -244,7 +309,7 @@ def encode(manifest: Manifest) -> bytes:
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _chunk_table(chunks: tuple[ChunkRef, ...]) -> dict[str, Any]:
+def _chunk_table(chunks: Sequence[ChunkRef]) -> dict[str, Any]:
     """A file's chunks as columns: the hashes one after another, and each chunk's pack as an index
     into the file's own list of packs ("" for a chunk stored as an object of its own, as v1 did)."""
     packs: dict[str, int] = {}
@@ -342,13 +407,14 @@ def _decode_entry(item: dict[str, Any], listed: bool) -> Entry:
     if not 0 <= mode <= 0o7777:
         raise ValueError(f"{path}: mode {mode:o} out of range")
     if kind is EntryKind.FILE:
+        chunks: Sequence[ChunkRef]
         if listed:
             packs: set[str] = set()  # a file's chunks lie in a few packs: each id is checked once
             chunks = tuple(_decode_chunk(path, c, packs) for c in item["chunks"])
         else:
             chunks = _decode_table(path, item["chunks"])
         size = int(item["size"])
-        if sum(c.length for c in chunks) != size:
+        if sum(chunk_lengths(chunks)) != size:
             raise ValueError(f"{path}: chunk lengths do not add up to size {size}")
         return Entry(path, kind, mode, size, chunks)
     if kind is EntryKind.SYMLINK:
@@ -359,7 +425,7 @@ def _decode_entry(item: dict[str, Any], listed: bool) -> Entry:
     return Entry(path, kind, mode)
 
 
-def _decode_table(path: str, table: Any) -> tuple[ChunkRef, ...]:
+def _decode_table(path: str, table: Any) -> ChunkTable:
     """The chunks of a `_chunk_table`, every column checked whole."""
     if type(table) is not dict:
         raise ValueError(f"{path}: chunks are not a table")
@@ -379,12 +445,7 @@ def _decode_table(path: str, table: Any) -> tuple[ChunkRef, ...]:
         raise ValueError(f"{path}: a chunk length, offset or pack index is out of range")
     if n and max(where) >= len(packs):
         raise ValueError(f"{path}: a chunk names pack {max(where)} of {len(packs)}")
-    digests = [hashes[i : i + 64] for i in range(0, 64 * n, 64)]
-    named = [packs[i] for i in where]
-    # tuple.__new__ as NamedTuple._make does, without its per-call length check: 3x faster.
-    return tuple(
-        map(tuple.__new__, repeat(ChunkRef), zip(digests, lengths, stored, named, offsets, strict=True))
-    )
+    return ChunkTable(hashes, lengths, stored, packs, where, offsets)
 
 
 def _hex(text: str) -> bool:

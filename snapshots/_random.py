@@ -21,7 +21,7 @@ from ._chunking import ChunkMismatch
 from ._chunkstore import ChunkStore
 from ._errors import SnapshotCorrupt
 from ._locks import StoreLock
-from ._manifest import ChunkRef, Entry
+from ._manifest import ChunkRef, Entry, chunk_lengths
 
 CACHED_CHUNKS = 256
 """Decoded chunks kept per open file: 16 MiB at the 64 KiB average chunk."""
@@ -42,7 +42,7 @@ class StoredFile:
         self.size = entry.size
         self._chunks = chunks
         self._refs = entry.chunks
-        self._starts = [0, *itertools.accumulate(r.length for r in entry.chunks)][:-1]
+        self._starts = [0, *itertools.accumulate(chunk_lengths(entry.chunks))][:-1]
         self._cache: OrderedDict[int, bytes] = OrderedDict()
         self._ahead: dict[int, tuple[Future[list[bytes | ChunkMismatch]], int]] = {}
         """Chunks being read ahead: the run's future, and the chunk's place in it."""
@@ -160,7 +160,7 @@ class StoredFile:
         self.close()
 
 
-def _runs(indexes: list[int], refs: tuple[ChunkRef, ...]) -> list[list[int]]:
+def _runs(indexes: list[int], refs: Sequence[ChunkRef]) -> list[list[int]]:
     """Consecutive chunks that lie one after another in one pack, so each run is one request."""
     runs: list[list[int]] = []
     for i in indexes:

@@ -16,6 +16,7 @@ import zstandard
 
 from snapshots import (
     FORMAT,
+    ChunkTable,
     InvalidCheckpoint,
     InvalidSnapshotMeta,
     Reason,
@@ -214,3 +215,24 @@ def test_snapshots_of_format_v1_still_read(local_store: SnapshotStore, scratch: 
     local_store.delete("snap-1")
     local_store.gc(RetentionPolicy(keep_last=1))
     assert not [p for p in (store_dir / "chunks").rglob("*") if p.is_file()]
+
+
+@pytest.mark.timeout(30)
+def test_a_manifest_reads_back_as_written_and_its_chunk_table_indexes_like_a_tuple(
+    local_store: SnapshotStore, scratch: Path
+) -> None:
+    written = local_store.put(make_tree(scratch / "tree", os.urandom(1 << 20)), make_meta("snap-1"))
+    read = local_store.manifest("snap-1")
+    assert read == written
+    pages = next(e for e in read.files() if e.path == "criu/pages-1.img")
+    listed = tuple(next(e for e in written.files() if e.path == "criu/pages-1.img").chunks)
+    assert isinstance(pages.chunks, ChunkTable) and len(listed) > 4
+    assert tuple(pages.chunks) == listed and hash(pages.chunks) == hash(listed)
+    assert [pages.chunks[i] for i in (0, 3, -1, -len(listed))] == [
+        listed[i] for i in (0, 3, -1, -len(listed))
+    ]
+    assert pages.chunks[1:-1:2] == listed[1:-1:2] and pages.chunks[5:2] == ()
+    assert list(pages.chunks.lengths) == [c.length for c in listed]
+    for index in (len(listed), -len(listed) - 1):
+        with pytest.raises(IndexError):
+            pages.chunks[index]
