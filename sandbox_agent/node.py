@@ -605,6 +605,7 @@ class Node:
             nonlocal staging
             try:
                 with timeline.phase(Phase.FETCH):
+                    _checkpoint_shaped(reader.manifest)
                     metadata = reader.open(ckpt.METADATA)
                     raw = metadata.read(0, metadata.size)
                     head.set_result(ckpt.parse(raw, f"{snapshot_id}:{ckpt.METADATA}"))
@@ -955,6 +956,28 @@ class Node:
 
 _PAGES = re.compile(rf"{ckpt.CRIU_DIR}/pages-\d+\.img")
 """The CRIU images that hold memory, which a lazy restore leaves in the store."""
+
+
+MAX_METADATA_BYTES = 64 << 20
+"""A checkpoint's metadata is its spec and inventory: a few KiB, up to the spec's 16 MiB of files."""
+
+
+def _checkpoint_shaped(manifest: Manifest) -> None:
+    """Refuse a snapshot no node could have written: a node stores directories and regular files
+    only, and a restore, run as root, must not follow a symlink out to the node's own files
+    (chmod the images, unpack the layer); nor read a metadata file beyond any spec's size."""
+    for e in manifest.entries:
+        if e.kind is EntryKind.SYMLINK:
+            raise SnapshotCorrupt(
+                manifest.snapshot_id,
+                e.path,
+                None,
+                "is a symlink; a checkpoint holds only directories and files",
+            )
+        if e.path == ckpt.METADATA and e.size > MAX_METADATA_BYTES:
+            raise SnapshotCorrupt(
+                manifest.snapshot_id, e.path, None, f"holds {e.size} bytes; the limit is {MAX_METADATA_BYTES}"
+            )
 
 
 def _in_thread(fn: Callable[[], T], name: str) -> Future[T]:

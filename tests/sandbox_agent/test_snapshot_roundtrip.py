@@ -15,7 +15,7 @@ from snapshots import SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
 from tests.s3server import MotoServer
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, staged, wait_for_log
-from tests.snapshots.conftest import damage
+from tests.snapshots.conftest import damage, make_meta
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -98,6 +98,30 @@ def test_corrupt_chunk_fails_the_restore(make_node: NodeFactory, tmp_path: Path)
     assert a.get("c1").state == SandboxState.RUNNING
     with SnapshotStore.open(url) as store:
         assert not store.verify("c-s1").ok
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("link", ["criu/pagemap-1.img", "layer.tar"])
+def test_a_snapshot_with_a_symlink_is_refused_before_the_restore_touches_anything(
+    make_node: NodeFactory, tmp_path: Path, link: str
+) -> None:
+    """No node writes a symlink into a checkpoint; one in a shared store must not have the restore,
+    which runs as root, chmod, unpack or read the node file it points at."""
+    secret = tmp_path / "node-secret"
+    secret.write_text("the node's own file")
+    secret.chmod(0o600)
+    tree = tmp_path / "tree"
+    (tree / "criu").mkdir(parents=True)
+    (tree / "checkpoint.json").write_text("{}")
+    (tree / link).symlink_to(secret)
+    url = f"file://{tmp_path}/store"
+    with SnapshotStore.open(url) as store:
+        store.put(tree, make_meta("linked-1"))
+    node = make_node("node-a", snapshot_store=url)
+    with pytest.raises(SnapshotCorrupt, match=f"linked-1.*{link}.*is a symlink"):
+        node.restore_from_store("linked", "linked-1")
+    assert node.list() == [] and not staged(node)
+    assert secret.stat().st_mode & 0o777 == 0o600 and secret.read_text() == "the node's own file"
 
 
 DIRTY_TENTH = r"""
