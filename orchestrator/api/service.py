@@ -79,6 +79,10 @@ def branch_to_pb(b: Branch) -> pb.TrajectoryBranch:
 
 MAX_SUBMITS = 1000
 """Episodes one SubmitEpisodes call may carry: a few rollout groups, and a commit that stays short."""
+DEFAULT_EVENTS = 1000
+"""Events one ListEvents call returns when it names no limit."""
+MAX_EVENTS = 10000
+"""The most one ListEvents call returns; a reader pages on with since_seq."""
 
 
 class StasisService(pb_grpc.StasisServicer):
@@ -134,6 +138,11 @@ class StasisService(pb_grpc.StasisServicer):
         """The request's spec, validated, with the cluster's defaults and its images pinned."""
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
+        if request.spec.entrypoint and not request.spec.has_entrypoint:
+            # Else the decoder would read it as unset, and the image's own would run.
+            raise InvalidArgument(
+                "spec.entrypoint", "is given, but has_entrypoint is false; set it to replace the image's"
+            )
         return self._pin_images(self._with_defaults(wire.decode(request.spec, EpisodeSpec).validate()))
 
     def _with_defaults(self, spec: EpisodeSpec) -> EpisodeSpec:
@@ -191,10 +200,14 @@ class StasisService(pb_grpc.StasisServicer):
     def ListEvents(
         self, request: pb.ListEventsRequest, context: grpc.ServicerContext
     ) -> pb.ListEventsResponse:
+        if not 0 <= request.limit <= MAX_EVENTS:
+            raise InvalidArgument(
+                "limit", f"{request.limit} must be between 0 ({DEFAULT_EVENTS}) and {MAX_EVENTS}"
+            )
         ids = [request.episode_id] if request.episode_id else []
         for episode_id in ids:
             self.store.get(episode_id)
-        events = self.store.events(request.since_seq, ids, request.limit or 1000)
+        events = self.store.events(request.since_seq, ids, request.limit or DEFAULT_EVENTS)
         return pb.ListEventsResponse(events=[wire.encode(e, pb.EpisodeEvent) for e in events])
 
     def _idempotent(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from orchestrator.domain.errors import InvalidArgument
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 
 
 def is_reference(image: str) -> bool:
@@ -29,7 +29,7 @@ def is_pinned(image: str) -> bool:
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise InvalidArgument(
             "name", f"{name!r} is not an image name: lower-case letters, digits, '.', '_' and '-', up to 128"
         )

@@ -6,13 +6,18 @@ Every default is defined here once, in the dataclass; parsers leave out what a u
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
 from orchestrator.domain.errors import InvalidArgument
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
+MAX_SECONDS = 30 * 86400
+"""The longest any duration of a spec may be (30 days): longer ones overflow deadlines downstream."""
+MIN_PERIOD_S = 1.0
+"""The shortest time slice or autosave period: each one is a checkpoint."""
 MAX_FILES_BYTES = 16 << 20
 """All spec files together travel in one gRPC message and one database row."""
 ARGV = {"shape": "a list of strings (argv), e.g. [python3, agent.py]"}
@@ -85,7 +90,7 @@ class EpisodeSpec:
         if self.entrypoint:
             _argv("spec.entrypoint", self.entrypoint)
         for key, value in self.env.items():
-            if not _ENV_KEY.match(key):
+            if not _ENV_KEY.fullmatch(key):
                 raise InvalidArgument(f"spec.env.{key}", "is not a valid environment variable name")
             if not isinstance(value, str) or "\0" in value:
                 raise InvalidArgument(f"spec.env.{key}", "must be a string without NUL bytes")
@@ -97,25 +102,23 @@ class EpisodeSpec:
             raise InvalidArgument("spec.resources.memory_mb", f"{r.memory_mb} must be between 16 and 1048576")
         if not 16 <= r.disk_mb <= 1 << 24:
             raise InvalidArgument("spec.resources.disk_mb", f"{r.disk_mb} must be between 16 and 16777216")
-        if self.limits.max_wall_s < 0:
-            raise InvalidArgument("spec.limits.max_wall_s", "must be >= 0 (0 means no limit)")
+        _seconds("spec.limits.max_wall_s", self.limits.max_wall_s, 0.0, "0 means no limit")
         p = self.preemption
-        if p.time_slice_s < 0:
-            raise InvalidArgument("spec.preemption.time_slice_s", "must be >= 0 (0 means never time-sliced)")
-        if p.autosave_s < 0:
-            raise InvalidArgument("spec.preemption.autosave_s", "must be >= 0 (0 means off)")
+        _seconds("spec.preemption.time_slice_s", p.time_slice_s, MIN_PERIOD_S, "0 means never time-sliced")
+        _seconds("spec.preemption.autosave_s", p.autosave_s, MIN_PERIOD_S, "0 means off")
         if not -1000 <= p.priority <= 1000:
             raise InvalidArgument("spec.preemption.priority", f"{p.priority} must be between -1000 and 1000")
         for key, value in self.labels.items():
-            if not _LABEL_KEY.match(key):
+            if not _LABEL_KEY.fullmatch(key):
                 raise InvalidArgument(f"spec.labels.{key}", "is not a valid label key")
             if not isinstance(value, str) or len(value) > 253:
                 raise InvalidArgument(f"spec.labels.{key}", "must be a string of at most 253 characters")
         if self.reward is not None:
             _argv("spec.reward.command", self.reward.command)
             _files("spec.reward.files", self.reward.files)
-            if self.reward.timeout_s <= 0:
-                raise InvalidArgument("spec.reward.timeout_s", "must be > 0")
+            timeout = self.reward.timeout_s
+            if not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
+                raise InvalidArgument("spec.reward.timeout_s", f"{timeout} must be > 0 and <= {MAX_SECONDS}")
         return self
 
 
@@ -126,12 +129,21 @@ def _argv(name: str, argv: tuple[str, ...]) -> None:
         raise InvalidArgument(f"{name}[0]", "the program must not be empty")
 
 
+def _seconds(name: str, value: float, least: float, zero: str) -> None:
+    """A duration that is 0 ("off", as `zero` says) or between `least` and MAX_SECONDS."""
+    if not (math.isfinite(value) and (value == 0 or least <= value <= MAX_SECONDS)):
+        low = f"between {least:g} and" if least else "at most"
+        raise InvalidArgument(name, f"{value} must be 0 ({zero}) or {low} {MAX_SECONDS} seconds")
+
+
 def _files(name: str, files: dict[str, bytes]) -> None:
     total = 0
     for path, content in files.items():
-        parts = path.split("/")
-        if not path.startswith("/") or ".." in parts or path == "/":
-            raise InvalidArgument(f"{name}.{path}", "must be an absolute file path without '..'")
+        # Canonical, so that no two keys name one file: '/a/./b' and '/a//b' are '/a/b'.
+        if not path.startswith("/") or any(part in ("", ".", "..") for part in path[1:].split("/")):
+            raise InvalidArgument(
+                f"{name}.{path}", "must be an absolute file path without '.', '..', '//' or a trailing '/'"
+            )
         total += len(content)
     if total > MAX_FILES_BYTES:
         raise InvalidArgument(name, f"hold {total} bytes together; the limit is {MAX_FILES_BYTES}")

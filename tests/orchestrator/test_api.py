@@ -76,6 +76,36 @@ MALFORMED = [
         pb.EpisodeSpec(image="base", command=["true"], reward=pb.RewardSpec(command=["\0"])),
         "spec.reward.command[0]",
     ),
+    # Durations: finite, and long enough or short enough to be carried out (a verifier's deadline
+    # of 1e12 s overflows gRPC's; an autosave every nanosecond checkpoints on every tick).
+    *[
+        (
+            pb.EpisodeSpec(image="base", command=["true"], reward=pb.RewardSpec(command=["v"], timeout_s=t)),
+            field,
+        )
+        for t, field in ((1e12, "spec.reward.timeout_s"), (float("nan"), "spec.reward.timeout_s"))
+    ],
+    *[
+        (
+            pb.EpisodeSpec(image="base", command=["true"], preemption=pb.Preemption(**{name: value})),
+            f"spec.preemption.{name}",
+        )
+        for name in ("autosave_s", "time_slice_s")
+        for value in (1e-9, float("inf"), float("nan"), 1e9)
+    ],
+    (
+        pb.EpisodeSpec(image="base", command=["true"], limits=pb.Limits(max_wall_s=float("nan"))),
+        "spec.limits.max_wall_s",
+    ),
+    # Two keys for one file, and paths no node would write.
+    (_spec(files={"/a/./b": b"1"}), "spec.files./a/./b"),
+    (_spec(files={"/a//b": b"1"}), "spec.files./a//b"),
+    (_spec(files={"/.": b"1"}), "spec.files./."),
+    (_spec(files={"/dir/": b"1"}), "spec.files./dir/"),
+    (_spec(env={"FOO\n": "y"}), "spec.env.FOO\n"),
+    (_spec(labels={"team\n": "y"}), "spec.labels.team\n"),
+    (_spec(image="base\n"), "spec.image"),
+    (_spec(entrypoint=["/bin/sh", "-c"]), "spec.entrypoint"),
 ]
 
 
