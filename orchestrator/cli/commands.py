@@ -213,7 +213,7 @@ class Commands:
             if a.id:
                 episodes = [c.get(a.id)]
             else:
-                labels = dict(kv.split("=", 1) for kv in a.selector or [])
+                labels = dict(a.selector or [])
                 episodes = c.episodes(states=a.state or [], node=a.node or "", labels=labels)
         if a.output in ("json", "yaml"):
             items = [e.to_json() for e in episodes]

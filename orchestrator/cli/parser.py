@@ -148,7 +148,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table")
     g.add_argument("--state", action="append", help="filter by state (repeatable)")
     g.add_argument("--node", help="filter by node")
-    g.add_argument("-l", "--selector", action="append", help="filter by label KEY=VALUE (repeatable)")
+    g.add_argument(
+        "-l", "--selector", action="append", type=_label, help="filter by label KEY=VALUE (repeatable)"
+    )
 
     w = sub.add_parser("wait", help="wait until an episode reaches a state")
     w.add_argument("id")
@@ -307,3 +309,10 @@ def _leaves(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     if not subs:
         return [p]
     return [leaf for a in subs for child in a.choices.values() for leaf in _leaves(child)]
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value

@@ -152,9 +152,7 @@ class StasisClient:
         """Submit an episode; a bad spec raises InvalidArgument naming the field."""
         if not isinstance(spec, EpisodeSpec):
             spec = spec_from_mapping(spec)
-        request = pb.SubmitEpisodeRequest(
-            spec=wire.encode(spec, pb.EpisodeSpec), request_id=request_id or str(uuid.uuid4())
-        )
+        request = pb.SubmitEpisodeRequest(spec=_encoded(spec), request_id=request_id or str(uuid.uuid4()))
         return _episode(self._call(self._stub.SubmitEpisode, request))
 
     def submit_many(self, specs: Sequence[EpisodeSpec | Mapping[str, Any]]) -> list[EpisodeInfo]:
@@ -164,9 +162,9 @@ class StasisClient:
         for i, spec in enumerate(specs):
             try:
                 parsed = spec if isinstance(spec, EpisodeSpec) else spec_from_mapping(spec)
+                request.submits.add(spec=_encoded(parsed), request_id=str(uuid.uuid4()))
             except InvalidArgument as exc:
                 raise InvalidArgument(f"submits[{i}].{exc.field}", exc.problem) from None
-            request.submits.add(spec=wire.encode(parsed, pb.EpisodeSpec), request_id=str(uuid.uuid4()))
         return [_episode(e) for e in self._call(self._stub.SubmitEpisodes, request).episodes]
 
     def get(self, episode_id: str) -> EpisodeInfo:
@@ -177,9 +175,7 @@ class StasisClient:
     ) -> list[EpisodeInfo]:
         request = pb.ListEpisodesRequest(
             states=[
-                pb.EpisodeState.ValueType(
-                    wire.enum_number(pb.EpisodeState.DESCRIPTOR, EpisodeState(s.upper()))
-                )
+                pb.EpisodeState.ValueType(wire.enum_number(pb.EpisodeState.DESCRIPTOR, _state(s)))
                 for s in states
             ],
             node=node,
@@ -288,7 +284,11 @@ class StasisClient:
         """Write a snapshot as a standard container checkpoint archive; returns its size in bytes."""
         size = 0
         tmp = dest.with_name(f".{dest.name}.partial")
-        with self._translated(), open(tmp, "wb") as f:
+        try:
+            out = open(tmp, "wb")  # noqa: SIM115 (closed by the with below)
+        except OSError as exc:
+            raise InvalidArgument("output", f"cannot write {dest}: {exc.strerror}") from None
+        with self._translated(), out as f:
             for chunk in self._stub.ExportSnapshot(pb.ExportSnapshotRequest(snapshot_id=snapshot_id)):
                 f.write(chunk.data)
                 size += len(chunk.data)
@@ -364,6 +364,25 @@ class StasisClient:
         return wire.decode(
             self._call(self._stub.RemoveImage, pb.RemoveImageRequest(name=name)), NamedImageInfo
         )
+
+
+def _encoded(spec: EpisodeSpec) -> pb.EpisodeSpec:
+    """The spec as sent, checked here first so that a value the wire cannot carry (a priority past
+    int32, a string that is not Unicode text) is refused naming its field, not with a traceback."""
+    spec.validate()
+    try:
+        return wire.encode(spec, pb.EpisodeSpec)
+    except (ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
+        raise InvalidArgument("spec", f"cannot be sent: {exc}") from None
+
+
+def _state(name: str) -> EpisodeState:
+    try:
+        return EpisodeState(name.upper())
+    except ValueError:
+        raise InvalidArgument(
+            "states", f"{name!r} is not one of {', '.join(s.value for s in EpisodeState)}"
+        ) from None
 
 
 def _episode(m: pb.Episode) -> EpisodeInfo:

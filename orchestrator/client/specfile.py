@@ -30,6 +30,8 @@ def load_spec_file(path: Path) -> EpisodeSpec:
         text = path.read_text()
     except OSError as exc:
         raise InvalidArgument("file", f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument("file", f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:

@@ -131,3 +131,19 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
         result.stderr.strip()
         == "stasis: spec.command: must be a list of strings (argv), e.g. [python3, agent.py], not 'python3 agent.py'"
     )
+    # Refused before anything is sent, each in one line naming what is wrong.
+    (tmp_path / "latin1.yaml").write_bytes(b"image: b\xe4se\ncommand: [true]\n")
+    (tmp_path / "huge.yaml").write_text("image: base\ncommand: [true]\npreemption: {priority: 3000000000}\n")
+    (tmp_path / "surrogate.yaml").write_text('image: base\ncommand: [true]\nlabels: {team: "\\ud800"}\n')
+    for args, words in (
+        (("submit", "-f", str(tmp_path / "latin1.yaml")), "stasis: file: "),
+        (("submit", "-f", str(tmp_path / "huge.yaml")), "stasis: spec.preemption.priority: 3000000000"),
+        (("submit", "-f", str(tmp_path / "surrogate.yaml")), "stasis: spec: cannot be sent"),
+        (("get", "--state", "bogus"), "stasis: states: 'bogus' is not one of"),
+        (("export", "ep-1-s1", "-o", str(tmp_path / "no" / "dir.tar")), "stasis: output: cannot write"),
+    ):
+        result = cli(nowhere, "--retry-for", "0.5", *args, check=False)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(words), result.stderr
+    result = cli(nowhere, "get", "-l", "team", check=False)
+    assert result.returncode == 2 and "'team' is not KEY=VALUE" in result.stderr
