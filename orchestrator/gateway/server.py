@@ -266,13 +266,19 @@ class Gateway:
                 413, f"the body of {request.content_length} bytes exceeds {limit}", "request_too_large"
             )
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), self.settings.harness_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             raise GatewayError(413, f"the body exceeds {limit} bytes", "request_too_large") from None
+        except TimeoutError:
+            raise GatewayError(
+                408, f"the body did not arrive within {self.settings.harness_timeout_s:g} s", "timeout_error"
+            ) from None
         try:
             body = json.loads(raw)
         except ValueError as exc:
             raise GatewayError(400, f"request body is not JSON: {exc}") from None
+        except RecursionError:
+            raise GatewayError(400, "request body nests too deep") from None
         if not isinstance(body, dict):
             raise GatewayError(400, "request body must be a JSON object")
         return raw, body
@@ -327,6 +333,8 @@ class Gateway:
                 req = protocol.parse(body)
             except GatewayError as err:
                 return self._refuse(protocol, err)
+            except RecursionError:  # JSON decodes deeper than canonical forms recurse
+                return self._refuse(protocol, GatewayError(400, "request body nests too deep"))
             if req.dropped:
                 log.debug("%s %s: left out %s", episode.id, protocol.name, ", ".join(req.dropped))
             try:
@@ -409,15 +417,35 @@ class Gateway:
         headers = _EVENT_STREAM if stream else {"Content-Type": "application/json"}
         response = web.StreamResponse(status=200, headers=headers)
         response.content_length = len(data)
-        try:
-            await response.prepare(request)
-            await response.write(data)
-            await response.write_eof()
-        except (ConnectionError, RuntimeError):
+        if not await self._to_harness(request, response, data, eof=True):
             log.info("a harness went away before turn %d was delivered; its retry is a replay", turn_id)
             return response
         self._delivered(turn_id)
         return response
+
+    async def _to_harness(
+        self, request: web.Request, response: web.StreamResponse, data: bytes, eof: bool = False
+    ) -> bool:
+        """Send `data` (the headers first, if not yet sent); False if the harness went away, or
+        took no part of it for `harness_timeout_s` (then its connection is cut, so that it never
+        reads half an event)."""
+
+        async def send() -> None:
+            if not response.prepared:
+                await response.prepare(request)
+            await response.write(data)
+            if eof:
+                await response.write_eof()
+
+        try:
+            await asyncio.wait_for(send(), self.settings.harness_timeout_s)
+        except (ConnectionError, RuntimeError):
+            return False
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+            return False
+        return True
 
     def _delivered(self, turn_id: int) -> None:
         at = time.time()
@@ -445,15 +473,10 @@ class Gateway:
         async def send(data: bytes) -> None:
             nonlocal gone
             if data and not gone:
-                try:
-                    await response.write(data)
-                except (ConnectionError, RuntimeError):
-                    gone = True  # the harness froze or left; the generation still runs to its end
+                # The harness froze or left: the generation still runs to its end.
+                gone = not await self._to_harness(request, response, data)
 
-        try:
-            await response.prepare(request)
-        except (ConnectionError, RuntimeError):
-            gone = True
+        gone = not await self._to_harness(request, response, b"")
         encoder = protocol.encoder(req)
         g = Generation(req.canonical.kind)
         try:
@@ -469,7 +492,7 @@ class Gateway:
             # A cut stream is never a turn: nothing is recorded, and the harness is told.
             await send(protocol.stream_error(GatewayError(502, str(exc), "upstream_error")))
             if not gone:
-                await response.write_eof()
+                await self._to_harness(request, response, b"", eof=True)
             return response
         g.policy_version = await self.upstream.policy_version(upstream.headers)
         self._name_calls(protocol, g)
@@ -480,11 +503,7 @@ class Gateway:
         upstream_ms = (time.monotonic() - started) * 1000
         recorded = await self._record(turn, g, bytes(upstream.raw), bytes(delivered + terminal), upstream_ms)
         await send(terminal)
-        if not gone:
-            try:
-                await response.write_eof()
-            except (ConnectionError, RuntimeError):
-                return response
+        if not gone and await self._to_harness(request, response, b"", eof=True):
             self._delivered(recorded.id)
         return response
 

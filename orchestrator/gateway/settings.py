@@ -39,6 +39,10 @@ class GatewaySettings:
     """Size of the pooled keep-alive connections to the upstream."""
     upstream_timeout_s: float = 600.0
     """Longest silence from the upstream while a generation is under way."""
+    harness_timeout_s: float = 120.0
+    """Longest a harness may take to send its request's body, or to take in each part of an
+    answer. One that stops reading is cut off (its retry is a replay), so that it cannot hold a
+    generation's slot. Well above the longest freeze of a checkpoint that leaves it running."""
 
     @property
     def base_url(self) -> str:

@@ -483,6 +483,18 @@ def test_refusals_use_each_protocols_error_shape_and_record_nothing(world: World
     status, body = world.post({**anthropic_body, "temperature": -3}, path="/v1/messages")
     assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
 
+    deep = json.dumps(_chat(USER))[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}"
+    status, body = world.post(None, raw=deep.encode())
+    assert status == 400 and "nests too deep" in json.loads(body)["error"]["message"]
+    nested: list[object] = []
+    for _ in range(600):  # decodes, but deeper than the canonical form's recursion goes
+        nested = [nested]
+    status, body = world.post({**anthropic_body, "tools": nested}, path="/v1/messages")
+    assert status == 400 and json.loads(body)["type"] == "error"
+    image = {"role": "user", "content": [{"type": "image", "source": "abc"}]}
+    status, body = world.post({**anthropic_body, "messages": [image]}, path="/v1/messages")
+    assert status == 400 and "source: must be an object" in json.loads(body)["error"]["message"]
+
     small = _world(tmp_path / "small", world.model.url, world.model, max_body_bytes=1000)
     try:
         status, body = small.post(_chat({"role": "user", "content": "x" * 2000}))
@@ -492,6 +504,16 @@ def test_refusals_use_each_protocols_error_shape_and_record_nothing(world: World
     finally:
         small.gateway.stop()
         small.ledger.close()
+    slow = _world(tmp_path / "slow", world.model.url, world.model, harness_timeout_s=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", slow.gateway.port), timeout=10) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-1\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"")  # fmt: skip
+            assert s.recv(65536).startswith(b"HTTP/1.1 408"), "a body that never arrives holds nothing"
+        assert slow.ledger.turns("ep-1") == []
+    finally:
+        slow.gateway.stop()
+        slow.ledger.close()
     cutting = CuttingUpstream()
     cut = _world(tmp_path / "cut", cutting.url, world.model)
     try:

@@ -21,6 +21,7 @@ from orchestrator.gateway.protocols import (
     Request,
     StreamEncoder,
     listed,
+    mapped,
     pick,
     require,
     sse,
@@ -59,7 +60,7 @@ def _text(blocks: Any) -> str:
 
 
 def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
-    source = block.get("source") or {}
+    source = mapped(block.get("source"), f"{where}.source")
     if source.get("type") == "base64":
         url = f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
     elif source.get("type") == "url":
