@@ -128,6 +128,9 @@ def test_preempt_records_the_agents_snapshot_and_resume_restores_it_elsewhere(lo
     loop.until("RUNNING again", lambda: loop.state(episode_id) == S.RUNNING)
     e = loop.store.get(episode_id)
     assert (e.node, e.runs, e.restored_from) == (other, 2, record.id)
+    assert e.pinned_node == "", (
+        "the pin ends with its placement: were that node lost, any other may resume it"
+    )
     assert e.sandbox_id == ids.sandbox_id(episode_id, 2)
     assert loop.node(other).sandboxes[e.sandbox_id].restored_from == record.id
 
