@@ -139,7 +139,9 @@ class ChunkTable(Sequence[ChunkRef]):
         )
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+        if not isinstance(other, tuple | ChunkTable):
+            return NotImplemented
+        return tuple(self) == tuple(other)
 
     def __hash__(self) -> int:
         return hash(tuple(self))
