@@ -133,7 +133,9 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     )
     # Refused before anything is sent, each in one line naming what is wrong.
     (tmp_path / "latin1.yaml").write_bytes(b"image: b\xe4se\ncommand: [/bin/true]\n")
-    (tmp_path / "huge.yaml").write_text("image: base\ncommand: [/bin/true]\npreemption: {priority: 3000000000}\n")
+    (tmp_path / "huge.yaml").write_text(
+        "image: base\ncommand: [/bin/true]\npreemption: {priority: 3000000000}\n"
+    )
     (tmp_path / "surrogate.yaml").write_text('image: base\ncommand: [/bin/true]\nlabels: {team: "\\ud800"}\n')
     for args, words in (
         (("submit", "-f", str(tmp_path / "latin1.yaml")), "stasis: file: "),
