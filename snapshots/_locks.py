@@ -125,7 +125,7 @@ def read_locks(backend: Backend) -> Iterator[LockRecord]:
             yield LockRecord(key, LockKind(doc["kind"]), holder, str(doc["purpose"]), float(doc["refreshed"]))
         except ObjectMissing:
             continue  # Released between list and get.
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
             # Our locks are written whole, so garbage here was not written by a live holder.
             yield LockRecord(key, LockKind.EXCLUSIVE, Holder("?", "", "", 0), "undecodable", 0.0)
 

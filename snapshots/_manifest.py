@@ -33,6 +33,11 @@ _CRIU_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)*(?:[-+~][A-Za-z0-9.+~-]+)?")
 _CHUNK_HASH = re.compile(r"[0-9a-f]{64}")
 PACK_ID = re.compile(r"[0-9a-f]{32}")
 _INT = frozenset({int})
+MAX_CHUNK = 1 << 30
+"""The largest chunk any chunking setting makes (fastcdc's max_size, at most 1 GiB)."""
+MAX_STORED_CHUNK = MAX_CHUNK + (MAX_CHUNK >> 7) + 4096
+"""The largest stored form of a chunk: one zstd frame is at most its content plus 1/256 and a header."""
+_END = 1 << 63
 
 
 class Reason(enum.StrEnum):
@@ -346,6 +351,8 @@ def _decode(raw: bytes, snapshot_id: str) -> Manifest:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"not JSON ({exc})") from None
+    except RecursionError:
+        raise bad("nests too deep") from None
     if not isinstance(doc, dict):
         raise bad("not a JSON object")
     if not isinstance(doc.get("format"), str) or doc["format"] not in READABLE:
@@ -354,7 +361,11 @@ def _decode(raw: bytes, snapshot_id: str) -> Manifest:
         if doc["snapshot_id"] != snapshot_id:
             raise bad(f"records snapshot id {doc['snapshot_id']!r}")
         listed = doc["format"] in _LISTED
-        entries = tuple(_decode_entry(item, listed) for item in doc["entries"])
+        chunking = doc["chunking"]
+        largest = chunking.get("max_size", MAX_CHUNK) if type(chunking) is dict else MAX_CHUNK
+        if type(largest) is not int or not 0 < largest <= MAX_CHUNK:
+            raise bad(f"chunking max_size {largest!r} is not 1..{MAX_CHUNK}")
+        entries = tuple(_decode_entry(item, listed, largest) for item in doc["entries"])
         _check_tree(entries)
         sizes = SnapshotSizes(**{k: int(v) for k, v in doc["sizes"].items()})
         created_at = datetime.fromisoformat(doc["created_at"])
@@ -377,7 +388,7 @@ def _decode(raw: bytes, snapshot_id: str) -> Manifest:
         )
     except SnapshotCorrupt:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise bad(f"{type(exc).__name__}: {exc}") from None
     if not valid_id(manifest.episode_id):
         raise bad("bad episode_id")
@@ -400,7 +411,9 @@ def _check_tree(entries: tuple[Entry, ...]) -> None:
             dirs.add(e.path)
 
 
-def _decode_entry(item: dict[str, Any], listed: bool) -> Entry:
+def _decode_entry(item: dict[str, Any], listed: bool, largest: int) -> Entry:
+    """One entry; its chunks at most `largest` bytes each (the chunking's max_size), so that a
+    small manifest cannot have a reader allocate gigabytes per chunk."""
     path = item["path"]
     if not _safe_path(path):
         raise ValueError(f"unsafe entry path {path!r}")
@@ -415,6 +428,8 @@ def _decode_entry(item: dict[str, Any], listed: bool) -> Entry:
             chunks = tuple(_decode_chunk(path, c, packs) for c in item["chunks"])
         else:
             chunks = _decode_table(path, item["chunks"])
+        if chunks and max(chunk_lengths(chunks)) > largest:
+            raise ValueError(f"{path}: a chunk is longer than the chunking's max_size {largest}")
         size = int(item["size"])
         if sum(chunk_lengths(chunks)) != size:
             raise ValueError(f"{path}: chunk lengths do not add up to size {size}")
@@ -445,6 +460,8 @@ def _decode_table(path: str, table: Any) -> ChunkTable:
         raise ValueError(f"{path}: bad pack list {packs!r}")
     if n and (min(lengths) <= 0 or min(stored) <= 0 or min(offsets) < 0 or min(where) < 0):
         raise ValueError(f"{path}: a chunk length, offset or pack index is out of range")
+    if n and (max(stored) > MAX_STORED_CHUNK or max(offsets) >= _END):
+        raise ValueError(f"{path}: a chunk's stored length or offset is out of range")
     if n and max(where) >= len(packs):
         raise ValueError(f"{path}: a chunk names pack {max(where)} of {len(packs)}")
     return ChunkTable(hashes, lengths, stored, packs, where, offsets)
@@ -460,8 +477,10 @@ def _decode_chunk(path: str, item: Any, packs: set[str]) -> ChunkRef:
         raise ValueError(f"{path}: bad chunk reference {item!r}")
     if len(item) == 5:
         digest, length, stored_length, pack, offset = item
-        if not (type(offset) is int and offset >= 0 and pack in packs):
-            if not (type(pack) is str and type(offset) is int and offset >= 0 and PACK_ID.fullmatch(pack)):
+        if not (type(offset) is int and 0 <= offset < _END and pack in packs):
+            if not (
+                type(pack) is str and type(offset) is int and 0 <= offset < _END and PACK_ID.fullmatch(pack)
+            ):
                 raise ValueError(f"{path}: bad chunk location {item!r}")
             packs.add(pack)
     elif len(item) == 3:
@@ -473,7 +492,7 @@ def _decode_chunk(path: str, item: Any, packs: set[str]) -> ChunkRef:
         type(length) is int
         and type(stored_length) is int
         and length > 0
-        and stored_length > 0
+        and 0 < stored_length <= MAX_STORED_CHUNK
         and type(digest) is str
         and _CHUNK_HASH.fullmatch(digest)
     ):

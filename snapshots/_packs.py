@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ._backends import Backend, ObjectMissing, ObjectWriter
 from ._layout import PACK_PREFIX, pack_index_key, pack_key, split_pack_key
-from ._manifest import PACK_ID
+from ._manifest import MAX_STORED_CHUNK, PACK_ID
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +43,24 @@ def encode_index(pack_id: str, chunks: dict[str, tuple[int, Located]]) -> bytes:
 
 def decode_index(pack_id: str, raw: bytes) -> dict[str, Located]:
     """The chunks of a pack by hash; ValueError if the index is not one this store wrote."""
-    doc = json.loads(raw)
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"the index of pack {pack_id} nests too deep") from None
     if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT or doc.get("pack") != pack_id:
         raise ValueError(f"not the index of pack {pack_id}")
     found: dict[str, Located] = {}
     for digest, _length, offset, stored in doc["chunks"]:
-        if not isinstance(digest, str) or len(digest) != 64 or int(offset) < 0 or int(stored) <= 0:
+        if not (
+            type(digest) is str
+            and len(digest) == 64
+            and type(offset) is int
+            and type(stored) is int
+            and 0 <= offset < 1 << 63
+            and 0 < stored <= MAX_STORED_CHUNK
+        ):
             raise ValueError(f"bad row for {digest!r}")
-        found[digest] = Located(pack_id, int(offset), int(stored))
+        found[digest] = Located(pack_id, offset, stored)
     return found
 
 

@@ -204,6 +204,10 @@ def _set(column: str, value: object) -> Callable[[dict[str, Any]], None]:
         (lambda t: t.update(hashes=t["hashes"][:-64]), "lowercase hex"),
         (lambda t: t["offsets"].pop(), "differ in length"),
         (lambda t: t.update(lengths=dict(enumerate(t["lengths"]))), "other than integers"),
+        # A small manifest must not have a reader allocate gigabytes, or fail unreadably.
+        (_set("stored_lengths", 1 << 40), "stored length or offset is out of range"),
+        (_set("offsets", 1 << 70), "stored length or offset is out of range"),
+        (_set("lengths", 1 << 20), "longer than the chunking's max_size"),
     ],
 )
 def test_a_manifest_with_an_edited_chunk_column_is_refused(
@@ -217,3 +221,30 @@ def test_a_manifest_with_an_edited_chunk_column_is_refused(
     path.write_text(json.dumps(doc))
     with pytest.raises(SnapshotCorrupt, match=f"unreadable manifest: .*{problem}"):
         local_store.manifest("snap-1")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda text: text.replace('"seq":1', '"seq":Infinity'), "OverflowError"),
+        (
+            lambda text: text.replace('"parent_id":null', '"parent_id":' + "[" * 100_000 + "]" * 100_000),
+            "nests too deep",
+        ),
+    ],
+)
+def test_a_manifest_no_reader_can_decode_is_corrupt_and_the_store_still_verifies(
+    local_store: SnapshotStore, scratch: Path, edit: Callable[[str], str], problem: str
+) -> None:
+    local_store.put(make_tree(scratch / "tree"), make_meta("snap-1"))
+    local_store.put(make_tree(scratch / "other"), make_meta("snap-2", seq=2))
+    path = scratch / "store" / "snapshots" / "snap-1.json"
+    edited = edit(path.read_text())
+    assert edited != path.read_text()
+    path.write_text(edited)
+    with pytest.raises(SnapshotCorrupt, match=f"unreadable manifest: .*{problem}"):
+        local_store.manifest("snap-1")
+    report = local_store.verify()
+    assert not report.ok and {p.snapshot_id for p in report.problems} == {"snap-1"}
+    assert local_store.verify("snap-2").ok
