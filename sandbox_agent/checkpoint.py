@@ -100,7 +100,7 @@ def parse(raw: bytes, where: str, directory: Path = Path()) -> Checkpoint:
     """The checkpoint that metadata `raw` (read from `where`) describes, its files in `directory`."""
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise CheckpointCorrupt(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         found = body.get("format") if isinstance(body, dict) else None
@@ -118,11 +118,24 @@ def parse(raw: bytes, where: str, directory: Path = Path()) -> Checkpoint:
             timings_ms={str(k): float(v) for k, v in body.get("timings_ms", {}).items()},
             sizes=Sizes(**body["sizes"]),
             oci_spec=body["oci_spec"],
-            files=body.get("files", {}),
+            files=_read_inventory(body.get("files", {})),
             directory=directory,
         )
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CheckpointCorrupt(f"{where} lacks a field or has a wrong one: {exc}") from exc
+
+
+def _read_inventory(files: object) -> dict[str, dict[str, Any]]:
+    """A recorded file inventory: paths inside the checkpoint directory, each with its integer size."""
+    if not isinstance(files, dict):
+        raise TypeError("files is not an object")
+    for rel, want in files.items():
+        parts = rel.split("/")
+        if not rel or rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"files names {rel!r}, not a path inside the checkpoint")
+        if not isinstance(want, dict) or type(want.get("size")) is not int:
+            raise TypeError(f"files.{rel} has no integer size")
+    return files
 
 
 def load(directory: Path, *, verify: bool = True) -> Checkpoint:

@@ -40,6 +40,9 @@ STASIS_CHECKPOINT = "stasis-checkpoint.json"
 CHECKPOINT_JSON = "checkpoint.json"
 CRIU_DIRECTORY = "criu"
 LAYER_TAR = "layer.tar"
+MAX_SMALL_MEMBER = 64 << 20
+"""The largest config.dump, spec.dump, deleted.files, stats-dump or Stasis metadata an import reads
+into memory (each is kilobytes; a spec's files are at most 16 MiB)."""
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -362,9 +365,13 @@ def import_checkpoint_archive(archive: str | os.PathLike[str], dest: str | os.Pa
                 name in (CONFIG_DUMP, SPEC_DUMP, DELETED_FILES, STATS_DUMP, STASIS_CHECKPOINT)
                 and member.isreg()
             ):
+                if member.size > MAX_SMALL_MEMBER:
+                    raise InvalidCheckpoint(
+                        str(source), f"{name} holds {member.size} bytes; the limit is {MAX_SMALL_MEMBER}"
+                    )
                 extracted = tin.extractfile(member)
                 assert extracted is not None
-                small[name] = extracted.read()
+                small[name] = extracted.read(MAX_SMALL_MEMBER + 1)
         deleted = _json_member(small, DELETED_FILES, source, default=[])
         if not isinstance(deleted, list) or not all(isinstance(p, str) for p in deleted):
             raise InvalidCheckpoint(str(source), f"{DELETED_FILES} is not a JSON list of paths")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -66,7 +67,18 @@ def test_checkpoint_of_another_image_digest(busy_node: tuple[Node, Node, Path], 
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("damage", ["truncate", "flip", "drop-metadata", "drop-layer", "garble-metadata"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncate",
+        "flip",
+        "drop-metadata",
+        "drop-layer",
+        "garble-metadata",
+        "escaping-inventory",
+        "bad-created-at",
+    ],
+)
 def test_damaged_checkpoint(busy_node: tuple[Node, Node, Path], tmp_path: Path, damage: str) -> None:
     _, b, ck = busy_node
     bad = tmp_path / "bad"
@@ -89,6 +101,16 @@ def test_damaged_checkpoint(busy_node: tuple[Node, Node, Path], tmp_path: Path, 
     elif damage == "drop-layer":
         (bad / "layer.tar").unlink()
         expected = "file layer.tar is missing"
+    elif damage == "escaping-inventory":  # an inventory that would stat the node's own files
+        body = json.loads((bad / "checkpoint.json").read_text())
+        body["files"]["../../../etc/shadow"] = {"size": 1, "sha256": "00"}
+        (bad / "checkpoint.json").write_text(json.dumps(body))
+        expected = "files names '../../../etc/shadow', not a path inside the checkpoint"
+    elif damage == "bad-created-at":
+        body = json.loads((bad / "checkpoint.json").read_text())
+        body["created_at"] = "yesterday"
+        (bad / "checkpoint.json").write_text(json.dumps(body))
+        expected = "lacks a field or has a wrong one"
     else:
         (bad / "checkpoint.json").write_text("{not json")
         expected = "is not valid JSON"

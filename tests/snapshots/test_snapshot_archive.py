@@ -237,3 +237,20 @@ def test_unportable_overlay_features_are_refused(scratch: Path) -> None:
         export_checkpoint_archive(checkpoint, scratch / "dump.tar")
     assert not (scratch / "dump.tar").exists()
     assert [p.name for p in scratch.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.timeout(60)
+def test_an_archive_member_read_into_memory_is_capped(scratch: Path) -> None:
+    """A few kilobytes of zstd can hold a stats-dump of gigabytes: the importer reads no such member."""
+    parts = scratch / "parts"
+    (parts / "checkpoint").mkdir(parents=True)
+    (parts / "checkpoint" / "pages-1.img").write_bytes(b"pages")
+    (parts / "spec.dump").write_text(json.dumps(OCI_SPEC))
+    with open(parts / "stats-dump", "wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: zeros, which compress to almost nothing
+    subprocess.run(["tar", "-cf", str(scratch / "big.tar"), "-C", str(parts), "."], check=True)
+    subprocess.run(["zstd", "-q", str(scratch / "big.tar"), "-o", str(scratch / "big.tar.zst")], check=True)
+    assert (scratch / "big.tar.zst").stat().st_size < 1 << 20
+    with pytest.raises(InvalidCheckpoint, match="stats-dump holds 67108865 bytes; the limit is 67108864"):
+        import_checkpoint_archive(scratch / "big.tar.zst", scratch / "imported")
+    assert not (scratch / "imported").exists()
