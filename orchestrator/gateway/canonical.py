@@ -147,8 +147,17 @@ class CanonicalRequest:
         ledger asks only for lengths at which some recorded prompt ends)."""
         if self.kind == "chat":
             return self._rolling[-2::-1]
-        wanted = sorted((n for n in set(lengths) if 0 < n < self.size), reverse=True)
-        return [_digest(["completion", self.context[0][:n]]) for n in wanted]
+        # _digest(["completion", text[:n]]) for each n, in one pass over the text: JSON escapes
+        # each character alone, so the JSON of a prefix is a prefix of the JSON of the text.
+        text, done, hashes = self.context[0], 0, []
+        h = hashlib.sha256(b'["completion","')
+        for n in sorted(n for n in set(lengths) if 0 < n < self.size):
+            h.update(json.dumps(text[done:n])[1:-1].encode())
+            done = n
+            closed = h.copy()
+            closed.update(b'"]')
+            hashes.append(closed.hexdigest())
+        return hashes[::-1]
 
     @property
     def size(self) -> int:

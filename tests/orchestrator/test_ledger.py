@@ -239,3 +239,16 @@ def test_a_sqlite_ledger_from_an_older_stasis_is_refused(tmp_path: Path) -> None
         db.executescript(OLDER_TURNS)
     with pytest.raises(FailedPrecondition, match="from an older Stasis; start with a new state dir"):
         Ledger.sqlite(tmp_path / "state.db")
+
+
+def test_a_completions_prefixes_hash_as_their_own_prompts_would() -> None:
+    """Prefix hashes come from one pass over the prompt; each must be the hash a prompt of just
+    that prefix has, whatever JSON escapes in it (quotes, controls, non-ASCII, astral planes)."""
+    prompt = 'say "hi"\n\tthen \\ stop: é, 中文, 😀 and \x00 and \u2028.' * 3
+    request = CanonicalRequest.parse("completion", {"prompt": prompt})
+    lengths = [1, 5, 9, 10, 17, 30, 31, 32, 33, 60, len(prompt) - 1, len(prompt), 0, 5]
+    hashes = request.prefix_hashes(lengths)
+    wanted = sorted({n for n in lengths if 0 < n < len(prompt)}, reverse=True)
+    assert hashes == [
+        CanonicalRequest.parse("completion", {"prompt": prompt[:n]}).after("")[0] for n in wanted
+    ]
