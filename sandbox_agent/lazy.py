@@ -26,7 +26,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -133,10 +133,34 @@ def prepare(images: Path, stored: Callable[[str], ReadableMany]) -> dict[int, Me
             writes.setdefault(memory.pages_file, []).extend(eager)
     for name, ranges in writes.items():
         with open(images / name, "r+b") as f:
-            for (offset, _), data in zip(ranges, stored(name).read_many(ranges), strict=True):
-                f.seek(offset)
-                f.write(data)
+            for batch in _batches(ranges):
+                for (offset, _), data in zip(batch, stored(name).read_many(batch), strict=True):
+                    f.seek(offset)
+                    f.write(data)
     return tasks
+
+
+PREPARE_BATCH_BYTES = 32 << 20
+"""What `prepare` holds in memory at once: a sandbox decides how much of its memory CRIU restores
+itself (shared memory, locked pages), so it is read and written in pieces of this size."""
+
+
+def _batches(
+    ranges: list[tuple[int, int]], limit: int = PREPARE_BATCH_BYTES
+) -> Iterator[list[tuple[int, int]]]:
+    """`ranges` cut into pieces of at most `limit` bytes, grouped at most `limit` bytes a group."""
+    batch: list[tuple[int, int]] = []
+    held = 0
+    for offset, length in ranges:
+        for start in range(offset, offset + length, limit):
+            piece = min(limit, offset + length - start)
+            if held + piece > limit:
+                yield batch
+                batch, held = [], 0
+            batch.append((start, piece))
+            held += piece
+    if batch:
+        yield batch
 
 
 def allow_userfaultfd(sysctl: Path = UNPRIVILEGED_USERFAULTFD) -> str:

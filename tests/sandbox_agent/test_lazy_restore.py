@@ -321,3 +321,15 @@ def test_pagemap_images_read_as_criu_writes_them(tmp_path: Path) -> None:
     (tmp_path / "pagemap-42.img").write_bytes(b"not an image")
     with pytest.raises(ValueError, match=r"pagemap-42\.img is not a CRIU pagemap image"):
         lazy.memories(tmp_path)
+
+
+def test_what_a_restore_reads_itself_is_read_in_bounded_pieces() -> None:
+    """A sandbox decides how much memory CRIU restores itself (gigabytes of shared memory, say):
+    `prepare` holds at most PREPARE_BATCH_BYTES of it at once, and writes every byte once."""
+    limit = 1000
+    ranges = [(0, 10), (4096, 2500), (9000, 0), (20000, 999), (30000, 1)]
+    batches = list(lazy._batches(ranges, limit))
+    assert all(sum(n for _, n in batch) <= limit for batch in batches)
+    covered = [byte for batch in batches for start, n in batch for byte in range(start, start + n)]
+    assert covered == [byte for start, n in ranges for byte in range(start, start + n)]
+    assert list(lazy._batches([(0, 64)])) == [[(0, 64)]], "a sandbox's few eager pages: one read, as before"
