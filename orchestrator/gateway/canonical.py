@@ -62,12 +62,19 @@ def _content(content: Any) -> Any:
 
 
 def _arguments(raw: Any) -> Any:
+    """A call's arguments as every harness is given them (`ToolCall.parsed_arguments`): an object,
+    nothing as {}, and anything else wrapped as {"input": ...}. An Anthropic or Responses harness
+    sends back the object it was given, not what the model wrote: that is the same call."""
     if isinstance(raw, str):
+        if not raw.strip():
+            return {}
         try:
-            return normal(json.loads(raw))
+            value = normal(json.loads(raw))
         except ValueError:
-            return raw.strip()
-    return normal(raw)
+            return {"input": raw}
+    else:
+        value = normal(raw)
+    return value if isinstance(value, dict) else {"input": value}
 
 
 def canonical_message(m: Any) -> dict[str, Any]:

@@ -16,6 +16,8 @@ import pytest
 from orchestrator.domain import FailedPrecondition, StandingBy
 from orchestrator.gateway import CanonicalRequest, Ledger, Turn, Verification
 from orchestrator.gateway.canonical import canonical_message
+from orchestrator.gateway.generation import Generation, ToolCall
+from orchestrator.gateway.protocols import anthropic
 from orchestrator.state import PostgresStateStore
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
 from tests.postgres import PostgresServer
@@ -252,3 +254,14 @@ def test_a_completions_prefixes_hash_as_their_own_prompts_would() -> None:
     assert hashes == [
         CanonicalRequest.parse("completion", {"prompt": prompt[:n]}).after("")[0] for n in wanted
     ]
+
+
+@pytest.mark.parametrize("raw", ["", "  ", "[1,2]", "5", "not json", " padded ", '{"a": 1}', '{"a":1.0}'])
+def test_a_tool_call_reads_back_as_itself_from_a_harness_given_it_as_an_object(raw: str) -> None:
+    """An Anthropic harness gets a call's arguments as an object (`parsed_arguments`) and sends
+    that back, not what the model wrote: its next request must find the turn as its parent."""
+    call = ToolCall(id="c1", name="f", arguments=raw)
+    answer = Generation("chat", tool_calls=[call]).answer()
+    block = {"type": "tool_use", "id": "c1", "name": "f", "input": call.parsed_arguments()}
+    (sent_back,) = anthropic.to_messages({"messages": [{"role": "assistant", "content": [block]}]})
+    assert canonical_message(sent_back) == answer
