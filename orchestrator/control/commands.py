@@ -65,6 +65,7 @@ class Commands:
         e = self.store.update(
             episode_id, held=False, pinned_node=node, not_before=0.0, attempts=0,
             decision=f"resume requested{f' on node {node}' if node else ''}",
+            expect=(EpisodeState.PREEMPTED,),  # a cancel or restore since the check above wins
         )  # fmt: skip
         self._wake()
         return e

@@ -209,10 +209,17 @@ class SqlStateStore:
             )
             return self._get(db, episode_id)
 
-    def update(self, episode_id: str, *, decision: str = "", **changes: Any) -> Episode:
-        """Change fields without a state change; a decision text becomes an event."""
+    def update(
+        self, episode_id: str, *, decision: str = "", expect: Collection[EpisodeState] = (), **changes: Any
+    ) -> Episode:
+        """Change fields without a state change; a decision text becomes an event. With `expect`,
+        only in one of those states (checked in the same transaction), else FailedPrecondition."""
         with self._tx() as db:
             current = self._get(db, episode_id)
+            if expect and current.state not in expect:
+                raise FailedPrecondition(
+                    f"episode {episode_id} is {current.state}, not {' or '.join(sorted(expect))}"
+                )
             self._apply(db, episode_id, {"updated_at": time.time(), **changes})
             if decision:
                 self._event(

@@ -169,6 +169,11 @@ def test_fields_read_back_as_written_and_a_decision_becomes_an_event(store: Stat
         store.update(e.id, not_a_field=1)
     with pytest.raises(NotFound):
         store.update("ep-missing", held=True)
+    with pytest.raises(FailedPrecondition, match=f"episode {e.id} is PENDING, not PREEMPTED"):
+        store.update(e.id, held=True, expect=(S.PREEMPTED,))
+    assert store.get(e.id).held is False, "an update whose state is not the expected one changes nothing"
+    assert store.update(e.id, held=True, expect=(S.PENDING,)).held is True
+    store.update(e.id, held=False)
 
     assert [x.id for x in store.query(node="node-2")] == [e.id]
     assert [x.id for x in store.query(labels={"suite": "other"})] == [other.id]
