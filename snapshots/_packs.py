@@ -86,7 +86,16 @@ class PackIndex:
         learned: dict[str, dict[str, Located]] = {}
         for pack_id in listed - known:
             try:
-                learned[pack_id] = decode_index(pack_id, self._backend.get(pack_index_key(pack_id)))
+                chunks = decode_index(pack_id, self._backend.get(pack_index_key(pack_id)))
+                size = self._backend.size(pack_key(pack_id))
+                if size is None:
+                    continue  # removed since it was listed
+                # Another writer's index is trusted for deduplication only as far as it can be
+                # checked cheaply: every chunk it names must lie inside its pack.
+                beyond = next((d for d, at in chunks.items() if at.offset + at.stored_length > size), None)
+                if beyond is not None:
+                    raise ValueError(f"chunk {beyond} lies past the end of the pack ({size} bytes)")
+                learned[pack_id] = chunks
             except ObjectMissing:
                 continue  # removed since it was listed
             except (ValueError, TypeError, KeyError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -54,3 +55,29 @@ def test_zero_pages_collapse_to_one_chunk(local_store: SnapshotStore, scratch: P
     assert manifest.sizes.unique_chunks == 1
     assert manifest.sizes.stored_bytes < 64 * 1024
     assert manifest.sizes.dedup_ratio > 1000
+
+
+@pytest.mark.timeout(60)
+def test_an_index_naming_chunks_past_its_pack_is_not_trusted_for_dedup(scratch: Path) -> None:
+    """Another writer's pack index decides what a put need not upload again: one that names
+    chunks past the end of its pack would make every later snapshot unrestorable."""
+    url = f"file://{scratch / 'store'}"
+    tree = scratch / "tree"
+    (tree / "criu").mkdir(parents=True)
+    (tree / "criu" / "pages-1.img").write_bytes(random.Random(4).randbytes(2 * MiB))
+    with SnapshotStore.open(url) as first:
+        first.put(tree, make_meta("s1"))
+    (index,) = (scratch / "store" / "packs").glob("*.idx")
+    doc = json.loads(index.read_text())
+    doc["chunks"] = [
+        [digest, length, offset + (1 << 40), stored] for digest, length, offset, stored in doc["chunks"]
+    ]
+    index.write_text(json.dumps(doc))
+    with SnapshotStore.open(url) as second:  # learns the packs afresh
+        put = second.put(tree, make_meta("s2", seq=2))
+        assert put.sizes.new_bytes > 1 * MiB, "the chunks were uploaded again, not taken from the bad index"
+        assert second.verify("s2").ok
+        second.fetch("s2", scratch / "out")
+    assert (scratch / "out" / "criu" / "pages-1.img").read_bytes() == (
+        tree / "criu" / "pages-1.img"
+    ).read_bytes()
