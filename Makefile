@@ -35,6 +35,7 @@ images: setup
 
 bench: setup
 	$(PY) benchmarks/bench.py
+	$(PY) benchmarks/control_plane.py
 	$(PY) benchmarks/snapshot_throughput.py
 	$(PY) benchmarks/gateway_latency.py
 	$(PY) benchmarks/image_pull.py
