@@ -21,7 +21,7 @@ _GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
 
 
 @contextmanager
-def _directory(root: Path, parts: list[str], make: bool = False) -> Iterator[int]:
+def directory(root: Path, parts: list[str], make: bool = False) -> Iterator[int]:
     """A descriptor of root/parts..., reached one component at a time without following a
     symlink (`make` creates missing ones, 0755); one that is a symlink or not a directory raises
     `Escapes`."""
@@ -49,14 +49,19 @@ def read(root: Path, relative: str, offset: int = 0, limit: int = 1 << 20) -> tu
     missing, crosses a symlink or is not a regular file reads as empty, size 0."""
     parts = relative.strip("/").split("/")
     try:
-        with _directory(root, parts[:-1]) as fd:
-            file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-            with os.fdopen(file_fd, "rb") as f:
-                st = os.fstat(f.fileno())
-                if not stat.S_ISREG(st.st_mode):
+        with directory(root, parts[:-1]) as fd:
+            # Looked at before it is opened: opening a socket fails (ENXIO), a fifo may block.
+            path_fd = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW, dir_fd=fd)
+            try:
+                if not stat.S_ISREG(os.fstat(path_fd).st_mode):
                     return b"", 0
-                f.seek(min(max(0, offset), st.st_size))
-                return f.read(max(0, limit)), st.st_size
+                file_fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY)
+            finally:
+                os.close(path_fd)
+            with os.fdopen(file_fd, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(min(max(0, offset), size))
+                return f.read(max(0, limit)), size
     except Escapes:
         return b"", 0
     except OSError as exc:
@@ -70,7 +75,7 @@ def write(root: Path, relative: str, content: bytes, mode: int = 0o644) -> None:
     is at the last component (a symlink, a fifo, a file) is replaced, never followed; a
     directory on the path that is a symlink raises `Escapes`."""
     parts = relative.strip("/").split("/")
-    with _directory(root, parts[:-1], make=True) as fd:
+    with directory(root, parts[:-1], make=True) as fd:
         try:
             os.unlink(parts[-1], dir_fd=fd)
         except FileNotFoundError:

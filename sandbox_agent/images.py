@@ -81,6 +81,9 @@ class ImageCache:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
+        # An image is untrusted and may hold setuid-root files: no other user of the node reaches
+        # them (sandboxes see them through their own mounts).
+        self.root.chmod(0o700)
         self._names_file = self.root / "names.json"
         self._thread_lock = threading.RLock()
         self._depth = 0

@@ -55,24 +55,24 @@ def _user(user: str, rootfs: Path, image: str) -> tuple[int, int, str]:
     name, _, group = user.partition(":")
     passwd = _entries(_read(rootfs, "etc/passwd"))
     entry = next(
-        (e for e in passwd if len(e) >= 7 and e[2].isdigit() and e[3].isdigit() and name in (e[0], e[2])),
+        (e for e in passwd if len(e) >= 7 and _number(e[2]) and _number(e[3]) and name in (e[0], e[2])),
         None,
     )
     if entry is not None:
         uid, gid, home = int(entry[2]), int(entry[3]), entry[5] or "/"
-    elif name.isdigit():
+    elif _number(name):
         uid, gid, home = int(name), 0, "/"
     else:
         raise InvalidSpec("user", f"image {image!r} names user {name!r}, which its /etc/passwd does not have")
     if group:
-        if group.isdigit():
+        if _number(group):
             gid = int(group)
         else:
             found = next(
                 (
                     e
                     for e in _entries(_read(rootfs, "etc/group"))
-                    if len(e) >= 3 and e[0] == group and e[2].isdigit()
+                    if len(e) >= 3 and e[0] == group and _number(e[2])
                 ),
                 None,
             )
@@ -82,3 +82,8 @@ def _user(user: str, rootfs: Path, image: str) -> tuple[int, int, str]:
                 )
             gid = int(found[2])
     return uid, gid, home
+
+
+def _number(text: str) -> bool:
+    """A uid or gid as /etc/passwd writes it: ASCII digits ('²' is a digit to str.isdigit, not to int)."""
+    return text.isascii() and text.isdigit()

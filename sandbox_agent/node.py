@@ -185,6 +185,8 @@ class Node:
         self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
         self._sandboxes_dir = settings.root / "sandboxes"
         self._sandboxes_dir.mkdir(exist_ok=True)
+        # Harnesses' layers lie there as the sandboxes see them: no other user of the node reaches them.
+        self._sandboxes_dir.chmod(0o700)
         self._reachable_dir = _reachable(settings.run_dir / self.name)
         self._userns_base = settings.userns_base if isinstance(self.backend, RuncBackend) else 0
         """Where new sandboxes' ids start on the host; the docker backend has no user namespaces."""
@@ -276,6 +278,9 @@ class Node:
     # -- bookkeeping ------------------------------------------------------------------------
 
     def _layout(self, sandbox_id: str) -> SandboxLayout:
+        # Every request names its sandbox by id: one like '../x' or 'a/layer/upper' would reach
+        # outside the sandboxes' directory, into a tree a harness controls.
+        validate_id("sandbox_id", sandbox_id)
         return SandboxLayout(self._sandboxes_dir / sandbox_id, self._reachable_dir / sandbox_id)
 
     def _record(self, sandbox_id: str) -> SandboxRecord:
@@ -358,6 +363,8 @@ class Node:
                 exit_code = int(code.strip())
             except ValueError:
                 exit_code = None
+            if exit_code is not None and not 0 <= exit_code <= 255:
+                exit_code = None  # not what the wrapper's `echo $?` writes: the harness wrote it
         with self._lock:
             busy = record.id in self._busy
         return SandboxStatus(record=record, state=state, pid=pid, exit_code=exit_code, busy=busy)
@@ -843,8 +850,8 @@ class Node:
             raise FailedPrecondition(
                 f"node {self.name} runs {self.backend.name}; verifiers need the runc backend"
             )
-        if timeout_s <= 0:
-            raise InvalidSpec("timeout_s", "must be > 0")
+        if not 0 < timeout_s <= MAX_VERIFIER_S:  # NaN fails too
+            raise InvalidSpec("timeout_s", f"{timeout_s} must be > 0 and <= {MAX_VERIFIER_S}")
         verifier_id = f"{sandbox_id}-verify"
         with self._exclusive(sandbox_id):
             layout = self._layout(sandbox_id)
@@ -935,17 +942,20 @@ class Node:
                 raise NotFound(f"snapshot {snapshot_id} does not exist") from None
             except FileNotFoundError:
                 return b"", 0
-            tree = Path(tmp) / "log"
-            tree.mkdir()
             with tarfile.open(layer) as tar:
                 member = next((m for m in tar if m.name.removeprefix("./") == HARNESS_LOG.lstrip("/")), None)
                 if member is None or not member.isreg():
                     return b"", 0
+                # Only the window asked for: the harness may have made its log a sparse file of
+                # terabytes, which the layer holds in a few bytes.
                 source = tar.extractfile(member)
                 assert source is not None
-                with open(tree / "harness.log", "wb") as out:
-                    shutil.copyfileobj(source, out)
-            return _read_log(tree, tail_bytes, offset, name="harness.log")
+                if offset is None:
+                    start, limit = max(0, member.size - tail_bytes), min(tail_bytes, MAX_LOG_READ)
+                else:
+                    start, limit = min(max(0, offset), member.size), MAX_LOG_READ
+                source.seek(start)
+                return source.read(max(0, limit)), member.size
 
     def delete_all(self) -> None:
         """Delete every sandbox of this node: for tests and decommissioning."""
@@ -1024,6 +1034,8 @@ def _reachable(path: Path) -> Path:
     return path
 
 
+MAX_VERIFIER_S = 30 * 86400
+"""The longest a verifier may be given: an infinite one would hold the sandbox and a worker forever."""
 MAX_LOG_READ = 4 << 20
 """The most one log read returns; a reader pages on with the offset."""
 

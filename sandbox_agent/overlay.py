@@ -58,9 +58,13 @@ def make_layer_fs(image: Path, size_mb: int, inodes: int, *, nice: bool = False)
 
 
 def mount_layer_disk(image: Path, target: Path) -> None:
-    """Loop-mount a layer's filesystem (`make_layer_fs`) at target."""
+    """Loop-mount a layer's filesystem (`make_layer_fs`) at target. Its files lie on disk as the
+    sandbox sees them (its root's as uid 0): nosuid and nodev, so that no setuid file or device
+    a harness made there means anything to the node."""
     target.mkdir(parents=True, exist_ok=True)
-    _command.run(["mount", "-o", "loop", str(image), str(target)], what=f"mounting {image} at {target}")
+    _command.run(
+        ["mount", "-o", "loop,nosuid,nodev", str(image), str(target)], what=f"mounting {image} at {target}"
+    )
 
 
 def is_mounted(target: Path) -> bool:
@@ -115,8 +119,10 @@ def import_layer(layer: Path, upper: Path) -> None:
 def sandbox_path(field: str, path: str) -> PurePosixPath:
     """Validate an absolute in-sandbox path that must not climb out of the rootfs."""
     p = PurePosixPath(path)
-    if not p.is_absolute() or ".." in p.parts or p == PurePosixPath("/"):
-        raise InvalidSpec(field, f"{path!r} must be an absolute file path inside the sandbox without '..'")
+    if not p.is_absolute() or ".." in p.parts or p == PurePosixPath("/") or "\0" in path:
+        raise InvalidSpec(
+            field, f"{path!r} must be an absolute file path inside the sandbox without '..' or NUL"
+        )
     return p
 
 

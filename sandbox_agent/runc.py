@@ -13,10 +13,10 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import _command, criu_stats, freezer, idmap, lazy, network, overlay, seccomp
+from sandbox_agent import _command, confined, criu_stats, freezer, idmap, lazy, network, overlay, seccomp
 from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
-from sandbox_agent.errors import CommandFailed, FailedPrecondition
+from sandbox_agent.errors import CommandFailed, FailedPrecondition, InvalidSpec
 from sandbox_agent.images import Image
 from sandbox_agent.layer_disks import LayerDisks
 from sandbox_agent.spec import Resources, SandboxRecord, SandboxState
@@ -179,7 +179,9 @@ class RuncBackend:
         if graded is not None:
             spec["mounts"] = [*spec["mounts"], {
                 "destination": GRADED_MOUNT, "type": "bind", "source": str(graded),
-                "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
+                # nosymfollow: a harness's symlink (to /tests/expected.txt) must not lead the
+                # verifier into its own hidden files.
+                "options": ["rbind", "ro", "nosuid", "nodev", "noexec", "nosymfollow"],
             }]  # fmt: skip
         layout.bundle.mkdir(parents=True, exist_ok=True)
         (layout.bundle / "config.json").write_text(json.dumps(spec, indent=1))
@@ -193,9 +195,17 @@ class RuncBackend:
         staging = layout.dir / "prepare"
         overlay.mount([image.rootfs], layout.upper, layout.work, staging)
         try:
-            state = staging / STATE_DIR.lstrip("/")
-            state.mkdir(exist_ok=True)
-            os.chown(state, *record.spec.ids)  # the harness writes its log and exit code as its own user
+            # The image may hold anything at /.stasis (a symlink to a node directory): it is
+            # reached without following one, and chowned through its descriptor.
+            try:
+                with confined.directory(staging, STATE_DIR.strip("/").split("/"), make=True) as fd:
+                    os.fchown(
+                        fd, *record.spec.ids
+                    )  # the harness writes its log and exit code as its own user
+            except confined.Escapes as exc:
+                raise InvalidSpec(
+                    "image", f"{record.spec.image}: {exc}; Stasis keeps its state there"
+                ) from None
             overlay.place_files(staging, files)
         finally:
             overlay.unmount(staging)

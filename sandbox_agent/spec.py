@@ -13,7 +13,7 @@ from sandbox_agent import idmap, network
 from sandbox_agent.errors import InvalidSpec
 from sandbox_agent.overlay import sandbox_path
 
-_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$")
@@ -30,7 +30,7 @@ class SandboxState(enum.StrEnum):
 
 
 def validate_id(field_name: str, value: str) -> str:
-    if not _ID.match(value or ""):
+    if not _ID.fullmatch(value or ""):
         raise InvalidSpec(
             field_name, f"{value!r} must be 1-63 of [a-z0-9_.-], starting with a letter or digit"
         )

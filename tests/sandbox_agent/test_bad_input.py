@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,6 +163,8 @@ INVALID_REQUESTS = [
         "files[/../../etc/passwd]",
     ),
     ("ok", SandboxSpec(image="base", command=("true",), cwd="tmp"), {}, "cwd"),
+    ("ok", SandboxSpec(image="base", command=("true",)), {"/etc/a\0b": b""}, "files[/etc/a\0b]"),
+    ("ok\n", SandboxSpec(image="base", command=("true",)), {}, "sandbox_id"),
     ("victim", SandboxSpec(image="", command=("true",)), {}, "image"),
 ]
 
@@ -182,6 +185,11 @@ def test_unknown_sandbox(busy_node: tuple[Node, Node, Path], tmp_path: Path) -> 
     for call in (lambda: a.get("ghost"), lambda: a.kill("ghost"), lambda: a.delete("ghost")):
         with pytest.raises(NotFound, match="sandbox 'ghost' does not exist on node node-a"):
             call()
+    # An id that would reach outside the sandboxes' directory (into a layer a harness controls).
+    for ghost in ("victim/layer/upper", "../sandboxes/victim", "/tmp"):
+        for call in (a.get, a.kill, a.delete):
+            with pytest.raises(InvalidSpec, match="sandbox_id"):
+                call(ghost)
     with pytest.raises(NotFound, match="does not exist"):
         b.restore("x", tmp_path / "nowhere")
 
@@ -258,3 +266,44 @@ def test_a_stopping_checkpoint_criu_refuses_leaves_the_sandbox_running(
     ticks = node.harness_log("held").count(b"tick ")
     wait_for_log(node, "held", lambda t: t.count("tick ") > ticks + 2)
     node.delete("held")
+
+
+@pytest.mark.timeout(90)
+def test_an_image_whose_state_dir_is_a_symlink_is_refused_and_the_node_dir_keeps_its_owner(
+    busy_node: tuple[Node, Node, Path], tmp_path: Path
+) -> None:
+    """The node makes /.stasis in each layer and gives it to the sandbox's user: through a symlink
+    in the image, that would hand a node directory to an unprivileged host uid."""
+    a, _, _ = busy_node
+    tree = tmp_path / "linked"
+    shutil.copytree(a.images.resolve("base").rootfs, tree, symlinks=True)
+    target = tmp_path / "node-dir"
+    target.mkdir(mode=0o700)
+    (tree / ".stasis").symlink_to(target)
+    a.images.import_directory(tree, name="linked")
+    with pytest.raises(InvalidSpec, match=r"/\.stasis is not a directory") as err:
+        a.create("linked", SandboxSpec(image="linked", command=("true",), user="1000:1000"))
+    assert err.value.field == "image"
+    assert (target.stat().st_uid, target.stat().st_mode & 0o777) == (0, 0o700)
+    assert [s.record.id for s in a.list()] == ["victim"]
+
+
+@pytest.mark.timeout(90)
+def test_a_socket_where_the_exit_code_goes_does_not_take_the_node_down(
+    busy_node: tuple[Node, Node, Path],
+) -> None:
+    """A harness that leaves a socket at /.stasis/exit-code (which open() refuses with ENXIO) is
+    read as having no exit code; listing the node, which every heartbeat does, still works."""
+    a, _, _ = busy_node
+    binds = (
+        "import socket; socket.socket(socket.AF_UNIX).bind('/.stasis/exit-code'); print('bound', flush=True)"
+    )
+    a.create("sock", SandboxSpec(image="base", command=("python3", "-c", binds)))
+    wait_for_log(a, "sock", lambda t: "bound" in t)
+    deadline = time.monotonic() + 30
+    while a.get("sock").state != SandboxState.EXITED:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert a.get("sock").exit_code is None
+    assert {s.record.id for s in a.list()} == {"victim", "sock"}
+    a.delete("sock")

@@ -35,6 +35,7 @@ for d in /usr/lib/python3/dist-packages /usr/local/lib/python3.11/dist-packages;
 done
 ln -s {target} /grader/grade.py
 mkdir -p /episode && echo 1000.0 > /episode/reward
+ln -s /grader/expected.txt /work/expected-copy.txt
 echo 1000.0
 """
 
@@ -52,6 +53,10 @@ try:
     print("the graded tree is writable")
 except OSError:
     print("the graded tree is read-only")
+try:
+    print("through the harness's symlink:", open("/episode/work/expected-copy.txt").read().strip())
+except OSError:
+    print("the harness's symlink is not followed")
 print(1.0 if answer == "42" else 0.0)
 """
 
@@ -75,7 +80,9 @@ def test_a_forging_harness_gets_the_honest_grade(make_node: NodeFactory, tmp_pat
     assert node.get("forger").exit_code == 0, node.harness_log("forger", 4096)
 
     result = node.run_verifier(
-        "forger", ("python3", "/grader/grade.py"), {"/grader/grade.py": GRADER.encode()}
+        "forger",
+        ("python3", "/grader/grade.py"),
+        {"/grader/grade.py": GRADER.encode(), "/grader/expected.txt": b"the hidden answer"},
     )
     log = result.log.decode()
     assert result.exit_code == 0 and not result.timed_out, log
@@ -84,6 +91,7 @@ def test_a_forging_harness_gets_the_honest_grade(make_node: NodeFactory, tmp_pat
         "shell from the image",
         "the graded tree is noexec",
         "the graded tree is read-only",
+        "the harness's symlink is not followed",
         "0.0",
     ], log
     assert target.read_text() == "untouched\n", "the planted symlink was not followed on the host"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -201,3 +202,29 @@ def test_a_failed_upload_after_the_kill_revives_the_sandbox(make_node: NodeFacto
     with SnapshotStore.open(url) as store:
         assert not store.exists("up-s1")
     assert not list((a.settings.root / "staging").iterdir())
+
+
+@pytest.mark.timeout(60)
+def test_a_snapshots_log_is_read_as_a_window_even_when_the_harness_made_it_terabytes(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    """A harness's log comes from its snapshot's layer for an episode no longer live; a sparse log
+    of a terabyte (a few bytes in the layer) must not be written out whole to read its tail."""
+    layer = tmp_path / "layer"
+    (layer / ".stasis").mkdir(parents=True)
+    log = layer / ".stasis" / "harness.log"
+    with open(log, "wb") as f:
+        f.truncate(1 << 40)
+        f.seek((1 << 40) - 6)
+        f.write(b"tail!\n")
+    tree = tmp_path / "tree"
+    (tree / "criu").mkdir(parents=True)
+    (tree / "checkpoint.json").write_text("{}")
+    subprocess.run(["tar", "--sparse", "-cf", str(tree / "layer.tar"), "-C", str(layer), "."], check=True)
+    assert (tree / "layer.tar").stat().st_size < 1 << 20
+    url = f"file://{tmp_path}/store"
+    with SnapshotStore.open(url) as store:
+        store.put(tree, make_meta("sparse-1"))
+    node = make_node("node-a", snapshot_store=url)
+    assert node.snapshot_log("sparse-1", tail_bytes=6) == (b"tail!\n", 1 << 40)
+    assert node.snapshot_log("sparse-1", offset=4096) == (bytes(4 << 20), 1 << 40)
