@@ -7,6 +7,7 @@ beyond the runtime's own checkpoint and restore, measured in one run.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
 import tempfile
@@ -60,14 +61,14 @@ def preempt_resume(root: Path, cycles: int) -> list[tuple[float, float, float, f
                 c.wait(episode.id, ["PREEMPTED"], timeout_s=60)
                 preempt_ms = (time.perf_counter() - started) * 1000
                 snap = c.snapshots(episode.id)[-1]
-                inside_ckpt = snap.timings_ms["frozen_ms"] + snap.timings_ms["put_ms"]
+                inside_ckpt = snap.timings_ms["total_ms"]  # the agent's whole checkpoint call
                 node = "node-2" if i % 2 == 0 else "node-1"
                 started = time.perf_counter()
                 c.resume(episode.id, node=node)
                 c.wait(episode.id, ["RUNNING"], timeout_s=60)
                 resume_ms = (time.perf_counter() - started) * 1000
-                reason = c.get(episode.id).reason  # "restored on … (fetch_ms …, total_ms N ms)"
-                inside_restore = float(reason.split("total_ms ")[1].split(" ")[0])
+                reason = c.get(episode.id).reason  # "restored on … (fetch_ms …, total_ms N, … ms)"
+                inside_restore = float(re.search(r"\btotal_ms (\d+)", reason).group(1))  # type: ignore[union-attr]
                 rows.append((preempt_ms, inside_ckpt, resume_ms, inside_restore))
             c.cancel(episode.id)
     finally:
