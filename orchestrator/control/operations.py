@@ -129,7 +129,7 @@ class Operations:
         try:
             with self.work.claim(e.id):
                 self.store.transition(
-                    e.id, S.RESTORING, why, expect=(S.PREEMPTED,), node=node, pinned_node="",
+                    e.id, S.RESTORING, why, expect=(S.PREEMPTED,), node=node,
                     sandbox_id=ids.sandbox_id(e.id, run), runs=run, restored_from=e.last_snapshot_id,
                 )  # fmt: skip
                 self.work.submit(e.id, self.restore)

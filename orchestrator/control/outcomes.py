@@ -54,9 +54,11 @@ class Outcomes:
                 self.members.delete_quietly(e.node, e.sandbox_id)
 
     def running(self, e: Episode, expect: EpisodeState, reason: str, **changes: Any) -> None:
+        # A resume's pin has done its work once the run is there; kept, it would hold the
+        # episode to that node after a later loss of it.
         self.transition_or_cleanup(
             e, S.RUNNING, reason, expect=(expect,), run_started_at=time.time(), attempts=0, not_before=0.0,
-            **changes,
+            pinned_node="", **changes,
         )  # fmt: skip
 
     def start_failed(self, e: Episode, problem: str, *, final: bool, exc: Exception | None = None) -> None:
@@ -84,6 +86,7 @@ class Outcomes:
                 self.store.transition(
                     e.id, S.PREEMPTED, f"{why}; resuming from snapshot {e.last_snapshot_id}", node="",
                     sandbox_id="", pending_snapshot_id="", pending_reason="", queued_at=time.time(), held=False,
+                    pinned_node="",
                 )  # fmt: skip
             else:
                 self.store.transition(

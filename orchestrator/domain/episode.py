@@ -78,8 +78,8 @@ class Episode:
     held: bool = False
     """Preempted by hand: waits for ResumeEpisode instead of being rescheduled."""
     pinned_node: str = ""
-    """The node a resume named; the next restore goes there, and the pin ends once it is placed
-    (else a pinned episode whose node was later lost would wait for it forever)."""
+    """The node a resume named; the restore goes there (again, if one is cut short), and the pin
+    ends once it runs there or that node is lost (else the episode would wait for it forever)."""
     snapshots: int = 0
     last_snapshot_id: str = ""
     restored_from: str = ""
