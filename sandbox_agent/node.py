@@ -950,12 +950,9 @@ class Node:
                 # terabytes, which the layer holds in a few bytes.
                 source = tar.extractfile(member)
                 assert source is not None
-                if offset is None:
-                    start, limit = max(0, member.size - tail_bytes), min(tail_bytes, MAX_LOG_READ)
-                else:
-                    start, limit = min(max(0, offset), member.size), MAX_LOG_READ
+                start, limit = _log_window(member.size, tail_bytes, offset)
                 source.seek(start)
-                return source.read(max(0, limit)), member.size
+                return source.read(limit), member.size
 
     def delete_all(self) -> None:
         """Delete every sandbox of this node: for tests and decommissioning."""
@@ -1040,8 +1037,14 @@ MAX_LOG_READ = 4 << 20
 """The most one log read returns; a reader pages on with the offset."""
 
 
-def _read_log(root: Path, tail_bytes: int, offset: int | None, name: str = HARNESS_LOG) -> tuple[bytes, int]:
+def _log_window(size: int, tail_bytes: int, offset: int | None) -> tuple[int, int]:
+    """Where a log read of a `size`-byte log starts and how much it reads: its last `tail_bytes`,
+    or from `offset` on, at most MAX_LOG_READ either way."""
     if offset is None:
-        _, size = confined.read(root, name, limit=0)
-        return confined.read(root, name, max(0, size - tail_bytes), min(tail_bytes, MAX_LOG_READ))
-    return confined.read(root, name, offset, MAX_LOG_READ)
+        return max(0, size - tail_bytes), max(0, min(tail_bytes, MAX_LOG_READ))
+    return min(max(0, offset), size), MAX_LOG_READ
+
+
+def _read_log(root: Path, tail_bytes: int, offset: int | None) -> tuple[bytes, int]:
+    _, size = confined.read(root, HARNESS_LOG, limit=0)
+    return confined.read(root, HARNESS_LOG, *_log_window(size, tail_bytes, offset))

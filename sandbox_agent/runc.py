@@ -195,13 +195,12 @@ class RuncBackend:
         staging = layout.dir / "prepare"
         overlay.mount([image.rootfs], layout.upper, layout.work, staging)
         try:
-            # The image may hold anything at /.stasis (a symlink to a node directory): it is
-            # reached without following one, and chowned through its descriptor.
+            # The harness writes its log and exit code there as its own user. The image may hold
+            # anything at /.stasis (a symlink to a node directory): it is reached without
+            # following one, and chowned through its descriptor.
             try:
                 with confined.directory(staging, STATE_DIR.strip("/").split("/"), make=True) as fd:
-                    os.fchown(
-                        fd, *record.spec.ids
-                    )  # the harness writes its log and exit code as its own user
+                    os.fchown(fd, *record.spec.ids)
             except confined.Escapes as exc:
                 raise InvalidSpec(
                     "image", f"{record.spec.image}: {exc}; Stasis keeps its state there"

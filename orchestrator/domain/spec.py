@@ -44,9 +44,10 @@ class Limits:
 @dataclass(frozen=True)
 class Preemption:
     time_slice_s: float = 0.0
-    """Once others wait for a slot, a run longer than this is checkpointed and requeued; 0 = never."""
+    """Once others wait for a slot, a run longer than this is checkpointed and requeued; 0 = the
+    server's default (--default-time-slice), whose 0 is never."""
     priority: int = 0
-    """Higher runs first and may preempt lower."""
+    """Higher runs first and may preempt lower; 0 = the server's default (--default-priority)."""
     autosave_s: float = 0.0
     """Period of leave-running snapshots, bounding what a lost node costs; 0 = off."""
 
@@ -104,7 +105,7 @@ class EpisodeSpec:
             raise InvalidArgument("spec.resources.disk_mb", f"{r.disk_mb} must be between 16 and 16777216")
         _seconds("spec.limits.max_wall_s", self.limits.max_wall_s, 0.0, "0 means no limit")
         p = self.preemption
-        _seconds("spec.preemption.time_slice_s", p.time_slice_s, MIN_PERIOD_S, "0 means never time-sliced")
+        _seconds("spec.preemption.time_slice_s", p.time_slice_s, MIN_PERIOD_S, "0 means the server's default")
         _seconds("spec.preemption.autosave_s", p.autosave_s, MIN_PERIOD_S, "0 means off")
         if not -1000 <= p.priority <= 1000:
             raise InvalidArgument("spec.preemption.priority", f"{p.priority} must be between -1000 and 1000")
