@@ -593,8 +593,7 @@ class Node:
 
     def _restore_from_store(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxStatus:
         store = self._require_store()
-        validate_id("sandbox_id", sandbox_id)
-        if self._layout(sandbox_id).dir.exists():
+        if self._layout(sandbox_id).dir.exists():  # _layout checks the id
             raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
         staged_as = f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
         staging = self._staging / staged_as

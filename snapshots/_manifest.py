@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, overload
 
 from ._collector import collector_paused
 from ._errors import InvalidSnapshotMeta, SnapshotCorrupt
+from ._settings import MAX_CHUNK
 
 FORMAT = "stasis.snapshot/v3"
 """Written by this store. v3 lists a file's chunks as columns (a 2 GiB memory image's 32,768 decode
@@ -33,11 +34,11 @@ _CRIU_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)*(?:[-+~][A-Za-z0-9.+~-]+)?")
 _CHUNK_HASH = re.compile(r"[0-9a-f]{64}")
 PACK_ID = re.compile(r"[0-9a-f]{32}")
 _INT = frozenset({int})
-MAX_CHUNK = 1 << 30
-"""The largest chunk any chunking setting makes (fastcdc's max_size, at most 1 GiB)."""
 MAX_STORED_CHUNK = MAX_CHUNK + (MAX_CHUNK >> 7) + 4096
-"""The largest stored form of a chunk: one zstd frame is at most its content plus 1/256 and a header."""
-_END = 1 << 63
+"""The largest stored form of a chunk: one zstd frame of MAX_CHUNK, which zstd bounds at its
+content plus 1/256 and a header (this allows 1/128 and 4 KiB)."""
+OFFSET_END = 1 << 63
+"""Offsets in packs lie below this (a file offset is a signed 64-bit number)."""
 
 
 class Reason(enum.StrEnum):
@@ -460,7 +461,7 @@ def _decode_table(path: str, table: Any) -> ChunkTable:
         raise ValueError(f"{path}: bad pack list {packs!r}")
     if n and (min(lengths) <= 0 or min(stored) <= 0 or min(offsets) < 0 or min(where) < 0):
         raise ValueError(f"{path}: a chunk length, offset or pack index is out of range")
-    if n and (max(stored) > MAX_STORED_CHUNK or max(offsets) >= _END):
+    if n and (max(stored) > MAX_STORED_CHUNK or max(offsets) >= OFFSET_END):
         raise ValueError(f"{path}: a chunk's stored length or offset is out of range")
     if n and max(where) >= len(packs):
         raise ValueError(f"{path}: a chunk names pack {max(where)} of {len(packs)}")
@@ -477,9 +478,12 @@ def _decode_chunk(path: str, item: Any, packs: set[str]) -> ChunkRef:
         raise ValueError(f"{path}: bad chunk reference {item!r}")
     if len(item) == 5:
         digest, length, stored_length, pack, offset = item
-        if not (type(offset) is int and 0 <= offset < _END and pack in packs):
+        if not (type(offset) is int and 0 <= offset < OFFSET_END and pack in packs):
             if not (
-                type(pack) is str and type(offset) is int and 0 <= offset < _END and PACK_ID.fullmatch(pack)
+                type(pack) is str
+                and type(offset) is int
+                and 0 <= offset < OFFSET_END
+                and PACK_ID.fullmatch(pack)
             ):
                 raise ValueError(f"{path}: bad chunk location {item!r}")
             packs.add(pack)

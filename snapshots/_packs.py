@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ._backends import Backend, ObjectMissing, ObjectWriter
 from ._layout import PACK_PREFIX, pack_index_key, pack_key, split_pack_key
-from ._manifest import MAX_STORED_CHUNK, PACK_ID
+from ._manifest import MAX_STORED_CHUNK, OFFSET_END, PACK_ID
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def decode_index(pack_id: str, raw: bytes) -> dict[str, Located]:
             and len(digest) == 64
             and type(offset) is int
             and type(stored) is int
-            and 0 <= offset < 1 << 63
+            and 0 <= offset < OFFSET_END
             and 0 < stored <= MAX_STORED_CHUNK
         ):
             raise ValueError(f"bad row for {digest!r}")

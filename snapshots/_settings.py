@@ -9,6 +9,8 @@ from ._errors import InvalidSettings
 
 KiB = 1024
 MiB = 1024 * KiB
+MAX_CHUNK = 1024 * MiB
+"""The largest chunk fastcdc makes (its max_size at most), and so any manifest may list."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class ChunkingSettings:
     def __post_init__(self) -> None:
         if not 64 <= self.min_size <= self.avg_size <= self.max_size:
             raise InvalidSettings("chunking", "need 64 <= min_size <= avg_size <= max_size")
-        if not 256 <= self.avg_size <= 256 * MiB or not 1 * KiB <= self.max_size <= 1024 * MiB:
+        if not 256 <= self.avg_size <= 256 * MiB or not 1 * KiB <= self.max_size <= MAX_CHUNK:
             raise InvalidSettings("chunking", "avg_size or max_size outside fastcdc's limits")
         if not 1 <= self.compression_level <= 22:
             raise InvalidSettings("chunking", "compression_level must be within 1..22")

@@ -61,20 +61,24 @@ def _content(content: Any) -> Any:
     return joined if not others else {"text": joined, "parts": others}
 
 
-def _arguments(raw: Any) -> Any:
-    """A call's arguments as every harness is given them (`ToolCall.parsed_arguments`): an object,
-    nothing as {}, and anything else wrapped as {"input": ...}. An Anthropic or Responses harness
-    sends back the object it was given, not what the model wrote: that is the same call."""
+def arguments_object(raw: Any) -> dict[str, Any]:
+    """A tool call's arguments as every harness is given them: an object, nothing as {}, and
+    anything else (a list, a number, text that is not JSON) wrapped as {"input": ...}. `raw` is
+    the model's text, or what a harness sent back, which may be an object already."""
     if isinstance(raw, str):
-        if not raw.strip():
-            return {}
         try:
-            value = normal(json.loads(raw))
+            value = json.loads(raw) if raw.strip() else {}
         except ValueError:
             return {"input": raw}
     else:
-        value = normal(raw)
+        value = raw
     return value if isinstance(value, dict) else {"input": value}
+
+
+def _arguments(raw: Any) -> Any:
+    """A call's arguments as the harness was given them: an Anthropic or Responses harness sends
+    back the object it got, not what the model wrote, and that is the same call."""
+    return normal(arguments_object(raw))
 
 
 def canonical_message(m: Any) -> dict[str, Any]:

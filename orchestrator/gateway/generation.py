@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.gateway.canonical import canonical_message
+from orchestrator.gateway.canonical import arguments_object, canonical_message
 
 
 class UpstreamFault(Exception):
@@ -23,11 +23,7 @@ class ToolCall:
 
     def parsed_arguments(self) -> dict[str, Any]:
         """The arguments as an object; anything else is wrapped so a harness always gets one."""
-        try:
-            value = json.loads(self.arguments) if self.arguments.strip() else {}
-        except ValueError:
-            return {"input": self.arguments}
-        return value if isinstance(value, dict) else {"input": value}
+        return arguments_object(self.arguments)
 
 
 @dataclass
