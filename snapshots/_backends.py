@@ -313,9 +313,11 @@ class LocalBackend:
                 path.unlink(missing_ok=True)
             except OSError as exc:
                 raise self._error(key, exc) from None
-            if not key.startswith(("chunks/", "packs/")):
+            if not key.startswith(("chunks/", "packs/", "locks/")):
                 parents.add(path.parent)
-        # Per-episode directories would otherwise pile up forever; chunk and pack dirs stay.
+        # Per-episode directories would otherwise pile up forever; chunk, pack and lock dirs stay
+        # (every put and GC writes and deletes a lock: removing their dir when it empties raced
+        # another party's lock write in it, which failed with ENOENT).
         for parent in parents:
             if parent != self._root:
                 with contextlib.suppress(OSError):  # Not empty, or already gone.
