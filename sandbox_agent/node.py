@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from sandbox_agent import _command, confined, launch, lazy, network, oci, overlay
+from sandbox_agent import _command, cgroups, confined, launch, lazy, network, oci, overlay
 from sandbox_agent import checkpoint as ckpt
 from sandbox_agent.backend import EXIT_CODE, HARNESS_LOG, Backend, SandboxLayout
 from sandbox_agent.errors import (
@@ -133,6 +133,7 @@ def make_backend(settings: AgentSettings) -> Backend:
         scans = "".join(f"irmap-scan-path {p}\n" for p in IRMAP_SCAN_PATHS)
         conf.write_text("tcp-close\nnetwork-lock skip\nmanage-cgroups=ignore\nno-breakpoints\n" + scans)
         disks = LayerDisks(settings.root / "layer-disks")
+        cgroups.favor_moves()  # runc moves CRIU into the sandbox's cgroups on every restore
         return RuncBackend(settings.node, settings.root / "runc", conf, disks, criu=settings.criu)
     if settings.backend == "docker":
         from sandbox_agent.docker_backend import DockerBackend
