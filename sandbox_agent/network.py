@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sandbox_agent import _command
-from sandbox_agent.errors import AlreadyExists, InvalidSpec
+from sandbox_agent.errors import AlreadyExists, FailedPrecondition, InvalidSpec
 
 GATEWAY_IP = "169.254.1.1"
 VETH_PREFIX = "stx"
@@ -27,6 +27,7 @@ ISOLATION_CHAIN = "STASIS-SANDBOX"
 ALLOWANCE_MARK = "stasis-node:"
 """How an allowance rule's comment names the node it belongs to."""
 CLONE_NEWNET = 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -190,6 +191,19 @@ def _sandbox_sysctls(with_eth0: bool) -> None:
     Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").write_text("0")
     for link in ("all", "default", *(["eth0"] if with_eth0 else [])):
         _disable_ipv6(link)
+
+
+def mount_sysfs(node: str, sandbox_id: str, target: Path) -> None:
+    """Mount, read-only, a sysfs that shows the sandbox's netns (sysfs shows its mounter's) at
+    `target`: from a thread that joined the netns, not an `nsenter` process (2-3 ms of a restore)."""
+
+    def mount() -> None:
+        flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        if _libc.mount(b"sysfs", os.fsencode(target), b"sysfs", flags, None) != 0:
+            why = os.strerror(ctypes.get_errno())
+            raise FailedPrecondition(f"mounting the sysfs of sandbox {sandbox_id}'s netns at {target}: {why}")
+
+    _inside(netns_path(node, sandbox_id), mount)
 
 
 def _inside(netns: Path, work: Callable[[], None]) -> None:

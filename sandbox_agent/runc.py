@@ -168,11 +168,7 @@ class RuncBackend:
         ids.mount_view(layout.layer, layer_view)
         ids.mount_overlay([image_view], layer_view / "upper", layer_view / "work", layout.rootfs)
         layout.sysfs.mkdir(parents=True, exist_ok=True)
-        _command.run(
-            ["nsenter", f"--net={network.netns_path(self.node, record.id)}",
-             "mount", "-t", "sysfs", "-o", "ro,nosuid,nodev,noexec", "sysfs", str(layout.sysfs)],
-            what=f"mounting the sysfs of sandbox {record.id}'s netns",
-        )  # fmt: skip
+        network.mount_sysfs(self.node, record.id, layout.sysfs)
 
     def _write_bundle(self, record: SandboxRecord, layout: SandboxLayout, graded: Path | None = None) -> None:
         spec = self.oci_spec(record, layout)
@@ -297,6 +293,7 @@ class RuncBackend:
 
     def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self._layer_disk(record, layout)
+        self._write_bundle(record, layout)
 
     def restore(
         self,
@@ -313,7 +310,6 @@ class RuncBackend:
         try:
             overlay.import_layer(checkpoint.layer, layout.upper)
             self._mount_root(record, layout, image)
-            self._write_bundle(record, layout)
         except BaseException:
             if transfer is not None:
                 transfer.abort()
