@@ -55,3 +55,26 @@ def test_a_sandbox_network_is_refused_where_its_address_or_netns_is_taken() -> N
         assert not network._routed(address), "nothing of the refused sandbox is left"
     finally:
         subprocess.run(["ip", "netns", "del", netns.name], check=True)
+
+
+@pytest.mark.timeout(30)
+def test_a_sandbox_netns_has_tcp_tables_of_its_own_and_no_ipv6() -> None:
+    """Its own TCP hash table (CRIU's dump walks only it), no IPv6 on any link (eth0 takes the
+    netns's defaults), low ports for its root; and nothing of it is left once destroyed."""
+    node, sandbox = "net-own", "tables"
+    netns = network.create(node, sandbox, "10.254.77.8")
+    try:
+
+        def sysctl(name: str) -> str:
+            done = subprocess.run(["ip", "netns", "exec", netns.name, "sysctl", "-n", name],
+                                  capture_output=True, text=True, check=True)  # fmt: skip
+            return done.stdout.strip()
+
+        assert sysctl("net.ipv4.tcp_ehash_entries") == str(network.TCP_EHASH_ENTRIES)
+        for link in ("all", "default", "lo", "eth0"):
+            assert sysctl(f"net.ipv6.conf.{link}.disable_ipv6") == "1", link
+        assert sysctl("net.ipv4.ip_unprivileged_port_start") == "0"
+    finally:
+        network.destroy(node, sandbox)
+    assert not netns.exists()
+    assert not network._routed("10.254.77.8")
