@@ -4,8 +4,9 @@ Moving a task into a cgroup (what runc does to CRIU on every restore, and to a n
 takes a lock that every fork and exit on the host also takes. By default the kernel keeps that
 lock cheap for forks and makes a move wait for an RCU grace period first: 7-16 ms on the VMs
 measured, in the middle of every restore. The cgroup2 mount option `favordynmods` turns that
-around: a move takes microseconds, forks and exits pay an atomic operation more. A node that
-restores sandboxes all day wants the second. The lock is one for the whole host, so setting the
+around: a move takes microseconds, and forks and exits take a real read lock instead of a
+per-CPU counter ("hot path operations such as forks and exits more expensive", in the kernel's
+words). A node that restores sandboxes all day wants the second. The lock is one for the whole host, so setting the
 option on any cgroup2 mount is enough, also on a cgroup v1 host with a unified hierarchy beside.
 """
 
