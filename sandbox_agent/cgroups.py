@@ -6,7 +6,9 @@ lock cheap for forks and makes a move wait for an RCU grace period first: 7-16 m
 measured, in the middle of every restore. The cgroup2 mount option `favordynmods` turns that
 around: a move takes microseconds, and forks and exits take a real read lock instead of a
 per-CPU counter ("hot path operations such as forks and exits more expensive", in the kernel's
-words). A node that restores sandboxes all day wants the second. The lock is one for the whole host, so setting the
+words). A node that restores sandboxes all day wants the second. It is host-wide, and on
+Linux 6.18 it lasts until reboot: a remount without the option clears the flag, and moves stay
+fast. The lock is one for the whole host, so setting the
 option on any cgroup2 mount is enough, also on a cgroup v1 host with a unified hierarchy beside.
 """
 
