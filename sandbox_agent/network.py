@@ -16,6 +16,7 @@ import os
 import shlex
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 from sandbox_agent import _command
@@ -198,7 +199,8 @@ def _new_netns(path: Path) -> None:
     def made() -> None:
         if child_tables.exists():
             _check(_libc.unshare(CLONE_NEWNET), "making a network namespace")
-            child_tables.write_text(str(TCP_EHASH_ENTRIES))
+            with suppress(OSError):  # refused: the sandbox's netns shares the host's tables
+                child_tables.write_text(str(TCP_EHASH_ENTRIES))
         _check(_libc.unshare(CLONE_NEWNET), "making a network namespace")
         Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").write_text("0")
         for link in ("all", "default"):
