@@ -20,12 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sandbox_agent import _command
+from sandbox_agent._libc import check, libc
 from sandbox_agent.errors import FailedPrecondition
 
 SIZE = 65536
 """Ids a sandbox has: 0..65535, as in a Linux system's own range of users and groups."""
 
-_libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # the same on x86_64 and arm64
 _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC = 1, os.O_CLOEXEC
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
@@ -42,13 +42,6 @@ class _MountAttr(ctypes.Structure):
         ("propagation", ctypes.c_uint64),
         ("userns_fd", ctypes.c_uint64),
     ]
-
-
-def _check(result: int, what: str) -> int:
-    if result < 0:
-        err = ctypes.get_errno()
-        raise FailedPrecondition(f"{what}: {os.strerror(err)}")
-    return result
 
 
 class IdMap:
@@ -89,22 +82,22 @@ class IdMap:
         """Mount `source` again at `target` with this map: host id n shows as base+n."""
         target.mkdir(parents=True, exist_ok=True)
         what = f"id-mapping {source} at {target}"
-        tree = _check(
-            _libc.syscall(
+        tree = check(
+            libc.syscall(
                 _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(source), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC
             ),
             what,
         )
         try:
             attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, self._userns_fd())
-            _check(
-                _libc.syscall(
+            check(
+                libc.syscall(
                     _SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)
                 ),
                 f"{what} (the filesystem of {source} may not support id-mapped mounts)",
             )
-            _check(
-                _libc.syscall(
+            check(
+                libc.syscall(
                     _SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH
                 ),
                 what,
@@ -117,25 +110,23 @@ class IdMap:
         """Let this thread act on files as the sandbox's root (fsuid and fsgid `base`), keeping its
         capabilities: an overlay mounted so keeps those ids for its copy-ups and new files. Ids are
         per thread, so the agent's other threads are untouched."""
-        before = _check(_libc.prctl(_PR_GET_SECUREBITS, 0, 0, 0, 0), "reading securebits")
-        _check(
-            _libc.prctl(_PR_SET_SECUREBITS, before | _SECBIT_NO_SETUID_FIXUP, 0, 0, 0), "setting securebits"
-        )
-        _libc.setfsgid(self.base)
-        _libc.setfsuid(self.base)
+        before = check(libc.prctl(_PR_GET_SECUREBITS, 0, 0, 0, 0), "reading securebits")
+        check(libc.prctl(_PR_SET_SECUREBITS, before | _SECBIT_NO_SETUID_FIXUP, 0, 0, 0), "setting securebits")
+        libc.setfsgid(self.base)
+        libc.setfsuid(self.base)
         try:
             yield
         finally:
-            _libc.setfsuid(0)
-            _libc.setfsgid(0)
-            _libc.prctl(_PR_SET_SECUREBITS, before, 0, 0, 0)
+            libc.setfsuid(0)
+            libc.setfsgid(0)
+            libc.prctl(_PR_SET_SECUREBITS, before, 0, 0, 0)
 
     def mount_overlay(self, lowers: list[Path], upper: Path, work: Path, target: Path) -> None:
         """An overlay of id-mapped views, mounted as the sandbox's root (see `acting_as_root`)."""
         target.mkdir(parents=True, exist_ok=True)
         options = f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work}"
         with self.acting_as_root():
-            _check(
-                _libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()),
+            check(
+                libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()),
                 f"mounting the sandbox's overlay at {target}",
             )

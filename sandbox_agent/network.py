@@ -20,7 +20,8 @@ from contextlib import suppress
 from pathlib import Path
 
 from sandbox_agent import _command
-from sandbox_agent.errors import AlreadyExists, FailedPrecondition, InvalidSpec
+from sandbox_agent._libc import check, libc
+from sandbox_agent.errors import AlreadyExists, InvalidSpec
 
 GATEWAY_IP = "169.254.1.1"
 VETH_PREFIX = "stx"
@@ -33,7 +34,6 @@ TCP_EHASH_ENTRIES = 256
 CLONE_NEWNET = 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 _MS_BIND, _MS_REC, _MS_SHARED = 0x1000, 0x4000, 0x100000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def validate_address(address: str) -> str:
@@ -198,15 +198,15 @@ def _new_netns(path: Path) -> None:
 
     def made() -> None:
         if child_tables.exists():
-            _check(_libc.unshare(CLONE_NEWNET), "making a network namespace")
+            check(libc.unshare(CLONE_NEWNET), "making a network namespace")
             with suppress(OSError):  # refused: the sandbox's netns shares the host's tables
                 child_tables.write_text(str(TCP_EHASH_ENTRIES))
-        _check(_libc.unshare(CLONE_NEWNET), "making a network namespace")
+        check(libc.unshare(CLONE_NEWNET), "making a network namespace")
         Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").write_text("0")
         for link in ("all", "default"):
             _disable_ipv6(link)
-        _check(
-            _libc.mount(b"/proc/thread-self/ns/net", os.fsencode(path), None, _MS_BIND, None),
+        check(
+            libc.mount(b"/proc/thread-self/ns/net", os.fsencode(path), None, _MS_BIND, None),
             f"naming it {path}",
         )
 
@@ -219,19 +219,12 @@ def _shared_netns_dir() -> None:
     all of them when its name is removed."""
     NETNS_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
     target = os.fsencode(NETNS_DIR)
-    if _libc.mount(b"none", target, None, _MS_SHARED | _MS_REC, None) == 0:
+    if libc.mount(b"none", target, None, _MS_SHARED | _MS_REC, None) == 0:
         return
     if ctypes.get_errno() != errno.EINVAL:  # EINVAL: not a mount point yet
-        _check(-1, f"making {NETNS_DIR} a shared mount")
-    _check(_libc.mount(target, target, None, _MS_BIND | _MS_REC, None), f"making {NETNS_DIR} a mount point")
-    _check(
-        _libc.mount(b"none", target, None, _MS_SHARED | _MS_REC, None), f"making {NETNS_DIR} a shared mount"
-    )
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        raise FailedPrecondition(f"{what}: {os.strerror(ctypes.get_errno())}")
+        check(-1, f"making {NETNS_DIR} a shared mount")
+    check(libc.mount(target, target, None, _MS_BIND | _MS_REC, None), f"making {NETNS_DIR} a mount point")
+    check(libc.mount(b"none", target, None, _MS_SHARED | _MS_REC, None), f"making {NETNS_DIR} a shared mount")
 
 
 def _routed(address: str) -> bool:
@@ -248,8 +241,8 @@ def mount_sysfs(node: str, sandbox_id: str, target: Path) -> None:
 
     def mount() -> None:
         flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-        mounted = _libc.mount(b"sysfs", os.fsencode(target), b"sysfs", flags, None)
-        _check(mounted, f"mounting the sysfs of sandbox {sandbox_id}'s netns at {target}")
+        mounted = libc.mount(b"sysfs", os.fsencode(target), b"sysfs", flags, None)
+        check(mounted, f"mounting the sysfs of sandbox {sandbox_id}'s netns at {target}")
 
     _in_thread(mount, netns_path(node, sandbox_id))
 
@@ -265,7 +258,7 @@ def _in_thread(work: Callable[[], None], netns: Path | None = None) -> None:
             if netns is not None:
                 fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    _check(_libc.setns(fd, CLONE_NEWNET), f"joining network namespace {netns}")
+                    check(libc.setns(fd, CLONE_NEWNET), f"joining network namespace {netns}")
                 finally:
                     os.close(fd)
             work()
