@@ -478,13 +478,10 @@ def _decode_chunk(path: str, item: Any, packs: set[str]) -> ChunkRef:
         raise ValueError(f"{path}: bad chunk reference {item!r}")
     if len(item) == 5:
         digest, length, stored_length, pack, offset = item
-        if not (type(offset) is int and 0 <= offset < OFFSET_END and pack in packs):
-            if not (
-                type(pack) is str
-                and type(offset) is int
-                and 0 <= offset < OFFSET_END
-                and PACK_ID.fullmatch(pack)
-            ):
+        if not (type(offset) is int and 0 <= offset < OFFSET_END):
+            raise ValueError(f"{path}: bad chunk location {item!r}")
+        if pack not in packs:
+            if not (type(pack) is str and PACK_ID.fullmatch(pack)):
                 raise ValueError(f"{path}: bad chunk location {item!r}")
             packs.add(pack)
     elif len(item) == 3:
