@@ -63,3 +63,83 @@ def favor_moves(mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
         return False
     log.info("remounted %s with %s: tasks move between cgroups without waiting", point, OPTION)
     return True
+
+
+# What runc makes of a sandbox's cgroups, for a restore that CRIU does without runc: a cgroup in
+# every hierarchy, with runc's own values for the spec's resources (`RuncBackend.oci_spec`).
+
+ROOT = Path("/sys/fs/cgroup")
+
+DEVICE_RULES = (
+    "b *:* m", "c *:* m", "c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm",
+    "c 5:0 rwm", "c 5:2 rwm", "c 10:200 rwm", "c 136:* rwm",
+)  # fmt: skip
+"""runc's device rules for a container that names no devices (its spec's "deny all" then its
+defaults), in the order runc writes them, which `devices.list` keeps: any node may be made,
+which the missing CAP_MKNOD refuses anyway, and only null, zero, full, random, urandom, tty,
+ptmx, tun and the ptys may be opened."""
+
+
+def v1(root: Path = ROOT) -> bool:
+    """True on a host whose controllers are cgroup v1 hierarchies (a unified one may sit beside
+    them). On a v2-only host the device rules are an eBPF program only runc attaches."""
+    return (root / "devices").is_dir() and not (root / "cgroup.controllers").exists()
+
+
+def hierarchies(root: Path = ROOT) -> list[Path]:
+    """Every mounted hierarchy (one per v1 controller, runc's name=systemd one, the unified one)."""
+    return sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
+
+
+def make(path: str, memory_bytes: int, cpu_quota_us: int, pids: int, root: Path = ROOT) -> None:
+    """Make the cgroup `path` (as in the OCI spec's cgroupsPath) in every v1 hierarchy with the
+    limits runc would set; what exists already is set again."""
+    inner = path.strip("/")
+    for hierarchy in hierarchies(root):
+        folder = hierarchy / inner
+        if hierarchy.name == "cpuset":
+            _make_cpuset(hierarchy, inner)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+    limits = (
+        ("memory", "memory.limit_in_bytes", str(memory_bytes)),
+        ("cpu", "cpu.cfs_period_us", "100000"),
+        ("cpu", "cpu.cfs_quota_us", str(cpu_quota_us)),
+        ("pids", "pids.max", str(pids)),
+        ("devices", "devices.deny", "a"),
+        *(("devices", "devices.allow", rule) for rule in DEVICE_RULES),
+    )
+    for controller, name, value in limits:
+        (root / controller / inner / name).write_text(value)
+
+
+def _make_cpuset(hierarchy: Path, inner: str) -> None:
+    """A cpuset cgroup takes no task until it has cpus and mems: each new level gets its parent's."""
+    parent = hierarchy
+    for part in inner.split("/"):
+        folder = parent / part
+        if not folder.is_dir():
+            folder.mkdir(exist_ok=True)
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if not (folder / name).read_text().strip():
+                (folder / name).write_text((parent / name).read_text().strip())
+        parent = folder
+
+
+def enter(path: str, pid: int, root: Path = ROOT) -> None:
+    """Move process `pid` into the cgroup `path` of every hierarchy."""
+    inner = path.strip("/")
+    for hierarchy in hierarchies(root):
+        (hierarchy / inner / "cgroup.procs").write_text(str(pid))
+
+
+def procs(path: str, root: Path = ROOT) -> set[int]:
+    """The pids in the cgroup `path`, in any hierarchy; none once it is gone."""
+    inner = path.strip("/")
+    found: set[int] = set()
+    for hierarchy in hierarchies(root):
+        try:
+            found.update(int(p) for p in (hierarchy / inner / "cgroup.procs").read_text().split())
+        except OSError:  # absent in this hierarchy, or gone meanwhile
+            continue
+    return found

@@ -1,8 +1,7 @@
 """Freezing and thawing a sandbox's cgroup through the cgroup filesystem.
 
 This is what `runc pause` and `runc resume` do, without starting runc (5-7 ms each, all of it
-inside the freeze). runc reads the freezer back for its own state, so a sandbox frozen here is
-`paused` to runc too. Both cgroup versions: v1's freezer controller (`freezer.state`) and v2's
+inside the freeze). A sandbox frozen here is paused (`frozen`), as runc would read it back. Both cgroup versions: v1's freezer controller (`freezer.state`) and v2's
 `cgroup.freeze`, whose `cgroup.events` says when every task has stopped.
 """
 
@@ -52,6 +51,17 @@ def thaw(cgroup: str, root: Path = CGROUP_ROOT) -> None:
         v1.write_text("THAWED")
     else:
         (root / cgroup.lstrip("/") / "cgroup.freeze").write_text("0")
+
+
+def frozen(cgroup: str, root: Path = CGROUP_ROOT) -> bool:
+    """Whether `cgroup` is frozen (what runc calls paused); False if it is gone."""
+    try:
+        v1 = _v1(cgroup, root)
+        if v1 is not None:
+            return v1.read_text().strip() == "FROZEN"
+        return (root / cgroup.lstrip("/") / "cgroup.freeze").read_text().strip() == "1"
+    except (OSError, FailedPrecondition):
+        return False
 
 
 def _v1(cgroup: str, root: Path) -> Path | None:

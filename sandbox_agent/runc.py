@@ -1,4 +1,13 @@
-"""The default backend: runc over an overlay rootfs, with CRIU through `runc checkpoint/restore`."""
+"""The default backend: runc over an overlay rootfs, with CRIU over its RPC (`criu_rpc`).
+
+runc starts a sandbox. Dumps and restores go to CRIU straight, with the options runc would give
+it, where `runc checkpoint` and `runc restore` spent 12-25 ms of their own on each (runc's start,
+its question for CRIU's version, its state): a restore makes the sandbox's cgroups itself while
+the snapshot's files arrive, and places CRIU in them before CRIU forks the sandbox's tasks. On a
+cgroup v2-only host, whose device rules are an eBPF program only runc attaches, runc does both
+as before. From the start on, the sandbox is known by its init's pid file and its cgroups, not
+by runc's state: a restored sandbox has none.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +18,25 @@ import shutil
 import signal as signals
 import threading
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import _command, confined, criu_stats, freezer, idmap, lazy, network, overlay, seccomp
+from protos.criu import rpc_pb2 as rpc
+from sandbox_agent import (
+    _command,
+    cgroups,
+    confined,
+    criu_rpc,
+    criu_stats,
+    freezer,
+    idmap,
+    lazy,
+    network,
+    overlay,
+    seccomp,
+)
 from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import CommandFailed, FailedPrecondition, InvalidSpec
@@ -44,6 +67,13 @@ _MOUNTS: list[dict[str, Any]] = [
     {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
 ]  # fmt: skip
 
+_DEVICES = ("/dev/null", "/dev/random", "/dev/full", "/dev/tty", "/dev/zero", "/dev/urandom")
+"""The device nodes runc puts in every sandbox's /dev: bind mounts of the host's in a user namespace."""
+
+EXTERNAL_NETNS = "extRootNetNS"
+"""The name a dump gives the sandbox's netns, which the node owns, and a restore hands CRIU back
+(runc's name: a snapshot runc dumped restores the same way)."""
+
 _MASKED_PATHS = [
     "/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys",
     "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
@@ -69,6 +99,8 @@ class RuncBackend:
         """How long a `runc restore` may take before it is killed and the restore fails (a CRIU
         that hangs, on a hung store read or in the kernel, must not hold the sandbox's slot)."""
         self.criu = criu
+        self.direct = cgroups.v1()
+        """CRIU is driven here, not through runc (see the module's docstring)."""
         state_root.mkdir(parents=True, exist_ok=True)
         self._idmaps: dict[int, idmap.IdMap] = {}
         self._idmaps_lock = threading.Lock()
@@ -94,7 +126,15 @@ class RuncBackend:
         )
 
     def _cgroups_path(self, record: SandboxRecord) -> str:
-        return f"/{CGROUP_PARENT}/{self.node}/{record.id}"
+        return self._cgroup_of(record.id)
+
+    def _cgroup_of(self, sandbox_id: str) -> str:
+        return f"/{CGROUP_PARENT}/{self.node}/{sandbox_id}"
+
+    @staticmethod
+    def _pid_file(layout: SandboxLayout) -> Path:
+        """The sandbox's init's pid, written by `runc run` or by a restore."""
+        return layout.dir / "init.pid"
 
     def oci_spec(self, record: SandboxRecord, layout: SandboxLayout) -> dict[str, Any]:
         spec = record.spec
@@ -232,8 +272,9 @@ class RuncBackend:
 
     def start(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self._runc(
-            "run", "--detach", "--bundle", str(layout.bundle), record.id, what=f"starting sandbox {record.id}"
-        )
+            "run", "--detach", "--bundle", str(layout.bundle), "--pid-file", str(self._pid_file(layout)),
+            record.id, what=f"starting sandbox {record.id}",
+        )  # fmt: skip
 
     def upper_dir(self, record: SandboxRecord, layout: SandboxLayout) -> Path:
         return layout.upper
@@ -265,21 +306,79 @@ class RuncBackend:
     def _checkpoint(
         self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path, *extra: str
     ) -> Path:
-        """Dump with `runc checkpoint`; return CRIU's work directory, where its log and its
-        stats of this dump are."""
+        """Dump with CRIU (`runc checkpoint` on a v2-only host); return CRIU's work directory,
+        where its log and its stats of this dump are."""
         work = layout.criu_work / "dump"
         work.mkdir(parents=True, exist_ok=True)
         (work / criu_stats.STATS_DUMP).unlink(missing_ok=True)  # an earlier dump's
         try:
-            self._runc(
-                "checkpoint", *extra, "--tcp-established", "--file-locks",
-                "--image-path", str(images_dir), "--work-path", str(work), record.id,
-            )  # fmt: skip
+            if self.direct:
+                self._criu_dump(record, layout, images_dir, work, leave_running=bool(extra))
+            else:
+                self._runc(
+                    "checkpoint", *extra, "--tcp-established", "--file-locks",
+                    "--image-path", str(images_dir), "--work-path", str(work), record.id,
+                )  # fmt: skip
         except CommandFailed as exc:
             raise exc.with_log(
                 f"CRIU dump of sandbox {record.id} failed", _log_tail(work / "dump.log")
             ) from exc
         return work
+
+    def _criu_dump(
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        images_dir: Path,
+        work: Path,
+        *,
+        leave_running: bool,
+    ) -> None:
+        """What `runc checkpoint` asks of CRIU, asked straight. Without leave_running, CRIU kills
+        the tasks once their images are written; this returns once they are gone."""
+        state, pid = self.status(record, layout)
+        if state == SandboxState.EXITED:
+            raise FailedPrecondition(f"sandbox {record.id} has no running processes to dump")
+        images_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        netns = network.netns_path(self.node, record.id)
+        opts = self._criu_opts(layout, "dump.log", restoring=False, pid=pid)
+        opts.pid = pid
+        opts.leave_running = leave_running
+        opts.freeze_cgroup = str(freezer.CGROUP_ROOT / "freezer" / self._cgroups_path(record).lstrip("/"))
+        opts.external.append(f"net[{netns.stat().st_ino}]:{EXTERNAL_NETNS}")
+        with _open_dirs(images_dir, work) as (images_fd, work_fd):
+            opts.images_dir_fd, opts.work_dir_fd = images_fd, work_fd
+            criu_rpc.call(
+                self.criu, rpc.criu_req(type=rpc.DUMP, opts=opts), what=f"CRIU dump of sandbox {record.id}",
+                timeout_s=600, pass_fds=(images_fd, work_fd),
+            )  # fmt: skip
+        if not leave_running:
+            self._kill_cgroup_tasks(record)
+
+    def _criu_opts(
+        self, layout: SandboxLayout, log_file: str, *, restoring: bool, pid: int = 0
+    ) -> rpc.criu_opts:
+        """The options a dump and a restore share, and the sandbox's external mounts as runc
+        names them: its bind mounts by their destination, runc's device nodes, and each masked
+        file (a /dev/null mount) as "/dev/null"."""
+        spec = json.loads((layout.bundle / "config.json").read_text())
+        opts = rpc.criu_opts(
+            images_dir_fd=-1, log_level=4, log_file=log_file, root=str(layout.rootfs),
+            tcp_established=True, file_locks=True, evasive_devices=True,
+            manage_cgroups_mode=rpc.IGNORE, config_file=str(self.criu_restore_config),
+        )  # fmt: skip
+        mounts = [(m["destination"], m["source"]) for m in spec["mounts"] if m["type"] == "bind"]
+        mounts += [(d, d) for d in _DEVICES]
+        if restoring:
+            mounts.append(("/dev/null", "/dev/null"))
+        else:
+            root = Path(f"/proc/{pid}/root")
+            masked = [p for p in spec["linux"]["maskedPaths"] if _is_file(root / p.lstrip("/"))]
+            opts.ext_mnt.extend(rpc.ext_mount_map(key=p, val="/dev/null") for p in masked)
+        opts.ext_mnt.extend(
+            rpc.ext_mount_map(key=dest, val=src if restoring else dest) for dest, src in mounts
+        )
+        return opts
 
     lazy_restore = True
     """Restores may take their memory lazily (`lazy.Transfer`)."""
@@ -294,6 +393,12 @@ class RuncBackend:
     def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self._layer_disk(record, layout)
         self._write_bundle(record, layout)
+        if self.direct:
+            self._make_cgroups(record)
+
+    def _make_cgroups(self, record: SandboxRecord) -> None:
+        res = record.spec.resources
+        cgroups.make(self._cgroups_path(record), res.memory_mb << 20, int(res.cpus * 100_000), res.pids)
 
     def restore(
         self,
@@ -332,7 +437,7 @@ class RuncBackend:
         """CRIU-restore the sandbox's processes and return its init's pid; with a `transfer`,
         lazily: they run at once and their memory arrives as they touch it (`transfer`, started)."""
         work = self._restore_work(layout)
-        pid_file = work / "pid"
+        pid_file = self._pid_file(layout)
         pid_file.unlink(missing_ok=True)
         if record.spec.userns_base:
             # The restored tasks read their own images, as their unprivileged host ids: let them
@@ -343,12 +448,17 @@ class RuncBackend:
         if transfer is not None:
             transfer.ready()
         try:
-            self._runc(
-                "restore", "--detach", "--tcp-established", "--file-locks",
-                *(["--lazy-pages"] if transfer is not None else []),
-                "--image-path", str(images_dir), "--work-path", str(work), "--pid-file", str(pid_file),
-                "--bundle", str(layout.bundle), record.id, timeout=self.restore_timeout_s,
-            )  # fmt: skip
+            if self.direct:
+                pid_file.write_text(
+                    str(self._restore_direct(record, layout, images_dir, work, transfer is not None))
+                )
+            else:
+                self._runc(
+                    "restore", "--detach", "--tcp-established", "--file-locks",
+                    *(["--lazy-pages"] if transfer is not None else []),
+                    "--image-path", str(images_dir), "--work-path", str(work), "--pid-file", str(pid_file),
+                    "--bundle", str(layout.bundle), record.id, timeout=self.restore_timeout_s,
+                )  # fmt: skip
         except CommandFailed as exc:
             if transfer is not None:
                 transfer.abort()
@@ -357,38 +467,80 @@ class RuncBackend:
             raise exc.with_log(
                 f"CRIU restore of sandbox {record.id} failed", _log_tail(work / "restore.log")
             ) from exc
-        # runc writes the pid it restored: no `runc state` (10-20 ms) to learn it.
         return int(pid_file.read_text())
+
+    def _restore_direct(
+        self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path, work: Path, lazily: bool
+    ) -> int:
+        """What `runc restore` asks of CRIU, asked straight; returns the restored init's pid. CRIU
+        joins the sandbox's cgroups (made in `prepare_restore`) before it forks a task, and the
+        netns the node made before it."""
+        opts = self._criu_opts(layout, "restore.log", restoring=True)
+        opts.lazy_pages = lazily
+        cgroup = self._cgroups_path(record)
+        netns = os.open(network.netns_path(self.node, record.id), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            opts.inherit_fd.append(rpc.inherit_fd(key=EXTERNAL_NETNS, fd=netns))
+            with _open_dirs(images_dir, work) as (images_fd, work_fd):
+                opts.images_dir_fd, opts.work_dir_fd = images_fd, work_fd
+                answer = criu_rpc.call(
+                    self.criu, rpc.criu_req(type=rpc.RESTORE, opts=opts),
+                    what=f"CRIU restore of sandbox {record.id}", timeout_s=self.restore_timeout_s,
+                    pass_fds=(images_fd, work_fd, netns), placed=lambda pid: cgroups.enter(cgroup, pid),
+                )  # fmt: skip
+        finally:
+            os.close(netns)
+        return int(answer.restore.pid)
 
     def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         # The rootfs stays mounted; only runc's record of the dead container must go, if a
         # checkpoint did not delete it already.
-        self._runc("delete", "--force", record.id, check=False)
+        self._forget_runc(record.id)
+        if self.direct:
+            self._make_cgroups(record)
         self._criu_restore(record, layout, images_dir)
 
+    def _forget_runc(self, sandbox_id: str) -> None:
+        """Remove runc's state of a sandbox it started, if it has any (a restored one has none)."""
+        if (self.state_root / sandbox_id).exists():
+            self._runc("delete", "--force", sandbox_id, check=False)
+
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
-        result = self._runc("state", record.id, check=False)
-        if result.returncode != 0:
+        """RUNNING or PAUSED (its cgroup frozen) while the init in the pid file lives in the
+        sandbox's cgroup; EXITED once it is gone or a zombie, or its pid went to another process."""
+        try:
+            pid = int(self._pid_file(layout).read_text())
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            own = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except (OSError, ValueError):
             return SandboxState.EXITED, 0
-        state = json.loads(result.stdout)
-        status = state.get("status")
-        if status == "running":
-            return SandboxState.RUNNING, int(state.get("pid", 0))
-        if status == "paused":
-            return SandboxState.PAUSED, int(state.get("pid", 0))
-        return SandboxState.EXITED, 0
+        cgroup = self._cgroups_path(record)
+        if stat.rpartition(")")[2].split()[0] in "ZX" or not any(line.endswith(f":{cgroup}") for line in own):
+            return SandboxState.EXITED, 0
+        return (SandboxState.PAUSED if freezer.frozen(cgroup) else SandboxState.RUNNING), pid
 
     def kill(self, record: SandboxRecord, layout: SandboxLayout, signal: int) -> None:
-        state, _ = self.status(record, layout)
-        if state == SandboxState.PAUSED and signal != signals.SIGKILL:
-            # A frozen task acts on a signal only once thawed (`kill --all` thaws for SIGKILL).
+        """Signal every task of the sandbox, frozen meanwhile so that none forks past it (what
+        `runc kill --all` does); the sandbox is thawed after, so that they act on it. SIGKILL
+        returns once they are gone."""
+        cgroup = self._cgroups_path(record)
+        if signal == signals.SIGKILL:
+            self._kill_cgroup_tasks(record)
+            return
+        if not cgroups.procs(cgroup):
+            return
+        with suppress(OSError, FailedPrecondition):
+            freezer.freeze(cgroup)
+        try:
+            for pid in cgroups.procs(cgroup):
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal)
+        finally:
             with suppress(OSError, FailedPrecondition):
-                self.thaw(record, layout)
-        if state != SandboxState.EXITED:
-            self._runc("kill", "--all", record.id, str(signal), check=False)
+                freezer.thaw(cgroup)
 
     def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        self._runc("delete", "--force", record.id, check=False)
+        self._forget_runc(record.id)
         # What runc cannot delete when it, or the CRIU under it, hung and was killed: the tasks
         # left in the sandbox's cgroups (a restoring CRIU among them: runc puts it there), and
         # runc's state of the container with its mount of the root for CRIU.
@@ -401,19 +553,23 @@ class RuncBackend:
 
     def _kill_cgroup_tasks(self, record: SandboxRecord, timeout_s: float = 10.0) -> None:
         """SIGKILL every task in the sandbox's cgroups and wait until they are gone."""
-        cgroup = self._cgroups_path(record)
-        procs = [c / cgroup.lstrip("/") / "cgroup.procs" for c in CGROUP_ROOT.iterdir()]
+        self._kill_tasks_of(record.id, timeout_s)
+
+    def _kill_tasks_of(self, sandbox_id: str, timeout_s: float = 10.0) -> None:
+        cgroup = self._cgroup_of(sandbox_id)
         deadline = time.monotonic() + timeout_s
-        while pids := {int(p) for f in procs if f.is_file() for p in _read_quietly(f).split()}:
+        pause = 0.0005  # the tasks of a stopping dump are already dying: look again soon
+        while pids := cgroups.procs(cgroup):
             if time.monotonic() > deadline:
-                log.warning("tasks %s of sandbox %s outlived SIGKILL", sorted(pids), record.id)
+                log.warning("tasks %s of sandbox %s outlived SIGKILL", sorted(pids), sandbox_id)
                 return
             for pid in pids:
                 with suppress(ProcessLookupError):
                     os.kill(pid, signals.SIGKILL)
             with suppress(OSError, FailedPrecondition):
                 freezer.thaw(cgroup)  # frozen tasks die thawed
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     def _remove_cgroups(self, sandbox_id: str) -> None:
         for controller in CGROUP_ROOT.iterdir():
@@ -427,22 +583,41 @@ class RuncBackend:
                     break  # still in use by another sandbox or node
 
     def remove_leftovers(self, keep: set[str]) -> list[str]:
-        result = self._runc("list", "--format", "json", check=False)
-        found = json.loads(result.stdout or b"null") or []
-        removed = []
-        for container in found:
-            if container["id"] not in keep:
-                self._runc("delete", "--force", container["id"], check=False)
-                self._remove_cgroups(container["id"])
-                removed.append(container["id"])
+        """Sandboxes runc has a state of, or that have cgroups of this node (a restored one)."""
+        found = (
+            {d.name for d in self.state_root.iterdir() if d.is_dir()} if self.state_root.is_dir() else set()
+        )
+        for hierarchy in cgroups.hierarchies():
+            node_dir = hierarchy / CGROUP_PARENT / self.node
+            if node_dir.is_dir():
+                found.update(d.name for d in node_dir.iterdir() if d.is_dir())
+        removed = sorted(found - keep)
+        for sandbox_id in removed:
+            self._forget_runc(sandbox_id)
+            self._kill_tasks_of(sandbox_id)
+            self._remove_cgroups(sandbox_id)
         return removed
 
 
-def _read_quietly(path: Path) -> str:
+def _is_file(path: Path) -> bool:
+    """Whether path, as the sandbox's root resolves it, is there and is not a directory."""
     try:
-        return path.read_text()
-    except OSError:  # the cgroup went meanwhile
-        return ""
+        return not path.is_dir() and path.exists()
+    except OSError:
+        return False
+
+
+@contextmanager
+def _open_dirs(*paths: Path) -> Iterator[tuple[int, ...]]:
+    """Descriptors of these directories, for CRIU to inherit, closed after."""
+    fds: list[int] = []
+    try:
+        for path in paths:
+            fds.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        yield tuple(fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _log_tail(path: Path, lines: int = 25) -> str:

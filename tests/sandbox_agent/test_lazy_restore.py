@@ -172,11 +172,11 @@ def test_a_restore_that_fails_while_the_sandbox_is_built_leaves_nothing(
 
 
 HANGING_CRIU = """#!/bin/sh
-# runc runs `criu swrk` twice for a restore: to ask its version, then to restore. The restore hangs.
-if [ "$1" = swrk ]; then
-    n=$(($(cat "$0.calls" 2>/dev/null || echo 0) + 1))
-    echo "$n" > "$0.calls"
-    [ "$n" = 2 ] && exec sleep 1000
+# The first restore's `criu swrk` hangs (under runc, on a cgroup v2-only host, its question for
+# CRIU's version); later ones and the lazy-pages daemon (`criu lazy-pages`) run.
+if [ "$1" = swrk ] && [ ! -e "$0.calls" ]; then
+    echo "$$" > "$0.calls"
+    exec sleep 1000
 fi
 exec criu "$@"
 """
@@ -184,8 +184,8 @@ exec criu "$@"
 
 @pytest.mark.timeout(180)
 def test_a_restore_that_hangs_is_killed_and_leaves_nothing(make_node: NodeFactory, tmp_path: Path) -> None:
-    """A CRIU that never answers: runc is killed at the restore's time limit, and CRIU (which
-    runc put into the sandbox's cgroups), runc's mount of the root and the cgroups go too."""
+    """A CRIU that never answers is killed at the restore's time limit, and so is whatever it
+    left in the sandbox's cgroups (it was placed there first); the mounts and cgroups go too."""
     criu = tmp_path / "hanging-criu"
     criu.write_text(HANGING_CRIU)
     criu.chmod(0o755)
@@ -196,7 +196,7 @@ def test_a_restore_that_hangs_is_killed_and_leaves_nothing(make_node: NodeFactor
         CommandFailed, match=r"CRIU restore of sandbox hung failed \(killed, timed out after 5 s\)"
     ):
         b.restore_from_store("hung", "mem-s1")
-    assert (tmp_path / "hanging-criu.calls").read_text().strip() == "2", "the restore itself hung"
+    assert (tmp_path / "hanging-criu.calls").read_text().strip(), "the restore hung in CRIU"
     assert b.list() == [] and not staged(b)
     assert str(b.settings.root) not in Path("/proc/self/mounts").read_text(), "no mount is left"
     cgroups = [p for p in Path("/sys/fs/cgroup").glob(f"*/stasis/{b.name}/hung") if p.exists()]
