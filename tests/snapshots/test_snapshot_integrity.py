@@ -39,7 +39,8 @@ def test_flipped_byte_fails_verify_and_fetch_naming_snapshot_file_chunk(
     assert [(p.snapshot_id, p.path, p.chunk) for p in report.problems] == [
         ("snap-1", "criu/pages-1.img", ref.hash)
     ]
-    assert report.problems[0].kind in {"hash-mismatch", "undecodable-chunk"}
+    # A flip in a compressed frame's header can change the length it declares.
+    assert report.problems[0].kind in {"hash-mismatch", "undecodable-chunk", "length-mismatch"}
 
     with pytest.raises(SnapshotCorrupt) as caught:
         local_store.fetch("snap-1", scratch / "out")
