@@ -1,6 +1,6 @@
 """How the node's kernel moves tasks between cgroups.
 
-Moving a task into a cgroup (what runc does to CRIU on every restore, and to a new sandbox's init)
+Moving a task into a cgroup (what a restore does to CRIU, and runc to a new sandbox's init)
 takes a lock that every fork and exit on the host also takes. By default the kernel keeps that
 lock cheap for forks and makes a move wait for an RCU grace period first: 7-16 ms on the VMs
 measured, in the middle of every restore. The cgroup2 mount option `favordynmods` turns that
@@ -18,6 +18,7 @@ import logging
 from pathlib import Path
 
 from sandbox_agent import _command
+from sandbox_agent.freezer import CGROUP_ROOT as ROOT
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,6 @@ def favor_moves(mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
 # What runc makes of a sandbox's cgroups, for a restore that CRIU does without runc: a cgroup in
 # every hierarchy, with runc's own values for the spec's resources (`RuncBackend.oci_spec`).
 
-ROOT = Path("/sys/fs/cgroup")
-
 DEVICE_RULES = (
     "b *:* m", "c *:* m", "c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm",
     "c 5:0 rwm", "c 5:2 rwm", "c 10:200 rwm", "c 136:* rwm",
@@ -96,11 +95,10 @@ def make(path: str, memory_bytes: int, cpu_quota_us: int, pids: int, root: Path 
     limits runc would set; what exists already is set again."""
     inner = path.strip("/")
     for hierarchy in hierarchies(root):
-        folder = hierarchy / inner
         if hierarchy.name == "cpuset":
             _make_cpuset(hierarchy, inner)
         else:
-            folder.mkdir(parents=True, exist_ok=True)
+            (hierarchy / inner).mkdir(parents=True, exist_ok=True)
     limits = (
         ("memory", "memory.limit_in_bytes", str(memory_bytes)),
         ("cpu", "cpu.cfs_period_us", "100000"),

@@ -50,15 +50,13 @@ def call(
             if placed is not None:
                 placed(proc.pid)
             answer = _exchange(ours, request, time.monotonic() + timeout_s)
-        except TimeoutError:
+        except BaseException as exc:
             proc.kill()
             proc.wait()
-            raise CommandFailed(
-                argv=argv, returncode=-1, stderr_tail="", what=what, timeout_s=timeout_s
-            ) from None
-        except BaseException:
-            proc.kill()
-            proc.wait()
+            if isinstance(exc, TimeoutError):
+                raise CommandFailed(
+                    argv=argv, returncode=-1, stderr_tail="", what=what, timeout_s=timeout_s
+                ) from None
             raise
     finally:
         ours.close()

@@ -1,8 +1,9 @@
 """Freezing and thawing a sandbox's cgroup through the cgroup filesystem.
 
 This is what `runc pause` and `runc resume` do, without starting runc (5-7 ms each, all of it
-inside the freeze). A sandbox frozen here is paused (`frozen`), as runc would read it back. Both cgroup versions: v1's freezer controller (`freezer.state`) and v2's
-`cgroup.freeze`, whose `cgroup.events` says when every task has stopped.
+inside the freeze). A sandbox frozen here is paused (`frozen`), as runc would read it back.
+Both cgroup versions: v1's freezer controller (`freezer.state`) and v2's `cgroup.freeze`, whose
+`cgroup.events` says when every task has stopped.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def make_backend(settings: AgentSettings) -> Backend:
         scans = "".join(f"irmap-scan-path {p}\n" for p in IRMAP_SCAN_PATHS)
         conf.write_text("tcp-close\nnetwork-lock skip\nmanage-cgroups=ignore\nno-breakpoints\n" + scans)
         disks = LayerDisks(settings.root / "layer-disks")
-        cgroups.favor_moves()  # runc moves CRIU into the sandbox's cgroups on every restore
+        cgroups.favor_moves()  # every restore moves CRIU into the sandbox's cgroups
         return RuncBackend(settings.node, settings.root / "runc", conf, disks, criu=settings.criu)
     if settings.backend == "docker":
         from sandbox_agent.docker_backend import DockerBackend

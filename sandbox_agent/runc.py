@@ -46,7 +46,6 @@ from sandbox_agent.spec import Resources, SandboxRecord, SandboxState
 
 log = logging.getLogger(__name__)
 
-CGROUP_ROOT = freezer.CGROUP_ROOT
 CGROUP_PARENT = "stasis"
 
 # Docker's default capability set without NET_RAW (no forged packets), MKNOD (the devices
@@ -125,10 +124,7 @@ class RuncBackend:
             timeout=timeout,
         )
 
-    def _cgroups_path(self, record: SandboxRecord) -> str:
-        return self._cgroup_of(record.id)
-
-    def _cgroup_of(self, sandbox_id: str) -> str:
+    def _cgroups_path(self, sandbox_id: str) -> str:
         return f"/{CGROUP_PARENT}/{self.node}/{sandbox_id}"
 
     @staticmethod
@@ -179,7 +175,7 @@ class RuncBackend:
                     "cpu": {"quota": int(res.cpus * 100_000), "period": 100_000},
                     "pids": {"limit": res.pids},
                 },
-                "cgroupsPath": self._cgroups_path(record),
+                "cgroupsPath": self._cgroups_path(record.id),
                 "namespaces": namespaces,
                 **(ids.oci() if ids else {}),
                 "seccomp": seccomp.profile(),
@@ -280,10 +276,10 @@ class RuncBackend:
         return layout.upper
 
     def freeze(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        freezer.freeze(self._cgroups_path(record))
+        freezer.freeze(self._cgroups_path(record.id))
 
     def thaw(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        freezer.thaw(self._cgroups_path(record))
+        freezer.thaw(self._cgroups_path(record.id))
 
     def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         # On a paused container CRIU leaves the freezer as it found it: still frozen.
@@ -341,10 +337,9 @@ class RuncBackend:
             raise FailedPrecondition(f"sandbox {record.id} has no running processes to dump")
         images_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         netns = network.netns_path(self.node, record.id)
-        opts = self._criu_opts(layout, "dump.log", restoring=False, pid=pid)
-        opts.pid = pid
+        opts = self._criu_opts(layout, "dump.log", dumped=pid)
         opts.leave_running = leave_running
-        opts.freeze_cgroup = str(freezer.CGROUP_ROOT / "freezer" / self._cgroups_path(record).lstrip("/"))
+        opts.freeze_cgroup = str(cgroups.ROOT / "freezer" / self._cgroups_path(record.id).lstrip("/"))
         opts.external.append(f"net[{netns.stat().st_ino}]:{EXTERNAL_NETNS}")
         with _open_dirs(images_dir, work) as (images_fd, work_fd):
             opts.images_dir_fd, opts.work_dir_fd = images_fd, work_fd
@@ -353,14 +348,12 @@ class RuncBackend:
                 timeout_s=600, pass_fds=(images_fd, work_fd),
             )  # fmt: skip
         if not leave_running:
-            self._kill_cgroup_tasks(record)
+            self._kill_cgroup_tasks(record.id)
 
-    def _criu_opts(
-        self, layout: SandboxLayout, log_file: str, *, restoring: bool, pid: int = 0
-    ) -> rpc.criu_opts:
-        """The options a dump and a restore share, and the sandbox's external mounts as runc
-        names them: its bind mounts by their destination, runc's device nodes, and each masked
-        file (a /dev/null mount) as "/dev/null"."""
+    def _criu_opts(self, layout: SandboxLayout, log_file: str, dumped: int | None = None) -> rpc.criu_opts:
+        """The options a dump of the init `dumped` or (None) a restore share, and the sandbox's
+        external mounts as runc names them: its bind mounts by their destination, runc's device
+        nodes, and each masked file (a /dev/null mount) as "/dev/null"."""
         spec = json.loads((layout.bundle / "config.json").read_text())
         opts = rpc.criu_opts(
             images_dir_fd=-1, log_level=4, log_file=log_file, root=str(layout.rootfs),
@@ -369,15 +362,14 @@ class RuncBackend:
         )  # fmt: skip
         mounts = [(m["destination"], m["source"]) for m in spec["mounts"] if m["type"] == "bind"]
         mounts += [(d, d) for d in _DEVICES]
-        if restoring:
+        if dumped is None:
             mounts.append(("/dev/null", "/dev/null"))
         else:
-            root = Path(f"/proc/{pid}/root")
+            opts.pid = dumped
+            root = Path(f"/proc/{dumped}/root")
             masked = [p for p in spec["linux"]["maskedPaths"] if _is_file(root / p.lstrip("/"))]
             opts.ext_mnt.extend(rpc.ext_mount_map(key=p, val="/dev/null") for p in masked)
-        opts.ext_mnt.extend(
-            rpc.ext_mount_map(key=dest, val=src if restoring else dest) for dest, src in mounts
-        )
+        opts.ext_mnt.extend(rpc.ext_mount_map(key=dest, val=dest if dumped else src) for dest, src in mounts)
         return opts
 
     lazy_restore = True
@@ -398,7 +390,7 @@ class RuncBackend:
 
     def _make_cgroups(self, record: SandboxRecord) -> None:
         res = record.spec.resources
-        cgroups.make(self._cgroups_path(record), res.memory_mb << 20, int(res.cpus * 100_000), res.pids)
+        cgroups.make(self._cgroups_path(record.id), res.memory_mb << 20, int(res.cpus * 100_000), res.pids)
 
     def restore(
         self,
@@ -475,9 +467,9 @@ class RuncBackend:
         """What `runc restore` asks of CRIU, asked straight; returns the restored init's pid. CRIU
         joins the sandbox's cgroups (made in `prepare_restore`) before it forks a task, and the
         netns the node made before it."""
-        opts = self._criu_opts(layout, "restore.log", restoring=True)
+        opts = self._criu_opts(layout, "restore.log")
         opts.lazy_pages = lazily
-        cgroup = self._cgroups_path(record)
+        cgroup = self._cgroups_path(record.id)
         netns = os.open(network.netns_path(self.node, record.id), os.O_RDONLY | os.O_CLOEXEC)
         try:
             opts.inherit_fd.append(rpc.inherit_fd(key=EXTERNAL_NETNS, fd=netns))
@@ -514,7 +506,7 @@ class RuncBackend:
             own = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
         except (OSError, ValueError):
             return SandboxState.EXITED, 0
-        cgroup = self._cgroups_path(record)
+        cgroup = self._cgroups_path(record.id)
         if stat.rpartition(")")[2].split()[0] in "ZX" or not any(line.endswith(f":{cgroup}") for line in own):
             return SandboxState.EXITED, 0
         return (SandboxState.PAUSED if freezer.frozen(cgroup) else SandboxState.RUNNING), pid
@@ -523,12 +515,10 @@ class RuncBackend:
         """Signal every task of the sandbox, frozen meanwhile so that none forks past it (what
         `runc kill --all` does); the sandbox is thawed after, so that they act on it. SIGKILL
         returns once they are gone."""
-        cgroup = self._cgroups_path(record)
         if signal == signals.SIGKILL:
-            self._kill_cgroup_tasks(record)
+            self._kill_cgroup_tasks(record.id)
             return
-        if not cgroups.procs(cgroup):
-            return
+        cgroup = self._cgroups_path(record.id)
         with suppress(OSError, FailedPrecondition):
             freezer.freeze(cgroup)
         try:
@@ -541,22 +531,19 @@ class RuncBackend:
 
     def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self._forget_runc(record.id)
-        # What runc cannot delete when it, or the CRIU under it, hung and was killed: the tasks
-        # left in the sandbox's cgroups (a restoring CRIU among them: runc puts it there), and
-        # runc's state of the container with its mount of the root for CRIU.
-        self._kill_cgroup_tasks(record)
+        # What is left when runc or CRIU hung and was killed: the tasks in the sandbox's cgroups
+        # (a restoring CRIU among them: it is placed there first), and runc's state of the
+        # container with its mount of the root for CRIU.
+        self._kill_cgroup_tasks(record.id)
         overlay.unmount_below(self.state_root / record.id)
         shutil.rmtree(self.state_root / record.id, ignore_errors=True)
         overlay.unmount_below(layout.reachable)
         overlay.unmount_below(layout.mapped)
         self._remove_cgroups(record.id)
 
-    def _kill_cgroup_tasks(self, record: SandboxRecord, timeout_s: float = 10.0) -> None:
+    def _kill_cgroup_tasks(self, sandbox_id: str, timeout_s: float = 10.0) -> None:
         """SIGKILL every task in the sandbox's cgroups and wait until they are gone."""
-        self._kill_tasks_of(record.id, timeout_s)
-
-    def _kill_tasks_of(self, sandbox_id: str, timeout_s: float = 10.0) -> None:
-        cgroup = self._cgroup_of(sandbox_id)
+        cgroup = self._cgroups_path(sandbox_id)
         deadline = time.monotonic() + timeout_s
         pause = 0.0005  # the tasks of a stopping dump are already dying: look again soon
         while pids := cgroups.procs(cgroup):
@@ -572,8 +559,8 @@ class RuncBackend:
             pause = min(pause * 2, 0.01)
 
     def _remove_cgroups(self, sandbox_id: str) -> None:
-        for controller in CGROUP_ROOT.iterdir():
-            node_dir = controller / CGROUP_PARENT / self.node
+        for hierarchy in cgroups.hierarchies():
+            node_dir = hierarchy / CGROUP_PARENT / self.node
             for d in (node_dir / sandbox_id, node_dir, node_dir.parent):
                 try:
                     d.rmdir()
@@ -594,7 +581,7 @@ class RuncBackend:
         removed = sorted(found - keep)
         for sandbox_id in removed:
             self._forget_runc(sandbox_id)
-            self._kill_tasks_of(sandbox_id)
+            self._kill_cgroup_tasks(sandbox_id)
             self._remove_cgroups(sandbox_id)
         return removed
 
