@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from sandbox_agent import network
-from sandbox_agent.errors import AlreadyExists
+from sandbox_agent.errors import AlreadyExists, FailedPrecondition
 from tests import hostcheck
 
 
@@ -74,7 +75,40 @@ def test_a_sandbox_netns_has_tcp_tables_of_its_own_and_no_ipv6() -> None:
         for link in ("all", "default", "lo", "eth0"):
             assert sysctl(f"net.ipv6.conf.{link}.disable_ipv6") == "1", link
         assert sysctl("net.ipv4.ip_unprivileged_port_start") == "0"
+        # Wired over netlink as `ip` wired it: the same links, address and routes on both sides.
+        host_side = network.veth_name(node, sandbox)
+        inside = _ip("-n", netns.name, "-4", "-o", "addr", "show", "dev", "eth0")
+        assert "inet 10.254.77.8/32 scope global eth0" in inside
+        assert _ip("-n", netns.name, "-4", "route", "show").splitlines() == [
+            f"default via {network.GATEWAY_IP} dev eth0 ",
+            f"{network.GATEWAY_IP} dev eth0 scope link ",
+        ]
+        for side, show in (("lo", ["-n", netns.name]), ("eth0", ["-n", netns.name]), (host_side, [])):
+            assert ",UP" in _ip(*show, "-o", "link", "show", "dev", side), side
+        assert (
+            _ip("-4", "route", "show", "10.254.77.8/32").strip() == f"10.254.77.8 dev {host_side} scope link"
+        )
+        conf = Path(f"/proc/sys/net/ipv4/conf/{host_side}/proxy_arp")
+        assert conf.read_text().strip() == "1"
+        assert Path(f"/proc/sys/net/ipv6/conf/{host_side}/disable_ipv6").read_text().strip() == "1"
     finally:
         network.destroy(node, sandbox)
     assert not netns.exists()
     assert not network._routed("10.254.77.8")
+    assert not Path(f"/sys/class/net/{network.veth_name(node, sandbox)}").exists()
+
+
+@pytest.mark.timeout(30)
+def test_a_refused_link_names_the_kernels_reason_and_leaves_nothing() -> None:
+    """A veth the kernel refuses (an MTU above any link's) fails with the request and the
+    kernel's error, and undoes what was made before it: the netns."""
+    node, sandbox = "net-refused", "mtu"
+    with pytest.raises(FailedPrecondition, match=r"making veth eth0 with peer stx\w+: Invalid argument"):
+        network.create(node, sandbox, "10.254.77.9", mtu=1 << 20)
+    assert not network.netns_path(node, sandbox).exists()
+    assert not Path(f"/sys/class/net/{network.veth_name(node, sandbox)}").exists()
+    assert not network._routed("10.254.77.9")
+
+
+def _ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
