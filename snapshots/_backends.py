@@ -43,8 +43,9 @@ class Backend(Protocol):
         """Whether requests cross a network (so more of them should be in flight)."""
         ...
 
-    def put(self, key: str, blob: bytes) -> None:
-        """Create or replace an object."""
+    def put(self, key: str, blob: bytes, *, durable: bool = True) -> None:
+        """Create or replace an object. Not `durable`: it need not outlive a crash of this host
+        (a lock, which dies with its holder), only be seen by every other party at once."""
         ...
 
     def put_if_absent(self, key: str, blob: bytes) -> bool:
@@ -231,14 +232,15 @@ class LocalBackend:
         finally:
             os.close(fd)
 
-    def put(self, key: str, blob: bytes) -> None:
+    def put(self, key: str, blob: bytes, *, durable: bool = True) -> None:
         path = self._path(key)
         try:
-            temp = self._write_temp(path, blob, sync=self.durable)
+            temp = self._write_temp(path, blob, sync=self.durable and durable)
             os.rename(temp, path)
         except OSError as exc:
             raise self._error(key, exc) from None
-        self.renamed_in(path.parent)
+        if durable:
+            self.renamed_in(path.parent)
 
     def put_if_absent(self, key: str, blob: bytes) -> bool:
         path = self._path(key)

@@ -155,7 +155,11 @@ class StoreLock:
         self._rng = random.Random()
 
     def _write(self) -> None:
-        self._backend.put(self._key, _encode(self._kind, self._holder, self._purpose, time.time()))
+        # Not durable: a lock means nothing once its holder is gone, and a crash of its host ends
+        # the holder (other parties see it stale, by its boot id). A restore waited 1-2 ms for
+        # the fsync, at its start.
+        lock = _encode(self._kind, self._holder, self._purpose, time.time())
+        self._backend.put(self._key, lock, durable=False)
         self._last_refresh = time.monotonic()
 
     def _conflicts(self) -> list[LockRecord]:

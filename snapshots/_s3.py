@@ -123,7 +123,7 @@ class S3Backend:
                 raise StoreUnavailable(self.location, key, f"{exc}; gave up after retries") from None
             raise StoreRejected(self.location, key, str(exc)) from None
 
-    def put(self, key: str, blob: bytes) -> None:
+    def put(self, key: str, blob: bytes, *, durable: bool = True) -> None:
         self._call(
             key, lambda: self._client.put_object(Bucket=self._bucket, Key=self._prefix + key, Body=blob)
         )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from sandbox_agent import overlay
+from sandbox_agent.errors import FailedPrecondition
 from sandbox_agent.layer_disks import LayerDisks
 
 SMALL = (16, 1024)
@@ -105,3 +108,41 @@ def test_a_spare_that_cannot_be_made_stops_the_refill_not_the_placing(tmp_path: 
         assert _is_ext4(tmp_path / "sandbox.img", SMALL[0])
     finally:
         disks.close()
+
+
+def _attached(image: Path) -> str:
+    return subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_layer_disk_mounts_on_a_loop_device_that_goes_with_the_mount(tmp_path: Path) -> None:
+    """The agent attaches the loop device itself, as `mount -o loop` did: the disk mounts
+    nosuid and nodev, takes files, and its device detaches once it is unmounted."""
+    image, target = tmp_path / "layer.img", tmp_path / "layer"
+    overlay.make_layer_fs(image, *SMALL)
+    overlay.mount_layer_disk(image, target)
+    try:
+        assert overlay.is_mounted(target)
+        options = next(line.split()[3] for line in Path("/proc/self/mounts").read_text().splitlines()
+                       if line.split()[1] == str(target))  # fmt: skip
+        assert {"nosuid", "nodev", "rw"} <= set(options.split(","))
+        (target / "kept").write_text("a file")
+        assert str(image) in _attached(image)
+    finally:
+        overlay.unmount(target)
+    assert _attached(image) == "", "the loop device detached with the unmount"
+    overlay.mount_layer_disk(image, target)  # and mounts again, the file still there
+    try:
+        assert (target / "kept").read_text() == "a file"
+    finally:
+        overlay.unmount(target)
+
+
+@pytest.mark.timeout(60)
+def test_a_layer_disk_that_is_no_filesystem_is_refused_and_holds_no_loop_device(tmp_path: Path) -> None:
+    image, target = tmp_path / "garbage.img", tmp_path / "layer"
+    image.write_bytes(b"\xff" * (1 << 20))
+    with pytest.raises(FailedPrecondition, match=f"mounting {image} \\(/dev/loop\\d+\\) at {target}"):
+        overlay.mount_layer_disk(image, target)
+    assert not overlay.is_mounted(target)
+    assert _attached(image) == ""
