@@ -9,6 +9,10 @@ cache=${STASIS_CACHE:-/var/cache/stasis}
 criu_version=4.2.1
 criu_sha256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 criu_rundir=/run/criu
+# CRIU is built without what it only links for features Stasis does not use: GnuTLS (a TLS page
+# server) and libnftables (nftables network locking). A CRIU process then starts in 1.3 ms, where
+# loading them took 2.8 ms, and every dump starts one, every lazy restore two.
+criu_without="gnutls libnftables"
 base_suite=bookworm
 
 log() { printf '[host-setup] %s\n' "$*" >&2; }
@@ -39,9 +43,9 @@ install_packages() {
 }
 
 install_criu() {
-  # The build is named by the version and the patches applied to it (scripts/criu-patches).
+  # The build is named by the version, its options and the patches applied to it (scripts/criu-patches).
   local build_id stamp="$cache/criu-build.id"
-  build_id="${criu_version} rundir=${criu_rundir} $(cat "$repo"/scripts/criu-patches/*.patch | sha256sum | cut -c1-16)"
+  build_id="${criu_version} rundir=${criu_rundir} without=${criu_without// /,} $(cat "$repo"/scripts/criu-patches/*.patch | sha256sum | cut -c1-16)"
   if command -v criu >/dev/null && criu --version 2>/dev/null | grep -q "Version: ${criu_version}" \
     && [ "$(cat "$stamp" 2>/dev/null)" = "$build_id" ]; then
     return 0
@@ -75,7 +79,13 @@ SRC
   done
   # RUNDIR: where CRIU caches what it probed of the kernel, kept only on a tmpfs, which the node
   # agent mounts there (a dump or restore that probes again costs about 40 ms).
-  make -C "$work/build" -j"$(nproc)" criu RUNDIR="$criu_rundir" >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
+  # CRIU's build links each library pkg-config finds: this one finds none of $criu_without.
+  local pkg_config="$work/pkg-config-without"
+  printf '#!/bin/sh\nfor arg in "$@"; do case "$arg" in %s) exit 1 ;; esac; done\nexec pkg-config "$@"\n' \
+    "${criu_without// /|}" >"$pkg_config"
+  chmod +x "$pkg_config"
+  make -C "$work/build" -j"$(nproc)" criu RUNDIR="$criu_rundir" PKG_CONFIG="$pkg_config" >"$work/build.log" 2>&1 \
+    || { tail -30 "$work/build.log"; exit 1; }
   install -m 0755 "$work/build/criu/criu" /usr/local/sbin/criu
   hash -r
   criu --version | grep -q "Version: ${criu_version}"
