@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import json
 import logging
 import os
@@ -198,8 +199,9 @@ class Node:
             if why:
                 log.warning("node %s restores whole, not lazily: %s", self.name, why)
                 self._lazy = False
-        self._arriving: dict[str, threading.Thread] = {}
-        """Lazily restored sandboxes whose memory is still arriving, with the thread that waits."""
+        self._arriving: dict[str, threading.Event] = {}
+        """Lazily restored sandboxes whose memory is still arriving, each with the event its
+        waiting thread sets once it is done."""
         self._eager_next: set[str] = set()
         """Snapshots whose lazy restore met a damaged chunk here: the next try fetches them
         whole, so it fails outright, as the control plane expects of a damaged snapshot."""
@@ -655,15 +657,14 @@ class Node:
         if transfer.failure is not None:  # failed while the restore was finishing
             self._memory_arrives(sandbox_id, snapshot_id, layout, transfer, timeline, release)
             raise transfer.failure
-        waiting = threading.Thread(
-            target=self._memory_arrives,
-            args=(sandbox_id, snapshot_id, layout, transfer, timeline, release),
-            name=f"lazy-{sandbox_id}",
-            daemon=True,
-        )
+        arrived = threading.Event()
         with self._lock:
-            self._arriving[sandbox_id] = waiting
-        waiting.start()
+            self._arriving[sandbox_id] = arrived
+        # `_thread`'s start, unlike `Thread.start`, does not wait for the new thread to run: with
+        # the memory arriving on both cores, that wait took 0-6 ms of every lazy restore.
+        _thread.start_new_thread(
+            self._memory_arrives, (sandbox_id, snapshot_id, layout, transfer, timeline, release)
+        )
         return status
 
     def _staging_for(self, manifest: Manifest, leave_out: Callable[[str], object]) -> Path:
@@ -686,30 +687,34 @@ class Node:
         release: Callable[[], None],
     ) -> None:
         """Wait for the rest of a lazily restored sandbox's memory; remove the sandbox if any of
-        it could not be had."""
+        it could not be had. Either way, then set the sandbox's event in `_arriving`, if any."""
         try:
-            error = transfer.wait()
-        finally:
-            release()
-        if error:
-            log.error("node %s removes sandbox %s: %s", self.name, sandbox_id, error)
-            if isinstance(transfer.failure, SnapshotCorrupt):
-                with self._lock:
-                    self._eager_next.add(snapshot_id)
-            with suppress(NotFound):
-                self._remove_now(self._record(sandbox_id), layout)
-        else:
             try:
-                record = self._record(sandbox_id)
-                resident = timeline.record(Phase.RESIDENT, timeline.started)
-                record.timings_ms = {**record.timings_ms, Phase.RESIDENT.key: resident}
-                record.save(layout.record)
-            except NotFound:
-                pass
-        layout.arriving.unlink(missing_ok=True)
-        with self._lock:
-            self._arriving.pop(sandbox_id, None)
-        self._done(sandbox_id)
+                error = transfer.wait()
+            finally:
+                release()
+            if error:
+                log.error("node %s removes sandbox %s: %s", self.name, sandbox_id, error)
+                if isinstance(transfer.failure, SnapshotCorrupt):
+                    with self._lock:
+                        self._eager_next.add(snapshot_id)
+                with suppress(NotFound):
+                    self._remove_now(self._record(sandbox_id), layout)
+            else:
+                try:
+                    record = self._record(sandbox_id)
+                    resident = timeline.record(Phase.RESIDENT, timeline.started)
+                    record.timings_ms = {**record.timings_ms, Phase.RESIDENT.key: resident}
+                    record.save(layout.record)
+                except NotFound:
+                    pass
+        finally:
+            layout.arriving.unlink(missing_ok=True)
+            with self._lock:
+                arrived = self._arriving.pop(sandbox_id, None)
+            self._done(sandbox_id)
+            if arrived is not None:
+                arrived.set()
 
     def _remove_now(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         """Kill a sandbox's processes and remove everything of it on the node. `delete` calls it
@@ -728,10 +733,10 @@ class Node:
         deadline = time.monotonic() + timeout_s
         with self._lock:
             arriving = dict(self._arriving)
-        for thread in arriving.values():
-            thread.join(max(0.0, deadline - time.monotonic()))
-        for sandbox_id, thread in arriving.items():
-            if thread.is_alive():
+        for arrived in arriving.values():
+            arrived.wait(max(0.0, deadline - time.monotonic()))
+        for sandbox_id, arrived in arriving.items():
+            if not arrived.is_set():
                 log.warning("node %s removes sandbox %s: its memory is still arriving", self.name, sandbox_id)
                 with suppress(NotFound):
                     self._remove_now(self._record(sandbox_id), self._layout(sandbox_id))
