@@ -27,6 +27,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -184,9 +185,14 @@ class PageServer:
     """
 
     def __init__(
-        self, memory: dict[int, Memory], stored: Callable[[str], Readable], fault: Callable[[str], None]
+        self,
+        memory: Future[dict[int, Memory]],
+        stored: Callable[[str], Readable],
+        fault: Callable[[str], None],
     ) -> None:
         self._memory = memory
+        """The processes' memory, as `prepare` gives it: no page is asked for before CRIU's
+        restore, which waits for it (`Transfer.ready`)."""
         self._stored = stored
         self._fault = fault
         self._ours, self.theirs = socket.socketpair()
@@ -235,7 +241,7 @@ class PageServer:
             self.done.set()
 
     def _send(self, pid: int, vaddr: int, pages: int) -> None:
-        memory = self._memory.get(pid)
+        memory = self._memory.result().get(pid)
         run = memory.find(vaddr) if memory else None
         if memory is None or run is None:
             raise ValueError(f"process {pid} has no pages at {vaddr:#x} in the snapshot")
@@ -353,8 +359,14 @@ class Transfer:
     server and CRIU's daemon. `fault(message)` must stop the sandbox (see `PageServer`)."""
 
     def __init__(
-        self, memory: dict[int, Memory], stored: Callable[[str], Readable], fault: Callable[[str], None]
+        self,
+        memory: Future[dict[int, Memory]],
+        stored: Callable[[str], Readable],
+        fault: Callable[[str], None],
     ) -> None:
+        self.memory = memory
+        """`prepare`'s result: the restore's other work goes on while it writes the pages CRIU
+        restores itself."""
         self.server = PageServer(memory, stored, fault)
         self.daemon: Daemon | None = None
 
@@ -365,9 +377,11 @@ class Transfer:
         self.daemon = Daemon(criu, images, work, self.server)
 
     def ready(self) -> None:
-        """Until the daemon listens for the restore's tasks; if it cannot, stop everything."""
+        """Until the memory is prepared and the daemon listens for the restore's tasks; if
+        either fails (the first with its own error), stop everything."""
         assert self.daemon is not None
         try:
+            self.memory.result()
             self.daemon.wait_ready()
         except BaseException:
             self.abort()

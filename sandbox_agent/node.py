@@ -609,8 +609,11 @@ class Node:
             return reader.open(f"{ckpt.CRIU_DIR}/{name}")
 
         head: Future[ckpt.Checkpoint] = Future()
+        tree: Future[None] = Future()
 
-        def fetch() -> dict[int, lazy.Memory] | None:
+        def fetch() -> dict[int, lazy.Memory]:
+            """The snapshot's metadata (`head`), then its tree (`tree`), then, for a lazy
+            restore, the pages CRIU restores itself, while the restore rebuilds the layer."""
             nonlocal staging
             try:
                 with timeline.phase(Phase.FETCH):
@@ -620,22 +623,24 @@ class Node:
                     head.set_result(ckpt.parse(raw, f"{snapshot_id}:{ckpt.METADATA}"))
                     staging = self._staging_for(reader.manifest, leave_out) / staged_as
                     reader.fetch(staging, leave_out=leave_out)
-                    return lazy.prepare(staging / ckpt.CRIU_DIR, images) if lazily else None
+                    tree.set_result(None)
+                    return lazy.prepare(staging / ckpt.CRIU_DIR, images) if lazily else {}
             except BaseException as exc:
-                if not head.done():
-                    head.set_exception(exc)
+                for future in (head, tree):
+                    if not future.done():
+                        future.set_exception(exc)
                 raise
 
         fetching = _in_thread(fetch, f"fetch-{sandbox_id}")
 
         def fetched() -> tuple[ckpt.Checkpoint, lazy.Transfer | None]:
-            memory = fetching.result()
+            tree.result()
             # Every chunk was verified as it was fetched; the directory needs no second pass.
             with timeline.phase(Phase.VERIFY):
                 checkpoint = ckpt.load(staging, verify=False)
-            if memory is None:
+            if not lazily:
                 return checkpoint, None
-            return checkpoint, lazy.Transfer(memory, images, fault=lambda _: self._stop_quietly(sandbox_id))
+            return checkpoint, lazy.Transfer(fetching, images, fault=lambda _: self._stop_quietly(sandbox_id))
 
         def release() -> None:
             wait([fetching])  # its files are not removed under it

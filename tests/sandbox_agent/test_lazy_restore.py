@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -236,7 +237,8 @@ def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
     from sandbox_agent import lazy
 
     stopped: list[str] = []
-    memory = {7: lazy.Memory("pages-1.img", [lazy.Run(0x10000, 2, 0, True)])}
+    memory: Future[dict[int, lazy.Memory]] = Future()
+    memory.set_result({7: lazy.Memory("pages-1.img", [lazy.Run(0x10000, 2, 0, True)])})
 
     class Pages:
         size = 2 * lazy.PAGE
