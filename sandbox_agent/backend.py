@@ -140,8 +140,9 @@ class Backend(Protocol):
     lazy_restore: bool
     """Whether `restore` takes a `lazy.Transfer`, to resume before the memory is all here."""
 
-    def warm(self) -> None:
-        """Make ahead, in the background, what the first sandboxes will need."""
+    def warm(self, userns_base: int) -> None:
+        """Make ahead, in the background, what the first sandboxes will need (theirs with ids
+        from `userns_base`, 0 for none)."""
 
     def close(self) -> None:
         """Stop that background work and remove what it made; sandboxes are left as they are."""

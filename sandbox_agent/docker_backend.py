@@ -89,7 +89,7 @@ class DockerBackend:
     lazy_restore = False
     """Docker restores from a checkpoint it has whole."""
 
-    def warm(self) -> None:
+    def warm(self, userns_base: int) -> None:
         pass  # Docker makes each container's layer itself
 
     def close(self) -> None:

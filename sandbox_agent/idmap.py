@@ -59,6 +59,10 @@ class IdMap:
         mapping = [{"containerID": 0, "hostID": self.base, "size": SIZE}]
         return {"uidMappings": mapping, "gidMappings": mapping}
 
+    def warm(self) -> None:
+        """Make the user namespace now, ahead of the first id-mapped mount."""
+        self._userns_fd()
+
     def _userns_fd(self) -> int:
         """A user namespace with this map, held by a descriptor: what id-mapped mounts refer to."""
         with self._lock:

@@ -730,7 +730,7 @@ class Node:
 
     def warm(self) -> None:
         """Make ahead, in the background, what the first sandboxes will need (`Backend.warm`)."""
-        self.backend.warm()
+        self.backend.warm(self._userns_base)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Before the agent exits: wait up to `timeout_s` for memory still arriving, then remove

@@ -4,6 +4,7 @@ nodes, whether the checkpoint goes as a directory (restored whole) or through th
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -214,6 +215,33 @@ def test_tcp_connection_comes_back_closed_and_reconnects(
     log = wait_for_log(b, "tcp", lambda t: t.count("connected") >= 2)
     assert "reconnect after" in log
     assert tcp_server.peers == ["10.201.0.3", "10.201.0.3"], "the restored sandbox kept its own address"
+
+
+def _user_namespaces_held() -> int:
+    """How many user namespaces this process holds by a descriptor (id maps hold theirs so)."""
+    held = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            held += os.readlink(fd).startswith("user:[")
+        except OSError:  # closed meanwhile
+            continue
+    return held
+
+
+@pytest.mark.timeout(60)
+def test_a_warmed_node_has_its_id_map_before_its_first_sandbox(make_node: NodeFactory) -> None:
+    """The user namespace of the node's id map takes a process: warm() makes it ahead, so the
+    first restore's id-mapped mounts do not wait for it, and the sandbox then uses that one."""
+    node = make_node("node-warm")
+    before = _user_namespaces_held()
+    node.warm()
+    deadline = time.monotonic() + 10
+    while _user_namespaces_held() == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _user_namespaces_held() == before + 1
+    node.create("first", SandboxSpec(image="base", command=("sleep", "600")))
+    assert node.get("first").state == SandboxState.RUNNING
+    assert _user_namespaces_held() == before + 1, "the sandbox's mounts used the warmed map"
 
 
 @pytest.mark.timeout(60)
