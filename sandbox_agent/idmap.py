@@ -12,6 +12,7 @@ files land on disk with the sandbox's own ids.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 import time
@@ -22,6 +23,8 @@ from pathlib import Path
 from sandbox_agent import _command
 from sandbox_agent._libc import check, libc
 from sandbox_agent.errors import FailedPrecondition
+
+log = logging.getLogger(__name__)
 
 SIZE = 65536
 """Ids a sandbox has: 0..65535, as in a Linux system's own range of users and groups."""
@@ -60,8 +63,12 @@ class IdMap:
         return {"uidMappings": mapping, "gidMappings": mapping}
 
     def warm(self) -> None:
-        """Make the user namespace now, ahead of the first id-mapped mount."""
-        self._userns_fd()
+        """Make the user namespace now, ahead of the first id-mapped mount; if it cannot be made,
+        say so (that mount then fails with the same reason)."""
+        try:
+            self._userns_fd()
+        except FailedPrecondition as exc:
+            log.warning("the id map from host id %d is not ready: %s", self.base, exc)
 
     def _userns_fd(self) -> int:
         """A user namespace with this map, held by a descriptor: what id-mapped mounts refer to."""

@@ -1,6 +1,6 @@
 """Route netlink requests, as `ip link/addr/route` sends them, from the calling thread's netns.
 
-A restore wires its sandbox's network on the way to CRIU: three `ip` processes took 10-14 ms of
+A restore wires its sandbox's network on the way to CRIU: three `ip` processes took 11-15 ms of
 it. pyroute2 encodes the messages; they go over a socket of this module's, one request at a
 time, each acknowledged. (pyroute2's own `IPRoute` sends them through an event loop: 0.4 ms a
 request and 1-2 ms to open, where one here takes about 0.1 ms.)

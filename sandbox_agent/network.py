@@ -139,7 +139,7 @@ def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
 
     It is on the way of every restore, and starts no process: the netns is made and wired from
     a thread of the agent (`_new_netns`), over route netlink (`netlink.Route`), where three `ip`
-    processes took 10-14 ms."""
+    processes took 11-15 ms."""
     ns = netns_name(node, sandbox_id)
     path = NETNS_DIR / ns
     if address and _routed(address):
