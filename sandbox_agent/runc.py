@@ -338,6 +338,9 @@ class RuncBackend:
         images_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         netns = network.netns_path(self.node, record.id)
         opts = self._criu_opts(layout, "dump.log", dumped=pid)
+        # Errors and warnings only: logging every step, as runc asks for, took about 4 ms of a
+        # 64 MiB freeze (raw `criu dump`, medians of 4: 57 ms at level 4, 53 ms at level 2).
+        opts.log_level = 2
         opts.leave_running = leave_running
         opts.freeze_cgroup = str(cgroups.ROOT / "freezer" / self._cgroups_path(record.id).lstrip("/"))
         opts.external.append(f"net[{netns.stat().st_ino}]:{EXTERNAL_NETNS}")
