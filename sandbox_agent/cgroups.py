@@ -15,7 +15,9 @@ option on any cgroup2 mount is enough, also on a cgroup v1 host with a unified h
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sandbox_agent import _command
 from sandbox_agent.freezer import CGROUP_ROOT as ROOT
@@ -90,9 +92,10 @@ def hierarchies(root: Path = ROOT) -> list[Path]:
     return sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
 
 
-def make(path: str, memory_bytes: int, cpu_quota_us: int, pids: int, root: Path = ROOT) -> None:
+def make(path: str, resources: Mapping[str, Any], root: Path = ROOT) -> None:
     """Make the cgroup `path` (as in the OCI spec's cgroupsPath) in every v1 hierarchy with the
-    limits runc would set; what exists already is set again."""
+    limits runc sets for the spec's `linux.resources` (memory, CPU and pids); what exists
+    already is set again."""
     inner = path.strip("/")
     for hierarchy in hierarchies(root):
         if hierarchy.name == "cpuset":
@@ -100,15 +103,15 @@ def make(path: str, memory_bytes: int, cpu_quota_us: int, pids: int, root: Path 
         else:
             (hierarchy / inner).mkdir(parents=True, exist_ok=True)
     limits = (
-        ("memory", "memory.limit_in_bytes", str(memory_bytes)),
-        ("cpu", "cpu.cfs_period_us", "100000"),
-        ("cpu", "cpu.cfs_quota_us", str(cpu_quota_us)),
-        ("pids", "pids.max", str(pids)),
+        ("memory", "memory.limit_in_bytes", resources["memory"]["limit"]),
+        ("cpu", "cpu.cfs_period_us", resources["cpu"]["period"]),
+        ("cpu", "cpu.cfs_quota_us", resources["cpu"]["quota"]),
+        ("pids", "pids.max", resources["pids"]["limit"]),
         ("devices", "devices.deny", "a"),
         *(("devices", "devices.allow", rule) for rule in DEVICE_RULES),
     )
     for controller, name, value in limits:
-        (root / controller / inner / name).write_text(value)
+        (root / controller / inner / name).write_text(str(value))
 
 
 def _make_cpuset(hierarchy: Path, inner: str) -> None:

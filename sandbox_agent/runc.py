@@ -206,7 +206,10 @@ class RuncBackend:
         layout.sysfs.mkdir(parents=True, exist_ok=True)
         network.mount_sysfs(self.node, record.id, layout.sysfs)
 
-    def _write_bundle(self, record: SandboxRecord, layout: SandboxLayout, graded: Path | None = None) -> None:
+    def _write_bundle(
+        self, record: SandboxRecord, layout: SandboxLayout, graded: Path | None = None
+    ) -> dict[str, Any]:
+        """Write runc's bundle (its config.json) and return the spec written."""
         spec = self.oci_spec(record, layout)
         if graded is not None:
             spec["mounts"] = [*spec["mounts"], {
@@ -217,6 +220,7 @@ class RuncBackend:
             }]  # fmt: skip
         layout.bundle.mkdir(parents=True, exist_ok=True)
         (layout.bundle / "config.json").write_text(json.dumps(spec, indent=1))
+        return spec
 
     @staticmethod
     def _prepare_layer(
@@ -391,13 +395,14 @@ class RuncBackend:
 
     def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self._layer_disk(record, layout)
-        self._write_bundle(record, layout)
+        spec = self._write_bundle(record, layout)
         if self.direct:
-            self._make_cgroups(record)
+            self._make_cgroups(spec)
 
-    def _make_cgroups(self, record: SandboxRecord) -> None:
-        res = record.spec.resources
-        cgroups.make(self._cgroups_path(record.id), res.memory_mb << 20, int(res.cpus * 100_000), res.pids)
+    @staticmethod
+    def _make_cgroups(spec: dict[str, Any]) -> None:
+        """The sandbox's cgroups with the limits of its OCI spec, as runc makes them."""
+        cgroups.make(spec["linux"]["cgroupsPath"], spec["linux"]["resources"])
 
     def restore(
         self,
@@ -448,16 +453,15 @@ class RuncBackend:
             transfer.ready()
         try:
             if self.direct:
-                pid_file.write_text(
-                    str(self._restore_direct(record, layout, images_dir, work, transfer is not None))
-                )
-            else:
-                self._runc(
-                    "restore", "--detach", "--tcp-established", "--file-locks",
-                    *(["--lazy-pages"] if transfer is not None else []),
-                    "--image-path", str(images_dir), "--work-path", str(work), "--pid-file", str(pid_file),
-                    "--bundle", str(layout.bundle), record.id, timeout=self.restore_timeout_s,
-                )  # fmt: skip
+                pid = self._restore_direct(record, layout, images_dir, work, transfer is not None)
+                pid_file.write_text(str(pid))
+                return pid
+            self._runc(
+                "restore", "--detach", "--tcp-established", "--file-locks",
+                *(["--lazy-pages"] if transfer is not None else []),
+                "--image-path", str(images_dir), "--work-path", str(work), "--pid-file", str(pid_file),
+                "--bundle", str(layout.bundle), record.id, timeout=self.restore_timeout_s,
+            )  # fmt: skip
         except CommandFailed as exc:
             if transfer is not None:
                 transfer.abort()
@@ -466,7 +470,7 @@ class RuncBackend:
             raise exc.with_log(
                 f"CRIU restore of sandbox {record.id} failed", _log_tail(work / "restore.log")
             ) from exc
-        return int(pid_file.read_text())
+        return int(pid_file.read_text())  # runc wrote the pid it restored
 
     def _restore_direct(
         self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path, work: Path, lazily: bool
@@ -496,7 +500,7 @@ class RuncBackend:
         # checkpoint did not delete it already.
         self._forget_runc(record.id)
         if self.direct:
-            self._make_cgroups(record)
+            self._make_cgroups(json.loads((layout.bundle / "config.json").read_text()))
         self._criu_restore(record, layout, images_dir)
 
     def _forget_runc(self, sandbox_id: str) -> None:
