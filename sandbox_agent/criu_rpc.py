@@ -97,4 +97,7 @@ def _exchange(sock: socket.socket, request: rpc.criu_req, deadline: float) -> rp
         answer = rpc.criu_resp.FromString(data)
         if answer.type != rpc.NOTIFY:
             return answer
-        sock.sendall(rpc.criu_req(type=rpc.NOTIFY, notify_success=True).SerializeToString())
+        try:
+            sock.sendall(rpc.criu_req(type=rpc.NOTIFY, notify_success=True).SerializeToString())
+        except (BrokenPipeError, ConnectionResetError):  # CRIU died after it asked
+            return None

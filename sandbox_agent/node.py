@@ -100,6 +100,8 @@ IRMAP_SCAN_PATHS = ("/root", "/home", "/tmp", "/work", "/workspace")
 CRIU_RUNDIR = Path("/run/criu")
 """Where CRIU (built by scripts/host-setup.sh with RUNDIR=/run/criu) caches what it probed of
 the kernel. It keeps the cache only on a tmpfs, so that a reboot drops it; the node mounts one."""
+CLOSE_REMOVE_S = 10.0
+"""How long `close` waits for a sandbox to be removed once it stopped the sandbox's memory."""
 
 
 def keep_criu_cache() -> None:
@@ -199,9 +201,9 @@ class Node:
             if why:
                 log.warning("node %s restores whole, not lazily: %s", self.name, why)
                 self._lazy = False
-        self._arriving: dict[str, threading.Event] = {}
+        self._arriving: dict[str, tuple[threading.Event, lazy.Transfer]] = {}
         """Lazily restored sandboxes whose memory is still arriving, each with the event its
-        waiting thread sets once it is done."""
+        waiting thread sets once it is done, and the transfer it waits for."""
         self._eager_next: set[str] = set()
         """Snapshots whose lazy restore met a damaged chunk here: the next try fetches them
         whole, so it fails outright, as the control plane expects of a damaged snapshot."""
@@ -664,7 +666,7 @@ class Node:
             raise transfer.failure
         arrived = threading.Event()
         with self._lock:
-            self._arriving[sandbox_id] = arrived
+            self._arriving[sandbox_id] = (arrived, transfer)
         # `_thread`'s start, unlike `Thread.start`, does not wait for the new thread to run: with
         # the memory arriving on both cores, that wait took 0-6 ms of every lazy restore.
         _thread.start_new_thread(
@@ -716,10 +718,10 @@ class Node:
         finally:
             layout.arriving.unlink(missing_ok=True)
             with self._lock:
-                arrived = self._arriving.pop(sandbox_id, None)
+                arriving = self._arriving.pop(sandbox_id, None)
             self._done(sandbox_id)
-            if arrived is not None:
-                arrived.set()
+            if arriving is not None:
+                arriving[0].set()
 
     def _remove_now(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         """Kill a sandbox's processes and remove everything of it on the node. `delete` calls it
@@ -738,13 +740,17 @@ class Node:
         deadline = time.monotonic() + timeout_s
         with self._lock:
             arriving = dict(self._arriving)
-        for arrived in arriving.values():
+        for arrived, _ in arriving.values():
             arrived.wait(max(0.0, deadline - time.monotonic()))
-        for sandbox_id, arrived in arriving.items():
+        for sandbox_id, (arrived, transfer) in arriving.items():
             if not arrived.is_set():
+                # Stopping its transfer (CRIU's daemon and the page server) fails the memory's
+                # wait, which removes the sandbox; nothing of the restore outlives the agent.
                 log.warning("node %s removes sandbox %s: its memory is still arriving", self.name, sandbox_id)
-                with suppress(NotFound):
-                    self._remove_now(self._record(sandbox_id), self._layout(sandbox_id))
+                transfer.abort()
+                if not arrived.wait(CLOSE_REMOVE_S):
+                    with suppress(NotFound):
+                        self._remove_now(self._record(sandbox_id), self._layout(sandbox_id))
         self.backend.close()
         if self._memory_staging is not None:
             with suppress(OSError):  # still holds a restore's files

@@ -419,11 +419,11 @@ class RuncBackend:
         try:
             overlay.import_layer(checkpoint.layer, layout.upper)
             self._mount_root(record, layout, image)
+            return self._criu_restore(record, layout, checkpoint.criu_dir, transfer)
         except BaseException:
-            if transfer is not None:
+            if transfer is not None:  # however the restore failed, its daemon and server stop
                 transfer.abort()
             raise
-        return self._criu_restore(record, layout, checkpoint.criu_dir, transfer)
 
     @staticmethod
     def _restore_work(layout: SandboxLayout) -> Path:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,6 +57,11 @@ def make_node(tmp_path: Path, image_cache: Path, request: pytest.FixtureRequest)
         else:
             node.backend.remove_leftovers(set())
         node.close()
+    left = [pid for node in nodes for pid in lazy_daemons(node)]
+    for pid in left:  # so that no later test meets them
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"CRIU lazy-pages daemons {left} outlived their nodes"
 
 
 def wait_for_log(node: Node, sandbox_id: str, predicate: Callable[[str], object], timeout: float = 30) -> str:
@@ -74,6 +82,21 @@ def restore_staging(node: Node) -> Path:
     """Where the node stages a lazy restore's files: its dir on the memory tmpfs, if it has one."""
     memory = node.settings.memory_dir
     return memory / f"stasis-{node.name}" if memory is not None else node.settings.root / "staging"
+
+
+def lazy_daemons(node: Node) -> list[int]:
+    """The pids of CRIU lazy-pages daemons serving restores staged by this node."""
+    dirs = {f"{node.settings.root / 'staging'}/", f"{restore_staging(node)}/"}
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # gone
+            continue
+        serving = proc.name.isdigit() and argv[1:3] == ["lazy-pages", "--images-dir"]
+        if serving and any(argv[3].startswith(d) for d in dirs):
+            pids.append(int(proc.name))
+    return pids
 
 
 def staged(node: Node) -> list[Path]:

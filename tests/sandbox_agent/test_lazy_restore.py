@@ -4,7 +4,9 @@ restore, removes the sandbox and leaves the snapshot intact for another try."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import struct
 import subprocess
 import threading
@@ -21,7 +23,7 @@ from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.runc import RuncBackend
 from snapshots import SnapshotStore, StoredFile, StoreUnavailable
 from tests.sandbox_agent import programs
-from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, restore_staging, staged, wait_for_log
+from tests.sandbox_agent.conftest import NodeFactory, lazy_daemons, remove_node_dirs, staged, wait_for_log
 
 MIB = 64
 
@@ -164,8 +166,7 @@ def test_a_restore_that_fails_while_the_sandbox_is_built_leaves_nothing(
     assert b.list() == []
     assert not staged(b)
     assert not list((b.settings.root / "sandboxes").iterdir())
-    daemons = subprocess.run(["pgrep", "-f", f"lazy-pages --images-dir {restore_staging(b)}/"], check=False)
-    assert daemons.returncode == 1, "CRIU's lazy-pages daemon was left running"
+    assert lazy_daemons(b) == [], "CRIU's lazy-pages daemon was left running"
 
     b.restore_from_store("first", "mem-s1")
     _resident(b, "first")
@@ -218,10 +219,9 @@ def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
     read = _slow_reads(monkeypatch)
     restored = b.restore_from_store("first", "mem-s1")
     assert restored.busy
-    killed = subprocess.run(
-        ["pkill", "-KILL", "-f", f"lazy-pages --images-dir {restore_staging(b)}/"], check=False
-    )
-    assert killed.returncode == 0, "no lazy-pages daemon was running"
+    daemons = lazy_daemons(b)
+    assert len(daemons) == 1, "one lazy-pages daemon is running"
+    os.kill(daemons[0], signal.SIGKILL)
     _gone(b, "first")
 
     monkeypatch.setattr(StoredFile, "read", read)
@@ -274,6 +274,22 @@ def test_an_agent_restarted_while_memory_arrives_removes_the_sandbox(
     assert b.restore_from_store("first", "mem-s1").busy
     restarted = Node(b.settings)
     assert restarted.list() == []
+
+
+@pytest.mark.timeout(180)
+def test_an_agent_that_stops_while_memory_arrives_removes_the_sandbox_and_its_daemon(
+    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its pages would read as zeros without this agent: once `close` has waited its time, the
+    sandbox goes, and CRIU's daemon and the page server with it."""
+    b, _ = _snapshot(make_node, tmp_path)
+    _slow_reads(monkeypatch)
+    assert b.restore_from_store("first", "mem-s1").busy
+    assert len(lazy_daemons(b)) == 1
+    b.close(timeout_s=0)
+    assert b.list() == []
+    assert lazy_daemons(b) == [], "CRIU's lazy-pages daemon was stopped"
+    assert not staged(b)
 
 
 def _varint(value: int) -> bytes:
