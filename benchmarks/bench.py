@@ -5,19 +5,20 @@
 
 For every (system, size, memory kind) one program holds that much memory: random bytes
 (incompressible) or a Python heap of small dicts and strings (compressible). Each system takes
-three snapshots of it: two leave-running ones with a tenth of the memory rewritten before each
-of the later ones (random bytes: 10% of the pages; the heap: a tenth of its objects replaced,
-which rewrites about a fifth of its pages, the freed objects' and the new ones'), then a stopping
-one, the preemption, whose timings are reported. Then it restores that last one three times
-(Stasis and raw CRIU; the median is reported, each in restored_running_each_ms). Before that
-stopping snapshot every system gets a `sync`, so none pays
-for writing back what the earlier ones left dirty (raw CRIU and Docker delete their earlier images
-once sized, as a Stasis node deletes its staging once stored). What each system does:
+two leave-running snapshots of it, with a tenth of the memory rewritten after each (random bytes:
+10% of the pages; the heap: a tenth of its objects replaced, which changes 12-13% of its pages,
+scattered in small clusters, and so about a fifth of its 64 KiB chunks). Then come three
+preemptions: a stopping snapshot, restored (Stasis and raw CRIU) before the next is taken. Their
+medians are reported, and each in frozen_each_ms, node_free_each_ms, durable_each_ms and
+restored_running_each_ms; Docker is preempted once. Before each stopping snapshot every system
+gets a `sync`, so none pays for writing back what the earlier ones left dirty (raw CRIU and
+Docker delete their earlier images once sized, as a Stasis node deletes its staging once stored).
+What each system does:
 
 - stasis: the agent's `checkpoint_to_store` into a local snapshot store, restored with
   `restore_from_store` on a second node: lazily (the small images, the layer, CRIU's lazy
-  restore over its RPC; the memory follows from the store as the program runs). The same snapshot is
-  then restored eagerly on a third node (fetch and verify everything first), as the baseline of
+  restore over its RPC; the memory follows from the store as the program runs). The first
+  preemption's snapshot is then restored eagerly on a third node (fetch and verify everything first), as the baseline of
   the lazy restore: eager_restored_running_ms.
 - criu: `criu dump` and `criu restore -d` of the same program as a plain host process: the floor.
 - docker: `docker checkpoint create` and `docker start --checkpoint` on a dockerd in experimental
@@ -173,9 +174,19 @@ def _entry(system: str, size: int, memory: str, **figures: float | list[float]) 
     return {"system": system, "size_mib": size, "memory": memory, **figures}
 
 
-RESTORES = 3
-"""Restores of each snapshot, one after another (Stasis's lazily on the second node): the median
-is reported, since one restore on this noisy machine varies by 15% and more."""
+def _preemptions(frozen: list[float], free: list[float], durable: list[float]) -> dict[str, Any]:
+    """The medians of the stopping snapshots' figures, and each of them."""
+    figures: dict[str, Any] = {}
+    for key, each in (("frozen_ms", frozen), ("node_free_ms", free), ("durable_ms", durable)):
+        figures[key] = statistics.median(each)
+        figures[key.replace("_ms", "_each_ms")] = each
+    return figures
+
+
+PREEMPTIONS = 3
+"""Stopping snapshots of each program, each restored (Stasis's lazily, on the second node) before
+the next: the medians are reported, since one freeze or restore on this noisy machine varies by
+15% and more."""
 PR_SET_CHILD_SUBREAPER = 36
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -209,32 +220,36 @@ def run_criu(size: int, memory: str, work: Path) -> dict[str, Any]:
         sizes.append(_du(images))
         shutil.rmtree(images)
         _mutate(proc.pid, n, read)
-    _settle()
-    started = time.perf_counter()
-    third, dump_ms = dump("s3")
-    # As for Stasis, CRIU's own measure of the freeze (its work dir is the images dir here).
-    frozen_ms = criu_stats.frozen_ms(third) or dump_ms
-    _fsync_tree(third)
-    durable_ms = _ms(started)
-    proc.wait()
-    restores = []
+    frozen, free, durable, restores = [], [], [], []
     # The restored program is CRIU's child, then ours (a subreaper's), so that it can be reaped
     # and its pid, which every restore gives it again, is free for the next.
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
     try:
-        for _ in range(RESTORES):
+        for k in range(PREEMPTIONS):
+            _settle()
             started = time.perf_counter()
-            subprocess.run(["criu", "restore", "-d", "-D", str(third), "-o", "restore.log"], check=True)
+            images, dump_ms = dump(f"s{3 + k}")
+            # As for Stasis, CRIU's own measure of the freeze (its work dir is the images dir here).
+            frozen.append(criu_stats.frozen_ms(images) or dump_ms)
+            free.append(dump_ms)
+            _fsync_tree(images)
+            durable.append(_ms(started))
+            os.waitpid(proc.pid, 0)  # the program, killed by the dump
+            if k == 0:
+                third = _du(images)
+            started = time.perf_counter()
+            subprocess.run(["criu", "restore", "-d", "-D", str(images), "-o", "restore.log"], check=True)
             restores.append(_ms(started))
-            os.kill(proc.pid, signal.SIGKILL)
-            os.waitpid(proc.pid, 0)
+            shutil.rmtree(images)
+        os.kill(proc.pid, signal.SIGKILL)
+        os.waitpid(proc.pid, 0)
     finally:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0)
     restored_ms = statistics.median(restores)
     return _entry(
-        "criu", size, memory, frozen_ms=frozen_ms, node_free_ms=dump_ms, durable_ms=durable_ms,
+        "criu", size, memory, **_preemptions(frozen, free, durable),
         restored_running_ms=restored_ms, resident_ms=restored_ms, restored_running_each_ms=restores,
-        stored_bytes=sizes[0], new_bytes_2nd=sizes[1], new_bytes_3rd=_du(third),
+        stored_bytes=sizes[0], new_bytes_2nd=sizes[1], new_bytes_3rd=third,
     )  # fmt: skip
 
 
@@ -254,26 +269,32 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
     _wait(read, "ready")
     pid = _python_child(a.get(sid).pid)
     manifests = []
-    for n, reason in enumerate(("autosave", "autosave", "time-slice"), start=1):
-        if n > 1:
-            _mutate(pid, n - 1, read)
-        if n == 3:
-            _settle()
-        target = SnapshotTarget(f"{sid}-s{n}", sid, n, reason, parent_id=f"{sid}-s{n - 1}" if n > 1 else "")
-        captured, manifest = a.checkpoint_to_store(sid, target, leave_running=n < 3)
+    for n in (1, 2):
+        target = SnapshotTarget(f"{sid}-s{n}", sid, n, "autosave", parent_id=f"{sid}-s1" if n > 1 else "")
+        manifests.append(a.checkpoint_to_store(sid, target, leave_running=True)[1])
+        _mutate(pid, n, read)
+    frozen, free, durable, restores = [], [], [], []
+    on = a
+    for n in range(3, 3 + PREEMPTIONS):
+        _settle()
+        target = SnapshotTarget(f"{sid}-s{n}", sid, n, "time-slice", parent_id=f"{sid}-s{n - 1}")
+        captured, manifest = on.checkpoint_to_store(sid, target, leave_running=False)
         manifests.append(manifest)
-    t = captured.timings_ms
-    restores = []
-    for _ in range(RESTORES):
+        # CRIU's own measure, from its freeze until it killed the tasks; the node is free once
+        # CRIU returns.
+        frozen.append(captured.timings_ms["frozen_ms"])
+        free.append(captured.timings_ms["node_free_ms"])
+        durable.append(captured.timings_ms["durable_ms"])
         started = time.perf_counter()
-        b.restore_from_store(sid, f"{sid}-s3")
+        b.restore_from_store(sid, f"{sid}-s{n}")
         restored_ms = _ms(started)
         while b.get(sid).busy:  # its memory is still arriving
             time.sleep(0.002)
         # Measured by the node, from the start of the restore to the last page.
         phases = b.get(sid).record.timings_ms
         restores.append((restored_ms, phases.get("resident_ms", restored_ms), phases))
-        b.delete(sid)
+        on = b
+    b.delete(sid)
     # The median restore (by its time until running), with its own time until resident.
     restored_ms, resident_ms, phases = sorted(restores, key=lambda r: r[0])[len(restores) // 2]
     started = time.perf_counter()
@@ -281,14 +302,12 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
     eager_ms = _ms(started)
     eager.delete(sid)
     return _entry(
-        "stasis", size, memory,
-        # CRIU's own measure, from its freeze until it killed the tasks; the node is free once runc returns.
-        frozen_ms=t["frozen_ms"], node_free_ms=t["node_free_ms"],
-        durable_ms=t["durable_ms"], restored_running_ms=restored_ms, resident_ms=resident_ms,
+        "stasis", size, memory, **_preemptions(frozen, free, durable),
+        restored_running_ms=restored_ms, resident_ms=resident_ms,
         restored_running_each_ms=[r[0] for r in restores],
         eager_restored_running_ms=eager_ms, lazy_fetch_ms=phases.get("fetch_ms", 0.0),
-        lazy_restore_ms=phases.get("restore_ms", 0.0), stored_bytes=manifests[0].sizes.stored_bytes, new_bytes_2nd=manifests[1].sizes.new_bytes,
-        new_bytes_3rd=manifests[2].sizes.new_bytes,
+        lazy_restore_ms=phases.get("restore_ms", 0.0), stored_bytes=manifests[0].sizes.stored_bytes,
+        new_bytes_2nd=manifests[1].sizes.new_bytes, new_bytes_3rd=manifests[2].sizes.new_bytes,
     )  # fmt: skip
 
 
