@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from sandbox_agent import network
@@ -14,13 +15,25 @@ def _mounts() -> list[str]:
         return [line.split()[1] for line in f]
 
 
+VETH_GRACE_S = 2.0
+"""A destroyed sandbox's veth goes with its netns, in the kernel's background, 25-60 ms after
+`network.destroy`: veths get this long to go before they count as left behind."""
+
+
+def _veths() -> list[str]:
+    return [n for n in os.listdir("/sys/class/net") if n.startswith(("stx", "stp"))]
+
+
 def leftovers() -> dict[str, list[str]]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
     cgroups = [str(p) for p in Path("/sys/fs/cgroup").glob("*/stasis/*") if p.is_dir()]
+    deadline = time.monotonic() + VETH_GRACE_S
+    while (veths := _veths()) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return {
         "mounts": [m for m in _mounts() if "stasis" in m or "/sandboxes/" in m],
         "netns": [line.split()[0] for line in netns if line.startswith("stasis-")],
-        "veths": [n for n in os.listdir("/sys/class/net") if n.startswith(("stx", "stp"))],
+        "veths": veths,
         "cgroups": cgroups,
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -94,8 +95,34 @@ def test_a_sandbox_netns_has_tcp_tables_of_its_own_and_no_ipv6() -> None:
     finally:
         network.destroy(node, sandbox)
     assert not netns.exists()
-    assert not network._routed("10.254.77.8")
-    assert not Path(f"/sys/class/net/{network.veth_name(node, sandbox)}").exists()
+    _gone(network.veth_name(node, sandbox), "10.254.77.8")
+
+
+@pytest.mark.timeout(30)
+def test_a_sandbox_made_again_right_after_its_destroy_gets_its_network() -> None:
+    """The kernel removes a destroyed sandbox's veth in the background, a moment later: a sandbox
+    of the same id and address made before then gets its own, and its route."""
+    node, sandbox, address = "net-again", "again", "10.254.77.10"
+    host_side = network.veth_name(node, sandbox)
+    network.create(node, sandbox, address)
+    network.destroy(node, sandbox)
+    again = network.create(node, sandbox, address)
+    try:
+        assert again.exists()
+        assert _ip("-4", "route", "show", f"{address}/32").strip() == f"{address} dev {host_side} scope link"
+        inside = _ip("-n", again.name, "-4", "-o", "addr", "show", "dev", "eth0")
+        assert f"inet {address}/32" in inside
+    finally:
+        network.destroy(node, sandbox)
+    _gone(host_side, address)
+
+
+def _gone(host_side: str, address: str, timeout_s: float = 5.0) -> None:
+    """The veth and its route go with the netns, in the kernel's background."""
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/sys/class/net/{host_side}").exists() or network._routed(address):
+        assert time.monotonic() < deadline, f"veth {host_side} or the route to {address} was left"
+        time.sleep(0.01)
 
 
 @pytest.mark.timeout(30)
