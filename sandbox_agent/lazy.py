@@ -213,7 +213,8 @@ class PageServer:
         """Hang up (the daemon then fails, if it still wanted pages) and wait for the thread."""
         with contextlib.suppress(OSError):
             self._ours.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=10)
         self._ours.close()
         self.theirs.close()
 

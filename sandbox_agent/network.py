@@ -15,7 +15,6 @@ import ipaddress
 import os
 import shlex
 import threading
-import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
@@ -146,12 +145,13 @@ def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
     if path.exists():
         raise AlreadyExists(f"network namespace {ns} of sandbox {sandbox_id!r} already exists")
     host_side = veth_name(node, sandbox_id)
-    if Path(f"/sys/class/net/{host_side}").exists():
-        # A sandbox of this id was destroyed a moment ago, and the kernel has not yet removed
-        # its netns's veth (`destroy`): its netns is gone, so the veth goes now.
-        with suppress(FailedPrecondition), netlink.Route() as route:  # gone meanwhile
-            route.delete_link(host_side)
-    if address and _still_routed(address):
+    # A sandbox destroyed a moment ago may still have its veth and route: the kernel removes
+    # them with its netns, once nothing holds that (`destroy`). One in the way goes now.
+    for link in {host_side, _route_device(address) if address else ""}:
+        if _departed(link):
+            with suppress(FailedPrecondition), netlink.Route() as route:  # gone meanwhile
+                route.delete_link(link)
+    if address and _routed(address):
         raise AlreadyExists(f"address {address} is already routed to a sandbox on this host")
     try:
         with open("/proc/thread-self/ns/net", "rb", buffering=0) as node_netns:
@@ -232,26 +232,26 @@ def _shared_netns_dir() -> None:
     check(libc.mount(b"none", target, None, _MS_SHARED | _MS_REC, None), f"making {NETNS_DIR} a shared mount")
 
 
-ROUTE_WAIT_S = 1.0
-"""How long `create` waits for the route of a sandbox destroyed a moment ago to go (`destroy`)."""
+def _departed(link: str) -> bool:
+    """Whether `link` is a sandbox's veth whose netns `destroy` has dropped."""
+    if not link.startswith(VETH_PREFIX) or not Path(f"/sys/class/net/{link}").exists():
+        return False
+    return not (NETNS_DIR / f"stasis-{link.removeprefix(VETH_PREFIX)}").exists()
 
 
-def _still_routed(address: str) -> bool:
-    """Whether `address` is routed to a sandbox on this host, and stays so for ROUTE_WAIT_S."""
-    deadline = time.monotonic() + ROUTE_WAIT_S
-    while _routed(address):
-        if time.monotonic() > deadline:
-            return True
-        time.sleep(0.002)
-    return False
+def _route_device(address: str) -> str:
+    """The link the host's main table routes `address` (a /32) through, or ""."""
+    packed = f"{int.from_bytes(ipaddress.IPv4Address(address).packed, 'little'):08X}"
+    with open("/proc/net/route") as routes:
+        next(routes)  # the header
+        return next(
+            (f[0] for f in (line.split() for line in routes) if f[1] == packed and f[7] == "FFFFFFFF"), ""
+        )
 
 
 def _routed(address: str) -> bool:
     """Whether the host's main table has a /32 route to `address` (a sandbox's, on this host)."""
-    packed = f"{int.from_bytes(ipaddress.IPv4Address(address).packed, 'little'):08X}"
-    with open("/proc/net/route") as routes:
-        next(routes)  # the header
-        return any(f[1] == packed and f[7] == "FFFFFFFF" for f in (line.split() for line in routes))
+    return bool(_route_device(address))
 
 
 def mount_sysfs(node: str, sandbox_id: str, target: Path) -> None:
@@ -298,12 +298,12 @@ def _disable_ipv6(link: str) -> None:
 
 
 def destroy(node: str, sandbox_id: str) -> None:
-    """Remove the netns, as `ip netns del` would, without its process; absent is fine. Once its
-    last user is gone (the sandbox's tasks are), the kernel removes it, and the veth with it,
-    route and all, 25-60 ms later in the background: deleting the veth here first took 10-23 ms
-    of every teardown, a network-wide synchronisation. `create` makes way for a veth still
-    there. (While a task of the sandbox outlives its kill, its netns, veth and address live on
-    with it.)"""
+    """Remove the netns, as `ip netns del` would, without its process; absent is fine. Once
+    nothing holds it (the sandbox's tasks, their sockets), the kernel removes it, and the veth
+    with it, route and all, in the background: 25-60 ms later here, where deleting the veth
+    first took 10-23 ms of every teardown (a network-wide synchronisation). Until then the veth
+    leads only to what is left of the netns; a sandbox that needs its name or address deletes
+    it (`create`)."""
     path = netns_path(node, sandbox_id)
     if path.exists():
         libc.umount2(os.fsencode(path), _MNT_DETACH)

@@ -742,15 +742,19 @@ class Node:
             arriving = dict(self._arriving)
         for arrived, _ in arriving.values():
             arrived.wait(max(0.0, deadline - time.monotonic()))
-        for sandbox_id, (arrived, transfer) in arriving.items():
-            if not arrived.is_set():
-                # Stopping its transfer (CRIU's daemon and the page server) fails the memory's
-                # wait, which removes the sandbox; nothing of the restore outlives the agent.
-                log.warning("node %s removes sandbox %s: its memory is still arriving", self.name, sandbox_id)
-                transfer.abort()
-                if not arrived.wait(CLOSE_REMOVE_S):
-                    with suppress(NotFound):
-                        self._remove_now(self._record(sandbox_id), self._layout(sandbox_id))
+        late = {sandbox_id: pair for sandbox_id, pair in arriving.items() if not pair[0].is_set()}
+        for sandbox_id, (_, transfer) in late.items():
+            # Killed first, so that it never runs on a page it lacks; then its transfer (CRIU's
+            # daemon and the page server) stops, which fails the memory's wait, which removes
+            # it: nothing of the restore outlives the agent.
+            log.warning("node %s removes sandbox %s: its memory is still arriving", self.name, sandbox_id)
+            self._stop_quietly(sandbox_id)
+            transfer.abort()
+        deadline = time.monotonic() + CLOSE_REMOVE_S
+        for sandbox_id, (arrived, _) in late.items():
+            if not arrived.wait(max(0.0, deadline - time.monotonic())):
+                with suppress(NotFound):
+                    self._remove_now(self._record(sandbox_id), self._layout(sandbox_id))
         self.backend.close()
         if self._memory_staging is not None:
             with suppress(OSError):  # still holds a restore's files
@@ -818,13 +822,20 @@ class Node:
                 layout.arriving.touch()
             with timeline.phase(Phase.RESTORE):
                 pid = self.backend.restore(record, layout, local, checkpoint, transfer)
-            record.timings_ms = timeline.timings_ms()
-            # What the restored process writes from its first instant on belongs to this run.
-            # (Checkpoints older than `log_bytes` are measured now, a little late.)
-            record.log_start = (
-                checkpoint.sizes.log_bytes or _read_log(self.backend.upper_dir(record, layout), 0, None)[1]
-            )
-            record.save(layout.record)
+            try:
+                record.timings_ms = timeline.timings_ms()
+                # What the restored process writes from its first instant on belongs to this
+                # run. (Checkpoints older than `log_bytes` are measured now, a little late.)
+                record.log_start = (
+                    checkpoint.sizes.log_bytes
+                    or _read_log(self.backend.upper_dir(record, layout), 0, None)[1]
+                )
+                record.save(layout.record)
+            except BaseException:
+                if transfer is not None:  # it runs: killed first, then its memory stops
+                    self._stop_quietly(sandbox_id)
+                    transfer.abort()
+                raise
         # Running as of the restore's return; asking the runtime again would only cost time.
         status = SandboxStatus(record=record, state=SandboxState.RUNNING, pid=pid, busy=keep_busy)
         return status, transfer

@@ -412,11 +412,11 @@ class RuncBackend:
         checkpoint: Checkpoint,
         transfer: lazy.Transfer | None = None,
     ) -> int:
-        if transfer is not None:
-            # CRIU's lazy-pages daemon takes some milliseconds to start: the layer and the root
-            # are made meanwhile.
-            transfer.start(self.criu, checkpoint.criu_dir, self._restore_work(layout))
         try:
+            if transfer is not None:
+                # CRIU's lazy-pages daemon takes some milliseconds to start: the layer and the
+                # root are made meanwhile.
+                transfer.start(self.criu, checkpoint.criu_dir, self._restore_work(layout))
             overlay.import_layer(checkpoint.layer, layout.upper)
             self._mount_root(record, layout, image)
             return self._criu_restore(record, layout, checkpoint.criu_dir, transfer)
@@ -541,7 +541,7 @@ class RuncBackend:
                 freezer.thaw(cgroup)
 
     def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        if not self.direct:  # runc made the cgroups (a v2-only host): it removes them
+        if not self.direct:  # on a v2-only host runc's device rules go with its delete
             self._forget_runc(record.id)
         # What is left when runc or CRIU hung and was killed: the tasks in the sandbox's cgroups
         # (a restoring CRIU among them: it is placed there first), and runc's state of the

@@ -17,7 +17,7 @@ def _mounts() -> list[str]:
 
 VETH_GRACE_S = 2.0
 """A destroyed sandbox's veth goes with its netns, in the kernel's background, 25-60 ms after
-`network.destroy`: veths get this long to go before they count as left behind."""
+`network.destroy`: such veths get this long to go before they count as left behind."""
 
 
 def _veths() -> list[str]:
@@ -28,8 +28,10 @@ def leftovers() -> dict[str, list[str]]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
     cgroups = [str(p) for p in Path("/sys/fs/cgroup").glob("*/stasis/*") if p.is_dir()]
     deadline = time.monotonic() + VETH_GRACE_S
-    while (veths := _veths()) and time.monotonic() < deadline:
+    veths = _veths()
+    while any(network._departed(v) for v in veths) and time.monotonic() < deadline:
         time.sleep(0.02)
+        veths = _veths()
     return {
         "mounts": [m for m in _mounts() if "stasis" in m or "/sandboxes/" in m],
         "netns": [line.split()[0] for line in netns if line.startswith("stasis-")],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -99,22 +100,34 @@ def test_a_sandbox_netns_has_tcp_tables_of_its_own_and_no_ipv6() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_sandbox_made_again_right_after_its_destroy_gets_its_network() -> None:
-    """The kernel removes a destroyed sandbox's veth in the background, a moment later: a sandbox
-    of the same id and address made before then gets its own, and its route."""
-    node, sandbox, address = "net-again", "again", "10.254.77.10"
-    host_side = network.veth_name(node, sandbox)
-    network.create(node, sandbox, address)
-    network.destroy(node, sandbox)
-    again = network.create(node, sandbox, address)
+@pytest.mark.parametrize("again", ["same", "other"])
+def test_a_sandbox_given_a_destroyed_ones_address_gets_its_network(again: str) -> None:
+    """The kernel removes a destroyed sandbox's veth and route with its netns, once nothing holds
+    that (here an open handle does, as a socket left closing would): a sandbox of the same id,
+    or another given the same address, made meanwhile gets a veth and the route of its own."""
+    node, address = "net-again", "10.254.77.10"
+    network.create(node, "first", address)
+    first_veth = network.veth_name(node, "first")
+    held = os.open(network.netns_path(node, "first"), os.O_RDONLY)
     try:
-        assert again.exists()
-        assert _ip("-4", "route", "show", f"{address}/32").strip() == f"{address} dev {host_side} scope link"
-        inside = _ip("-n", again.name, "-4", "-o", "addr", "show", "dev", "eth0")
-        assert f"inet {address}/32" in inside
+        network.destroy(node, "first")
+        assert Path(f"/sys/class/net/{first_veth}").exists(), "the netns, held, keeps its veth"
+        sandbox = "first" if again == "same" else "second"
+        made = network.create(node, sandbox, address)
+        host_side = network.veth_name(node, sandbox)
+        try:
+            assert made.exists()
+            route = _ip("-4", "route", "show", f"{address}/32").strip()
+            assert route == f"{address} dev {host_side} scope link"
+            assert f"inet {address}/32" in _ip("-n", made.name, "-4", "-o", "addr", "show", "dev", "eth0")
+            if again == "other":
+                assert not Path(f"/sys/class/net/{first_veth}").exists(), "the old veth made way"
+        finally:
+            network.destroy(node, sandbox)
     finally:
-        network.destroy(node, sandbox)
-    _gone(host_side, address)
+        os.close(held)
+    _gone(network.veth_name(node, sandbox), address)
+    _gone(first_veth, address)
 
 
 def _gone(host_side: str, address: str, timeout_s: float = 5.0) -> None:
