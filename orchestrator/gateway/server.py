@@ -503,8 +503,11 @@ class Gateway:
         upstream_ms = (time.monotonic() - started) * 1000
         recorded = await self._record(turn, g, bytes(upstream.raw), bytes(delivered + terminal), upstream_ms)
         await send(terminal)
-        if not gone and await self._to_harness(request, response, b"", eof=True):
+        if not gone:
+            # The terminal event is out: delivered. A harness that hangs up once it has read it
+            # may refuse the response's end, which changes nothing.
             self._delivered(recorded.id)
+            await self._to_harness(request, response, b"", eof=True)
         return response
 
     @staticmethod
