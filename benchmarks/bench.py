@@ -18,8 +18,8 @@ What each system does:
 - stasis: the agent's `checkpoint_to_store` into a local snapshot store, restored with
   `restore_from_store` on a second node: lazily (the small images, the layer, CRIU's lazy
   restore over its RPC; the memory follows from the store as the program runs). The first
-  preemption's snapshot is then restored eagerly on a third node (fetch and verify everything first), as the baseline of
-  the lazy restore: eager_restored_running_ms.
+  preemption's snapshot is then restored eagerly on a third node (fetch and verify everything
+  first), as the baseline of the lazy restore: eager_restored_running_ms.
 - criu: `criu dump` and `criu restore -d` of the same program as a plain host process: the floor.
 - docker: `docker checkpoint create` and `docker start --checkpoint` on a dockerd in experimental
   mode, restored into the same container (Docker's own flow; nothing is moved).

@@ -25,6 +25,8 @@ from sandbox_agent.errors import AlreadyExists, FailedPrecondition, InvalidSpec
 
 GATEWAY_IP = "169.254.1.1"
 VETH_PREFIX = "stx"
+NETNS_PREFIX = "stasis-"
+"""A sandbox's netns and its veth are named by these and the same hash of node and sandbox."""
 NETNS_DIR = Path("/var/run/netns")
 ISOLATION_CHAIN = "STASIS-SANDBOX"
 ALLOWANCE_MARK = "stasis-node:"
@@ -54,7 +56,7 @@ def _short(node: str, sandbox_id: str) -> str:
 
 
 def netns_name(node: str, sandbox_id: str) -> str:
-    return f"stasis-{_short(node, sandbox_id)}"
+    return f"{NETNS_PREFIX}{_short(node, sandbox_id)}"
 
 
 def netns_path(node: str, sandbox_id: str) -> Path:
@@ -236,7 +238,7 @@ def _departed(link: str) -> bool:
     """Whether `link` is a sandbox's veth whose netns `destroy` has dropped."""
     if not link.startswith(VETH_PREFIX) or not Path(f"/sys/class/net/{link}").exists():
         return False
-    return not (NETNS_DIR / f"stasis-{link.removeprefix(VETH_PREFIX)}").exists()
+    return not (NETNS_DIR / f"{NETNS_PREFIX}{link.removeprefix(VETH_PREFIX)}").exists()
 
 
 def _route_device(address: str) -> str:

@@ -744,12 +744,10 @@ class Node:
             arrived.wait(max(0.0, deadline - time.monotonic()))
         late = {sandbox_id: pair for sandbox_id, pair in arriving.items() if not pair[0].is_set()}
         for sandbox_id, (_, transfer) in late.items():
-            # Killed first, so that it never runs on a page it lacks; then its transfer (CRIU's
-            # daemon and the page server) stops, which fails the memory's wait, which removes
-            # it: nothing of the restore outlives the agent.
+            # Stopping its transfer fails the memory's wait, which removes the sandbox: nothing
+            # of the restore outlives the agent.
             log.warning("node %s removes sandbox %s: its memory is still arriving", self.name, sandbox_id)
-            self._stop_quietly(sandbox_id)
-            transfer.abort()
+            self._stop_arriving(sandbox_id, transfer)
         deadline = time.monotonic() + CLOSE_REMOVE_S
         for sandbox_id, (arrived, _) in late.items():
             if not arrived.wait(max(0.0, deadline - time.monotonic())):
@@ -767,6 +765,12 @@ class Node:
         except NotFound:
             return
         self.backend.kill(record, self._layout(sandbox_id), signals.SIGKILL)
+
+    def _stop_arriving(self, sandbox_id: str, transfer: lazy.Transfer) -> None:
+        """Kill a running sandbox whose memory is still arriving, then stop its transfer (CRIU's
+        daemon and the page server): killed first, it never runs on a page it lacks."""
+        self._stop_quietly(sandbox_id)
+        transfer.abort()
 
     def restore(
         self, sandbox_id: str, checkpoint_dir: Path, *, image: str = "", verify: bool = True
@@ -832,9 +836,8 @@ class Node:
                 )
                 record.save(layout.record)
             except BaseException:
-                if transfer is not None:  # it runs: killed first, then its memory stops
-                    self._stop_quietly(sandbox_id)
-                    transfer.abort()
+                if transfer is not None:
+                    self._stop_arriving(sandbox_id, transfer)
                 raise
         # Running as of the restore's return; asking the runtime again would only cost time.
         status = SandboxStatus(record=record, state=SandboxState.RUNNING, pid=pid, busy=keep_busy)
