@@ -10,6 +10,9 @@ request fetches only the chunks under it, every chunk verified against its hash 
 What the restore itself reads (the small images, and the pages CRIU keeps eager: stacks, the
 vDSO's neighbours) is written first, by `prepare`.
 
+The same pagemaps tell the snapshot store where a process's pages sat in the parent snapshot
+(`align_memory`), so that a page changed since is stored as a delta against its own earlier bytes.
+
 A page that cannot be served (a chunk missing or corrupt, the store unreachable, the daemon
 gone) must never leave the sandbox running on memory it does not have: the page server kills the
 sandbox before it answers the daemon, and the caller then removes it and reports the restore
@@ -35,7 +38,9 @@ from typing import Any, NamedTuple, Protocol
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
+from sandbox_agent.checkpoint import CRIU_DIR
 from sandbox_agent.errors import ToolUnavailable
+from snapshots import Alignment, Segment
 
 log = logging.getLogger(__name__)
 
@@ -105,21 +110,60 @@ def memories(images: Path) -> tuple[dict[int, Memory], set[str]]:
     tasks: dict[int, Memory] = {}
     others: set[str] = set()
     for path in sorted(images.glob("pagemap-*.img")):
-        head, entries = _pagemap(path.read_bytes(), path.name)
-        pages_file = f"pages-{head.pages_id}.img"
         name = path.name.removeprefix("pagemap-").removesuffix(".img")
-        if not name.isdigit():
-            others.add(pages_file)
-            continue
-        runs, offset = [], 0
-        for e in entries:
-            pages = e.nr_pages or e.compat_nr_pages  # the older images have only the latter
-            flags = e.flags if e.HasField("flags") else PE_PRESENT
-            if flags & PE_PRESENT:
-                runs.append(Run(e.vaddr, pages, offset, bool(flags & PE_LAZY)))
-                offset += pages * PAGE
-        tasks[int(name)] = Memory(pages_file, runs)
+        memory = _memory(path.read_bytes(), path.name)
+        if name.isdigit():
+            tasks[int(name)] = memory
+        else:
+            others.add(memory.pages_file)
     return tasks, others
+
+
+def _memory(raw: bytes, name: str) -> Memory:
+    """The memory a pagemap image describes; ValueError if it is damaged."""
+    head, entries = _pagemap(raw, name)
+    runs, offset = [], 0
+    for e in entries:
+        pages = e.nr_pages or e.compat_nr_pages  # the older images have only the latter
+        flags = e.flags if e.HasField("flags") else PE_PRESENT
+        if flags & PE_PRESENT:
+            runs.append(Run(e.vaddr, pages, offset, bool(flags & PE_LAZY)))
+            offset += pages * PAGE
+    return Memory(f"pages-{head.pages_id}.img", runs)
+
+
+def align_memory(root: Path, parent_file: Callable[[str], bytes | None]) -> dict[str, Alignment]:
+    """Where each process's pages sat in its parent snapshot's pages file, by address (a
+    `snapshots.Aligner` for a checkpoint directory): a mapping that came or went between two dumps
+    moves every page after it in the file, and a changed page is best stored against its own
+    earlier bytes. ValueError if a pagemap is damaged."""
+    tasks, _ = memories(root / CRIU_DIR)
+    aligned: dict[str, Alignment] = {}
+    for pid, memory in tasks.items():
+        name = f"{CRIU_DIR}/pagemap-{pid}.img"
+        raw = parent_file(name)
+        if raw is not None:
+            before = _memory(raw, f"the parent's {name}")
+            aligned[f"{CRIU_DIR}/{memory.pages_file}"] = Alignment(
+                f"{CRIU_DIR}/{before.pages_file}", list(_overlaps(memory.runs, before.runs))
+            )
+    return aligned
+
+
+def _overlaps(runs: Sequence[Run], before: Sequence[Run]) -> Iterator[Segment]:
+    """The pages of `runs` that `before` had too, as pieces of the two pages files (both lists
+    in order of address, as `Memory` keeps them)."""
+    i = 0
+    for run in runs:
+        start, end = run.vaddr, run.vaddr + run.pages * PAGE
+        while i < len(before) and before[i].vaddr + before[i].pages * PAGE <= start:
+            i += 1
+        j = i
+        while j < len(before) and before[j].vaddr < end:
+            had = before[j]
+            low, high = max(start, had.vaddr), min(end, had.vaddr + had.pages * PAGE)
+            yield Segment(run.offset + low - run.vaddr, had.offset + low - had.vaddr, high - low)
+            j += 1
 
 
 def prepare(images: Path, stored: Callable[[str], ReadableMany]) -> dict[int, Memory]:

@@ -465,6 +465,7 @@ class Node:
                     trajectory_cursor=target.trajectory_cursor,
                     timings_ms=captured.timings_ms,
                 ),
+                aligner=lazy.align_memory,
             )
         # The manifest keeps what was known at commit; the reply adds the put itself.
         timeline.add(dict(manifest.timings_ms))

@@ -6,6 +6,7 @@ public API; the underscore modules are internal.
 
 from ._archive import export_checkpoint_archive, import_checkpoint_archive
 from ._collector import collector_paused
+from ._deltas import Aligner, Alignment, Segment
 from ._errors import (
     InvalidCheckpoint,
     InvalidSettings,
@@ -22,6 +23,7 @@ from ._errors import (
 from ._gc import GcReport, RetentionPolicy
 from ._history import SnapshotInfo
 from ._manifest import (
+    DELTA_FORMAT,
     FORMAT,
     ChunkRef,
     ChunkTable,
@@ -38,7 +40,10 @@ from ._store import SnapshotReader, SnapshotStore
 from ._verify import Problem, VerifyReport
 
 __all__ = [
+    "DELTA_FORMAT",
     "FORMAT",
+    "Aligner",
+    "Alignment",
     "ChunkRef",
     "ChunkTable",
     "ChunkingSettings",
@@ -54,6 +59,7 @@ __all__ = [
     "Reason",
     "RetentionPolicy",
     "RetrySettings",
+    "Segment",
     "SnapshotCorrupt",
     "SnapshotError",
     "SnapshotExists",

@@ -14,6 +14,11 @@ from fastcdc.fastcdc_cy import fastcdc_cy
 from ._settings import ChunkingSettings
 
 CHUNK_PREFIX = "chunks/"
+DELTA_LEVEL = 5
+"""The least zstd level for delta chunks. Levels 1 to 4 (zstd's fast strategies) found few of a
+base's bytes once chunk and base passed 128 KiB together: a 170 KB chunk of interpreter heap with
+one page in eight changed took 22 KB against its base at level 3, 158 bytes at level 5, in about
+1.4 times the time (measured)."""
 
 
 def chunk_key(digest: str) -> str:
@@ -84,8 +89,18 @@ class ChunkCodec:
         """The stored form of a chunk: one zstd frame that records its content size."""
         return self._compressor().compress(raw)
 
-    def decode(self, blob: bytes, digest: str, length: int, packed: bool = True) -> bytes:
-        """Decompress and verify a stored chunk against its hash and expected raw length."""
+    def encode_delta(self, raw: memoryview | bytes, base: bytes) -> bytes:
+        """The stored form of a delta chunk: one zstd frame compressed against the raw bytes of
+        its base, as a raw-content dictionary (so what the two share costs a few bytes)."""
+        return zstandard.ZstdCompressor(
+            level=max(self._level, DELTA_LEVEL), write_content_size=True, dict_data=_raw_dictionary(base)
+        ).compress(raw)
+
+    def decode(
+        self, blob: bytes, digest: str, length: int, packed: bool = True, base: bytes | None = None
+    ) -> bytes:
+        """Decompress and verify a stored chunk against its hash and expected raw length; a delta
+        chunk against the raw bytes of its (verified) base."""
         try:
             # A corrupt header could claim any size; refuse before allocating it.
             declared = zstandard.frame_content_size(blob)
@@ -93,7 +108,12 @@ class ChunkCodec:
                 raise ChunkMismatch(
                     "length-mismatch", f"frame declares {declared} bytes, manifest says {length}"
                 )
-            raw = self._decompressor().decompress(blob, max_output_size=length)
+            if base is None:
+                raw = self._decompressor().decompress(blob, max_output_size=length)
+            else:
+                raw = zstandard.ZstdDecompressor(dict_data=_raw_dictionary(base)).decompress(
+                    blob, max_output_size=length
+                )
         except zstandard.ZstdError as exc:
             raise ChunkMismatch("undecodable-chunk", f"zstd frame does not decode: {exc}") from None
         if len(raw) != length:
@@ -102,3 +122,7 @@ class ChunkCodec:
         if actual != digest:
             raise ChunkMismatch("hash-mismatch", f"content hashes to {actual}")
         return raw
+
+
+def _raw_dictionary(base: bytes) -> zstandard.ZstdCompressionDict:
+    return zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +15,14 @@ from typing import TypeVar
 
 from ._backends import Backend, ObjectMissing
 from ._chunking import ChunkCodec, ChunkMismatch, chunk_key, cut_points
+from ._deltas import DELTA_AT_MOST, ParentFile
 from ._errors import InvalidCheckpoint, SnapshotCorrupt
 from ._layout import pack_key
 from ._manifest import ChunkRef, Entry
 from ._packs import Located, PackIndex, PackWriter
 from ._settings import ChunkingSettings
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -81,13 +85,15 @@ class _MappedFile:
 
 
 class _Uploads:
-    """Per-put bookkeeping of which chunks were seen, where they lie and which were new."""
+    """Per-put bookkeeping of which chunks were seen, where they lie and which were new; and the
+    parent's chunks, which this put may reuse, delta chunks included."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: Mapping[str, Located]) -> None:
         self.lock = threading.Lock()
         self.located: dict[str, Located] = {}
         self.new: set[str] = set()
         self.claimed: set[str] = set()
+        self.parent = parent
 
 
 class ChunkStore:
@@ -140,18 +146,21 @@ class ChunkStore:
     # -- writing -----------------------------------------------------------------------------
 
     def store_files(
-        self, files: Sequence[tuple[Path, int]]
+        self, files: Sequence[tuple[Path, int, ParentFile | None]], parent: Iterable[ChunkRef] = ()
     ) -> tuple[list[tuple[ChunkRef, ...]], UploadTally]:
-        """Chunk, deduplicate and pack each (path, size); returns chunk lists in the same order.
-        Call under the store lock: chunks are reused only from packs no GC can remove meanwhile."""
+        """Chunk, deduplicate and pack each (path, size, the parent's copy); returns chunk lists in
+        the same order. A chunk is reused if a pack or the `parent` snapshot's chunks have it; a new
+        one is stored as a delta against its parent's copy where that is much smaller (`_deltas`).
+        Call under the store lock: chunks are reused only from packs no GC can remove meanwhile,
+        and the parent's only from a snapshot that exists."""
         self._packs.refresh()
-        uploads = _Uploads()
+        uploads = _Uploads({r.hash: Located(r.pack, r.offset, r.stored_length, r.base) for r in parent})
         packs = PackWriter(self._backend, self._packs, self._pack_bytes)
         cuts: list[list[tuple[int, int]]] = [[] for _ in files]
         mapped: list[_MappedFile] = []
 
-        def work() -> Generator[tuple[_MappedFile, list[tuple[int, int]]]]:
-            for index, (path, size) in enumerate(files):
+        def work() -> Generator[tuple[_MappedFile, list[tuple[int, int]], ParentFile | None]]:
+            for index, (path, size, base_file) in enumerate(files):
                 if size == 0:
                     continue
                 try:
@@ -166,19 +175,20 @@ class ChunkStore:
                         batch.append((offset, length))
                         if offset + length - batch[0][0] >= _BATCH_BYTES:
                             mf.retain()
-                            yield mf, batch
+                            yield mf, batch, base_file
                             batch = []
                     if batch:
                         mf.retain()
-                        yield mf, batch
+                        yield mf, batch, base_file
                 finally:
                     mf.release()
 
-        def upload(item: tuple[_MappedFile, list[tuple[int, int]]]) -> list[str]:
-            mf, batch = item
+        def upload(item: tuple[_MappedFile, list[tuple[int, int]], ParentFile | None]) -> list[str]:
+            mf, batch, base_file = item
             try:
                 return [
-                    self._upload_chunk(mf.view, offset, length, uploads, packs) for offset, length in batch
+                    self._upload_chunk(mf.view, offset, length, uploads, packs, base_file)
+                    for offset, length in batch
                 ]
             finally:
                 mf.release()
@@ -202,8 +212,12 @@ class ChunkStore:
             )
             for file_cuts in cuts
         ]
+        bases = {
+            at.base for at in uploads.located.values() if at.base and at.base.hash not in uploads.located
+        }
         tally = UploadTally(
-            stored_bytes=sum(at.stored_length for at in uploads.located.values()),
+            stored_bytes=sum(at.stored_length for at in uploads.located.values())
+            + sum(base.stored_length for base in bases),
             new_bytes=sum(uploads.located[d].stored_length for d in uploads.new),
             unique_chunks=len(uploads.located),
             new_chunks=len(uploads.new),
@@ -211,7 +225,13 @@ class ChunkStore:
         return chunk_lists, tally
 
     def _upload_chunk(
-        self, view: memoryview, offset: int, length: int, uploads: _Uploads, packs: PackWriter
+        self,
+        view: memoryview,
+        offset: int,
+        length: int,
+        uploads: _Uploads,
+        packs: PackWriter,
+        parent: ParentFile | None,
     ) -> str:
         with view[offset : offset + length] as piece:
             digest = self._codec.digest(piece)
@@ -219,11 +239,11 @@ class ChunkStore:
                 if digest in uploads.claimed:
                     return digest  # Another task of this put owns it (zero pages repeat a lot).
                 uploads.claimed.add(digest)
-            at = self._packs.find(digest)
-            blob = None if at is not None else self._codec.encode(piece)
+            at = uploads.parent.get(digest) or self._packs.find(digest)
+            stored = None if at is not None else self._encode(piece, offset, length, parent)
         new = at is None
-        if blob is not None:
-            at = packs.append(digest, length, blob)
+        if stored is not None:
+            at = packs.append(digest, length, *stored)
         assert at is not None
         with uploads.lock:
             uploads.located[digest] = at
@@ -231,10 +251,27 @@ class ChunkStore:
                 uploads.new.add(digest)
         return digest
 
+    def _encode(
+        self, piece: memoryview, offset: int, length: int, parent: ParentFile | None
+    ) -> tuple[bytes, ChunkRef | None]:
+        """The stored form of a new chunk, and its base: a delta against the parent's copy of
+        its bytes if that is much smaller, else the plain form and None."""
+        blob = self._codec.encode(piece)
+        base = parent.base_for(offset, length) if parent is not None else None
+        if base is None:
+            return blob, None
+        try:
+            delta = self._codec.encode_delta(piece, self._read_base(base))
+        except ChunkMismatch as exc:  # stored plainly; `verify` reports the base
+            log.warning("chunk %s cannot be a delta base (%s: %s)", base.hash, exc.kind, exc.detail)
+            return blob, None
+        return (delta, base) if len(delta) <= len(blob) * DELTA_AT_MOST else (blob, None)
+
     # -- reading -----------------------------------------------------------------------------
 
     def read_chunk(self, ref: ChunkRef) -> bytes:
-        """Fetch and verify one chunk; raises ChunkMismatch (kind missing-chunk when absent)."""
+        """Fetch and verify one chunk (a delta chunk with its base); raises ChunkMismatch (kind
+        missing-chunk when absent)."""
         try:
             if ref.pack:
                 blob = self._backend.get_range(pack_key(ref.pack), ref.offset, ref.stored_length)
@@ -248,10 +285,18 @@ class ChunkStore:
                 "missing-chunk",
                 f"pack {ref.pack} ends {ref.stored_length - len(blob)} bytes short of the chunk",
             )
-        return self._codec.decode(blob, ref.hash, ref.length, packed=bool(ref.pack))
+        base = None if ref.base is None else self._read_base(ref.base)
+        return self._codec.decode(blob, ref.hash, ref.length, packed=bool(ref.pack), base=base)
+
+    def _read_base(self, base: ChunkRef) -> bytes:
+        try:
+            return self.read_chunk(base)
+        except ChunkMismatch as exc:
+            raise _of_base(base, exc) from None
 
     def read_run(self, refs: Sequence[ChunkRef]) -> list[bytes | ChunkMismatch]:
-        """Read chunks that lie one after another in one pack with one request, and verify each."""
+        """Read chunks that lie one after another in one pack with one request, and verify each
+        (the bases of delta chunks among them with a request for each run of bases)."""
         first = refs[0]
         if len(refs) == 1 or not first.pack:
             return [self._read_or_mismatch(r) for r in refs]
@@ -262,6 +307,12 @@ class ChunkStore:
             return [ChunkMismatch("missing-chunk", f"pack {first.pack} is missing from the store")] * len(
                 refs
             )
+        wanted = sorted({r.base for r in refs if r.base is not None}, key=lambda b: (b.pack, b.offset))
+        bases = {
+            base: _of_base(base, raw) if isinstance(raw, ChunkMismatch) else raw
+            for run in _adjacent(wanted)
+            for base, raw in zip(run, self.read_run(run), strict=True)
+        }
         out: list[bytes | ChunkMismatch] = []
         for ref in refs:
             at = ref.offset - first.offset
@@ -269,8 +320,12 @@ class ChunkStore:
             if len(blob) != ref.stored_length:
                 out.append(ChunkMismatch("missing-chunk", f"pack {ref.pack} ends short of the chunk"))
                 continue
+            base = None if ref.base is None else bases[ref.base]
+            if isinstance(base, ChunkMismatch):
+                out.append(base)
+                continue
             try:
-                out.append(self._codec.decode(blob, ref.hash, ref.length, packed=True))
+                out.append(self._codec.decode(blob, ref.hash, ref.length, packed=True, base=base))
             except ChunkMismatch as exc:
                 out.append(exc)
         return out
@@ -287,21 +342,10 @@ class ChunkStore:
 
         def work() -> Iterable[tuple[Entry, Path, int, list[ChunkRef]]]:
             for entry, path in targets:
-                offset, start = 0, 0
-                run: list[ChunkRef] = []
-                for ref in entry.chunks:
-                    adjacent = (
-                        run
-                        and ref.pack == run[-1].pack
-                        and ref.offset == run[-1].offset + run[-1].stored_length
-                    )
-                    if run and (not adjacent or offset - start >= _BATCH_BYTES):
-                        yield entry, path, start, run
-                        start, run = offset, []
-                    run.append(ref)
-                    offset += ref.length
-                if run:
+                start = 0
+                for run in _adjacent(entry.chunks):
                     yield entry, path, start, run
+                    start += sum(ref.length for ref in run)
 
         def restore(item: tuple[Entry, Path, int, list[ChunkRef]]) -> None:
             entry, path, offset, run = item
@@ -336,4 +380,30 @@ class ChunkStore:
 
 
 def _ref(digest: str, length: int, at: Located) -> ChunkRef:
-    return ChunkRef(digest, length, at.stored_length, at.pack, at.offset)
+    return ChunkRef(digest, length, at.stored_length, at.pack, at.offset, at.base)
+
+
+def _adjacent(refs: Iterable[ChunkRef]) -> Iterator[list[ChunkRef]]:
+    """Refs in runs that lie one after another in one pack, each run at most about a megabyte of
+    raw bytes, so that each is one request."""
+    run: list[ChunkRef] = []
+    size = 0
+    for ref in refs:
+        adjacent = (
+            run
+            and ref.pack
+            and ref.pack == run[-1].pack
+            and ref.offset == run[-1].offset + run[-1].stored_length
+        )
+        if run and (not adjacent or size >= _BATCH_BYTES):
+            yield run
+            run, size = [], 0
+        run.append(ref)
+        size += ref.length
+    if run:
+        yield run
+
+
+def _of_base(base: ChunkRef, failed: ChunkMismatch) -> ChunkMismatch:
+    """What a delta chunk whose base could not be read fails with: the base's failure, named."""
+    return ChunkMismatch(failed.kind, f"its base {base.hash}: {failed.detail}")

@@ -127,6 +127,9 @@ def run(
                     live_packs.add(ref.pack)
                 else:
                     live_objects.add(ref.hash)
+                if ref.base is not None:  # a delta chunk decodes only with its base
+                    live.add(ref.base.hash)
+                    live_packs.add(ref.base.pack)
 
     deleted = 0
     freed = 0

@@ -17,12 +17,15 @@ from ._errors import InvalidSnapshotMeta, SnapshotCorrupt
 from ._settings import MAX_CHUNK
 
 FORMAT = "stasis.snapshot/v3"
-"""Written by this store. v3 lists a file's chunks as columns (a 2 GiB memory image's 32,768 decode
-in a third of the time); v2 as one list per chunk, with where it lies in a pack; v1 has one
-object per chunk. All three are read."""
+"""Written by this store for a snapshot without delta chunks. v3 lists a file's chunks as columns
+(a 2 GiB memory image's 32,768 decode in a third of the time); v2 as one list per chunk, with where
+it lies in a pack; v1 has one object per chunk. All are read."""
+DELTA_FORMAT = "stasis.snapshot/v4"
+"""Written for a snapshot with delta chunks: v3 plus the base of each (`ChunkRef.base`). A snapshot
+without them stays v3, which earlier releases read."""
 _LISTED = frozenset({"stasis.snapshot/v1", "stasis.snapshot/v2"})
 """The formats whose files list one `[hash, length, stored length(, pack, offset)]` per chunk."""
-READABLE = _LISTED | {FORMAT}
+READABLE = _LISTED | {FORMAT, DELTA_FORMAT}
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
@@ -82,13 +85,18 @@ class SnapshotMeta:
 class ChunkRef(NamedTuple):
     """One chunk of a file: the hash of its raw bytes, raw length and stored (compressed) length,
     and where it lies: at `offset` in pack `pack` (hash BLAKE3), or, in snapshots of format v1, in
-    an object of its own (hash SHA-256)."""
+    an object of its own (hash SHA-256).
+
+    A delta chunk has a `base`: another chunk, in a pack and with no base of its own, whose raw
+    bytes its zstd frame was compressed against (a raw-content dictionary). It is most of a page
+    image's chunk in the parent snapshot, where a few of its pages changed since."""
 
     hash: str
     length: int
     stored_length: int
     pack: str = ""
     offset: int = 0
+    base: ChunkRef | None = None
 
 
 class ChunkTable(Sequence[ChunkRef]):
@@ -96,7 +104,7 @@ class ChunkTable(Sequence[ChunkRef]):
     when it is asked for. A 2 GiB memory image has 32,768 chunks; a lazy restore reads a few of
     them before the sandbox runs, so making them all first would only delay it."""
 
-    __slots__ = ("_hashes", "_offsets", "_packs", "_stored", "_where", "lengths")
+    __slots__ = ("_base_of", "_hashes", "_offsets", "_packs", "_stored", "_where", "bases", "lengths")
 
     def __init__(
         self,
@@ -106,6 +114,8 @@ class ChunkTable(Sequence[ChunkRef]):
         packs: list[str],
         where: list[int],
         offsets: list[int],
+        bases: Sequence[ChunkRef] = (),
+        base_of: list[int] | None = None,
     ) -> None:
         self._hashes = hashes
         self.lengths = lengths
@@ -114,6 +124,15 @@ class ChunkTable(Sequence[ChunkRef]):
         self._packs = packs
         self._where = where
         self._offsets = offsets
+        self.bases = bases
+        """The distinct bases of this file's delta chunks."""
+        self._base_of = base_of
+        """Each chunk's base as an index into `bases`, or -1 for none; None when no chunk has one."""
+
+    def _base(self, i: int) -> ChunkRef | None:
+        if self._base_of is None or self._base_of[i] < 0:
+            return None
+        return self.bases[self._base_of[i]]
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -132,16 +151,18 @@ class ChunkTable(Sequence[ChunkRef]):
             self._stored[i],
             self._packs[self._where[i]],
             self._offsets[i],
+            self._base(i),
         )
 
     def __iter__(self) -> Iterator[ChunkRef]:
         digests = (self._hashes[i : i + 64] for i in range(0, len(self._hashes), 64))
         named = map(self._packs.__getitem__, self._where)
+        bases = repeat(None, len(self)) if self._base_of is None else map(self._base, range(len(self)))
         # tuple.__new__ as NamedTuple._make does, without its per-call length check: 3x faster.
         return map(
             tuple.__new__,
             repeat(ChunkRef),
-            zip(digests, self.lengths, self._stored, named, self._offsets, strict=True),
+            zip(digests, self.lengths, self._stored, named, self._offsets, bases, strict=True),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -280,6 +301,7 @@ def rfc3339(moment: datetime) -> str:
 def encode(manifest: Manifest) -> bytes:
     """Serialise a manifest to its stored JSON form."""
     entries: list[dict[str, Any]] = []
+    deltas = any(c.base is not None for e in manifest.entries for c in e.chunks)
     for e in manifest.entries:
         item: dict[str, Any] = {"path": e.path, "type": e.kind.value, "mode": e.mode}
         if e.kind is EntryKind.FILE:
@@ -290,7 +312,7 @@ def encode(manifest: Manifest) -> bytes:
         entries.append(item)
     s = manifest.sizes
     doc = {
-        "format": FORMAT,
+        "format": DELTA_FORMAT if deltas else FORMAT,
         "snapshot_id": manifest.snapshot_id,
         "episode_id": manifest.episode_id,
         "seq": manifest.seq,
@@ -319,15 +341,27 @@ def encode(manifest: Manifest) -> bytes:
 
 def _chunk_table(chunks: Sequence[ChunkRef]) -> dict[str, Any]:
     """A file's chunks as columns: the hashes one after another, and each chunk's pack as an index
-    into the file's own list of packs ("" for a chunk stored as an object of its own, as v1 did)."""
+    into the file's own list of packs ("" for a chunk stored as an object of its own, as v1 did).
+    If any chunk is a delta, "base" gives each chunk's base as an index into "bases" (the same
+    columns, over the distinct bases), or -1."""
     packs: dict[str, int] = {}
+    table = _columns(chunks, packs)
+    bases: dict[ChunkRef, int] = {}
+    base_of = [-1 if c.base is None else bases.setdefault(c.base, len(bases)) for c in chunks]
+    if bases:
+        table["base"] = base_of
+        table["bases"] = _columns(list(bases), packs)
+    table["packs"] = list(packs)
+    return table
+
+
+def _columns(chunks: Sequence[ChunkRef], packs: dict[str, int]) -> dict[str, Any]:
     return {
         "hashes": "".join(c.hash for c in chunks),
         "lengths": [c.length for c in chunks],
         "stored_lengths": [c.stored_length for c in chunks],
         "pack": [packs.setdefault(c.pack, len(packs)) for c in chunks],
         "offsets": [c.offset for c in chunks],
-        "packs": list(packs),
     }
 
 
@@ -362,11 +396,12 @@ def _decode(raw: bytes, snapshot_id: str) -> Manifest:
         if doc["snapshot_id"] != snapshot_id:
             raise bad(f"records snapshot id {doc['snapshot_id']!r}")
         listed = doc["format"] in _LISTED
+        deltas = doc["format"] == DELTA_FORMAT
         chunking = doc["chunking"]
         largest = chunking.get("max_size", MAX_CHUNK) if type(chunking) is dict else MAX_CHUNK
         if type(largest) is not int or not 0 < largest <= MAX_CHUNK:
             raise bad(f"chunking max_size {largest!r} is not 1..{MAX_CHUNK}")
-        entries = tuple(_decode_entry(item, listed, largest) for item in doc["entries"])
+        entries = tuple(_decode_entry(item, listed, deltas, largest) for item in doc["entries"])
         _check_tree(entries)
         sizes = SnapshotSizes(**{k: int(v) for k, v in doc["sizes"].items()})
         created_at = datetime.fromisoformat(doc["created_at"])
@@ -412,9 +447,10 @@ def _check_tree(entries: tuple[Entry, ...]) -> None:
             dirs.add(e.path)
 
 
-def _decode_entry(item: dict[str, Any], listed: bool, largest: int) -> Entry:
+def _decode_entry(item: dict[str, Any], listed: bool, deltas: bool, largest: int) -> Entry:
     """One entry; its chunks at most `largest` bytes each (the chunking's max_size), so that a
-    small manifest cannot have a reader allocate gigabytes per chunk."""
+    small manifest cannot have a reader allocate gigabytes per chunk. Only a v4 manifest (`deltas`)
+    may give chunks bases."""
     path = item["path"]
     if not _safe_path(path):
         raise ValueError(f"unsafe entry path {path!r}")
@@ -428,7 +464,7 @@ def _decode_entry(item: dict[str, Any], listed: bool, largest: int) -> Entry:
             packs: set[str] = set()  # a file's chunks lie in a few packs: each id is checked once
             chunks = tuple(_decode_chunk(path, c, packs) for c in item["chunks"])
         else:
-            chunks = _decode_table(path, item["chunks"])
+            chunks = _decode_table(path, item["chunks"], deltas)
         if chunks and max(chunk_lengths(chunks)) > largest:
             raise ValueError(f"{path}: a chunk is longer than the chunking's max_size {largest}")
         size = int(item["size"])
@@ -443,11 +479,41 @@ def _decode_entry(item: dict[str, Any], listed: bool, largest: int) -> Entry:
     return Entry(path, kind, mode)
 
 
-def _decode_table(path: str, table: Any) -> ChunkTable:
+def _decode_table(path: str, table: Any, deltas: bool) -> ChunkTable:
     """The chunks of a `_chunk_table`, every column checked whole."""
     if type(table) is not dict:
         raise ValueError(f"{path}: chunks are not a table")
-    hashes, packs = table["hashes"], table["packs"]
+    packs = table["packs"]
+    if type(packs) is not list or not all(type(p) is str and (not p or PACK_ID.fullmatch(p)) for p in packs):
+        raise ValueError(f"{path}: bad pack list {packs!r}")
+    hashes, lengths, stored, where, offsets = _decode_columns(path, table, packs)
+    if "base" not in table and "bases" not in table:
+        return ChunkTable(hashes, lengths, stored, packs, where, offsets)
+    if not deltas:
+        raise ValueError(f"{path}: chunks have bases, which only a {DELTA_FORMAT} manifest gives")
+    base_of, columns = table["base"], table["bases"]
+    if type(columns) is not dict:
+        raise ValueError(f"{path}: bases are not a table")
+    b_hashes, b_lengths, b_stored, b_where, b_offsets = _decode_columns(f"{path} (bases)", columns, packs)
+    bases = [
+        ChunkRef(b_hashes[64 * i : 64 * i + 64], b_lengths[i], b_stored[i], packs[b_where[i]], b_offsets[i])
+        for i in range(len(b_lengths))
+    ]
+    # A base may come from a parent chunked with a larger max_size, never beyond any chunking's.
+    if any(not b.pack or b.length > MAX_CHUNK for b in bases):
+        raise ValueError(f"{path}: a base chunk lies in no pack or is longer than any chunk")
+    if not (type(base_of) is list and set(map(type, base_of)) <= _INT and len(base_of) == len(lengths)):
+        raise ValueError(f"{path}: the base column is not one integer per chunk")
+    if base_of and not -1 <= min(base_of) <= max(base_of) < len(bases):
+        raise ValueError(f"{path}: a chunk names base {max(base_of)} of {len(bases)}")
+    return ChunkTable(hashes, lengths, stored, packs, where, offsets, bases, base_of)
+
+
+def _decode_columns(
+    path: str, table: dict[str, Any], packs: list[str]
+) -> tuple[str, list[int], list[int], list[int], list[int]]:
+    """The hash, length, stored length, pack and offset columns of a chunk table, checked whole."""
+    hashes = table["hashes"]
     columns = [table[name] for name in ("lengths", "stored_lengths", "pack", "offsets")]
     if not all(type(column) is list and set(map(type, column)) <= _INT for column in columns):
         raise ValueError(f"{path}: a chunk column holds something other than integers")
@@ -457,15 +523,13 @@ def _decode_table(path: str, table: Any) -> ChunkTable:
         raise ValueError(f"{path}: chunk hashes are not {n} BLAKE3 digests in lowercase hex")
     if not len(stored) == len(where) == len(offsets) == n:
         raise ValueError(f"{path}: chunk columns differ in length")
-    if type(packs) is not list or not all(type(p) is str and (not p or PACK_ID.fullmatch(p)) for p in packs):
-        raise ValueError(f"{path}: bad pack list {packs!r}")
     if n and (min(lengths) <= 0 or min(stored) <= 0 or min(offsets) < 0 or min(where) < 0):
         raise ValueError(f"{path}: a chunk length, offset or pack index is out of range")
     if n and (max(stored) > MAX_STORED_CHUNK or max(offsets) >= OFFSET_END):
         raise ValueError(f"{path}: a chunk's stored length or offset is out of range")
     if n and max(where) >= len(packs):
         raise ValueError(f"{path}: a chunk names pack {max(where)} of {len(packs)}")
-    return ChunkTable(hashes, lengths, stored, packs, where, offsets)
+    return hashes, lengths, stored, where, offsets
 
 
 def _hex(text: str) -> bool:

@@ -4,7 +4,8 @@ where each chunk lies.
 One object per 64 KiB chunk costs a file (or a PUT) per chunk; a pack costs one per few hundred
 megabytes. Manifests record each chunk's pack and offset, so reads need no index. The indexes
 serve deduplication: before a put, the store learns every pack's chunks (once per pack, then
-only the packs that are new), and a chunk any pack already holds is not stored again.
+only the packs that are new), and a chunk any pack already holds is not stored again. A delta
+chunk is reused only while some known pack holds its base.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import json
 import logging
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._backends import Backend, ObjectMissing, ObjectWriter
 from ._layout import PACK_PREFIX, pack_index_key, pack_key, split_pack_key
-from ._manifest import MAX_STORED_CHUNK, OFFSET_END, PACK_ID
+from ._manifest import MAX_STORED_CHUNK, OFFSET_END, PACK_ID, ChunkRef
+from ._settings import MAX_CHUNK
 
 log = logging.getLogger(__name__)
 
@@ -26,23 +28,36 @@ INDEX_FORMAT = "stasis.pack-index/v1"
 
 @dataclass(frozen=True)
 class Located:
-    """Where a stored chunk lies: its pack, offset and stored (compressed) length."""
+    """Where a stored chunk lies: its pack, offset and stored (compressed) length, and the base
+    of a delta chunk."""
 
     pack: str
     offset: int
     stored_length: int
+    base: ChunkRef | None = None
 
 
 def encode_index(pack_id: str, chunks: dict[str, tuple[int, Located]]) -> bytes:
-    """A pack's index: [hash, raw length, offset, stored length] of each chunk in it."""
-    rows = [[digest, length, at.offset, at.stored_length] for digest, (length, at) in chunks.items()]
+    """A pack's index: [hash, raw length, offset, stored length] of each chunk in it; a delta
+    chunk's row, among "deltas", adds its base's hash and raw length."""
+    rows = [
+        [digest, length, at.offset, at.stored_length]
+        for digest, (length, at) in chunks.items()
+        if not at.base
+    ]
+    deltas = [
+        [digest, length, at.offset, at.stored_length, at.base.hash, at.base.length]
+        for digest, (length, at) in chunks.items()
+        if at.base
+    ]
     return json.dumps(
-        {"format": INDEX_FORMAT, "pack": pack_id, "chunks": rows}, separators=(",", ":")
+        {"format": INDEX_FORMAT, "pack": pack_id, "chunks": rows, "deltas": deltas}, separators=(",", ":")
     ).encode()
 
 
 def decode_index(pack_id: str, raw: bytes) -> dict[str, Located]:
-    """The chunks of a pack by hash; ValueError if the index is not one this store wrote."""
+    """The chunks of a pack by hash; ValueError if the index is not one this store wrote. A delta
+    chunk's base has only its hash and length: where it lies is wherever the store holds it."""
     try:
         doc = json.loads(raw)
     except RecursionError:
@@ -50,18 +65,26 @@ def decode_index(pack_id: str, raw: bytes) -> dict[str, Located]:
     if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT or doc.get("pack") != pack_id:
         raise ValueError(f"not the index of pack {pack_id}")
     found: dict[str, Located] = {}
-    for digest, _length, offset, stored in doc["chunks"]:
+    for row in doc["chunks"] + doc.get("deltas", []):
+        digest, _length, offset, stored, *base = row
         if not (
-            type(digest) is str
-            and len(digest) == 64
+            _is_hash(digest)
             and type(offset) is int
             and type(stored) is int
             and 0 <= offset < OFFSET_END
             and 0 < stored <= MAX_STORED_CHUNK
         ):
             raise ValueError(f"bad row for {digest!r}")
-        found[digest] = Located(pack_id, offset, stored)
+        if base and not (
+            len(base) == 2 and _is_hash(base[0]) and type(base[1]) is int and 0 < base[1] <= MAX_CHUNK
+        ):
+            raise ValueError(f"bad base for {digest!r}")
+        found[digest] = Located(pack_id, offset, stored, ChunkRef(base[0], base[1], 0) if base else None)
     return found
+
+
+def _is_hash(value: object) -> bool:
+    return type(value) is str and len(value) == 64
 
 
 class PackIndex:
@@ -110,8 +133,18 @@ class PackIndex:
                 self._by_hash = {d: at for chunks in self._packs.values() for d, at in chunks.items()}
 
     def find(self, digest: str) -> Located | None:
+        """Where a chunk lies; for a delta chunk, with where its base lies now (None if no known
+        pack holds the base plainly)."""
         with self._lock:
-            return self._by_hash.get(digest)
+            at = self._by_hash.get(digest)
+            if at is None or at.base is None:
+                return at
+            base = self._by_hash.get(at.base.hash)
+        if base is None or base.base is not None:
+            return None
+        return replace(
+            at, base=ChunkRef(at.base.hash, at.base.length, base.stored_length, base.pack, base.offset)
+        )
 
     def learn(self, pack_id: str, chunks: dict[str, Located]) -> None:
         """A pack this process has just written and committed."""
@@ -135,7 +168,7 @@ class PackWriter:
         self._chunks: dict[str, tuple[int, Located]] = {}
         self.committed: list[str] = []
 
-    def append(self, digest: str, length: int, blob: bytes) -> Located:
+    def append(self, digest: str, length: int, blob: bytes, base: ChunkRef | None = None) -> Located:
         with self._lock:
             if self._writer is None:
                 self._pack_id = uuid.uuid4().hex
@@ -143,7 +176,7 @@ class PackWriter:
                 self._writer = self._backend.writer(pack_key(self._pack_id))
                 self._written, self._chunks = 0, {}
             self._writer.write(blob)
-            at = Located(self._pack_id, self._written, len(blob))
+            at = Located(self._pack_id, self._written, len(blob), base)
             self._written += len(blob)
             self._chunks[digest] = (length, at)
             if self._written >= self._target:

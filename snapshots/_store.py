@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
@@ -15,8 +16,9 @@ from types import TracebackType
 
 from . import _archive, _gc, _history, _verify
 from ._backends import Backend, ObjectMissing, open_backend
-from ._chunking import describe
+from ._chunking import ChunkMismatch, describe
 from ._chunkstore import ChunkStore
+from ._deltas import Aligner, ParentFile
 from ._errors import InvalidCheckpoint, InvalidSnapshotMeta, SnapshotCorrupt, SnapshotExists, SnapshotNotFound
 from ._layout import (
     EPISODE_PREFIX,
@@ -41,6 +43,8 @@ from ._manifest import (
 )
 from ._random import StoredFile
 from ._settings import StoreSettings
+
+log = logging.getLogger(__name__)
 
 
 def _scan(root: Path) -> list[tuple[str, EntryKind, int, int, str | None]]:
@@ -125,13 +129,18 @@ class SnapshotStore:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def put(self, checkpoint_dir: str | os.PathLike[str], meta: SnapshotMeta) -> Manifest:
+    def put(
+        self, checkpoint_dir: str | os.PathLike[str], meta: SnapshotMeta, *, aligner: Aligner | None = None
+    ) -> Manifest:
         """Store a checkpoint directory as an immutable snapshot and return its manifest.
 
         Metadata is validated before anything is written. Chunks go first and
         the manifest last, in one atomic create; a put that dies before that
-        leaves no visible snapshot. Raises InvalidSnapshotMeta, InvalidCheckpoint,
-        SnapshotExists, StoreLocked or a StoreError.
+        leaves no visible snapshot. With a parent, changed chunks are stored as
+        deltas against the parent's where that saves most of them; `aligner`
+        says where a file's bytes sat in the parent, if not in place (`Aligner`).
+        Raises InvalidSnapshotMeta, InvalidCheckpoint, SnapshotExists,
+        StoreLocked or a StoreError.
         """
         started = time.monotonic()
         validate_meta(meta)
@@ -139,8 +148,7 @@ class SnapshotStore:
         tree = _scan(root)
         if self._backend.size(manifest_key(meta.snapshot_id)) is not None:
             raise SnapshotExists(meta.snapshot_id)
-        if meta.parent_id is not None:
-            self._check_parent(meta)
+        parent = self._check_parent(meta) if meta.parent_id is not None else None
 
         waiting = time.monotonic()
         with self._lock(LockKind.SHARED, f"put {meta.snapshot_id}") as lock:
@@ -148,8 +156,17 @@ class SnapshotStore:
             # The marker goes before any chunk: a put killed later leaves a marker without a
             # manifest, which listings skip and GC removes, never a manifest nobody lists.
             self._backend.put(episode_key(meta.episode_id, meta.snapshot_id), b"")
-            files = [(root / path, size) for path, kind, _m, size, _t in tree if kind is EntryKind.FILE]
-            lists, tally = self._chunks.store_files(files)
+            # The parent's chunks are reused only if it is still there now that GC is kept away.
+            if parent is not None and not self.exists(parent.snapshot_id):
+                parent = None
+            bases = self._parent_files(parent, root, aligner)
+            files = [
+                (root / path, size, bases(path))
+                for path, kind, _m, size, _t in tree
+                if kind is EntryKind.FILE
+            ]
+            reusable = (ref for e in parent.files() for ref in e.chunks) if parent is not None else ()
+            lists, tally = self._chunks.store_files(files, reusable)
             chunk_lists = iter(lists)
             entries = tuple(
                 Entry(path, kind, mode, size, next(chunk_lists) if kind is EntryKind.FILE else (), target)
@@ -192,7 +209,7 @@ class SnapshotStore:
                 raise SnapshotExists(meta.snapshot_id)
         return manifest
 
-    def _check_parent(self, meta: SnapshotMeta) -> None:
+    def _check_parent(self, meta: SnapshotMeta) -> Manifest:
         try:
             parent = self.manifest(meta.parent_id or "")
         except SnapshotNotFound:
@@ -201,6 +218,43 @@ class SnapshotStore:
             raise InvalidSnapshotMeta("parent_id", f"parent belongs to episode {parent.episode_id!r}")
         if parent.seq >= meta.seq:
             raise InvalidSnapshotMeta("seq", f"must exceed the parent's seq {parent.seq}")
+        return parent
+
+    def _parent_files(
+        self, parent: Manifest | None, root: Path, aligner: Aligner | None
+    ) -> Callable[[str], ParentFile | None]:
+        """The parent's copy of each file to store, by path, to find delta bases in. A parent
+        that cannot be read, or an aligner that fails on it, costs deltas, never the put."""
+        if parent is None:
+            return lambda path: None
+        files = {e.path: e for e in parent.files()}
+
+        def read(path: str) -> bytes | None:
+            entry = files.get(path)
+            if entry is None:
+                return None
+            try:
+                return b"".join(self._chunks.read_chunk(ref) for ref in entry.chunks)
+            except ChunkMismatch as exc:
+                log.warning(
+                    "snapshot %s: %s is unreadable (%s), so not aligned", parent.snapshot_id, path, exc
+                )
+                return None
+
+        try:
+            aligned = aligner(root, read) if aligner is not None else {}
+        except ValueError as exc:
+            log.warning("snapshot %s cannot be aligned with its parent (%s)", parent.snapshot_id, exc)
+            aligned = {}
+
+        def parent_file(path: str) -> ParentFile | None:
+            alignment = aligned.get(path)
+            entry = files.get(alignment.parent_path if alignment is not None else path)
+            if entry is None:
+                return None
+            return ParentFile(entry, alignment.segments if alignment is not None else None)
+
+        return parent_file
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from sandbox_agent import Node, SandboxSpec, lazy, overlay
 from sandbox_agent.errors import CommandFailed
 from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.runc import RuncBackend
-from snapshots import SnapshotStore, StoredFile, StoreUnavailable
+from snapshots import Alignment, Segment, SnapshotStore, StoredFile, StoreUnavailable
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, lazy_daemons, remove_node_dirs, staged, wait_for_log
 
@@ -339,6 +339,41 @@ def test_pagemap_images_read_as_criu_writes_them(tmp_path: Path) -> None:
     (tmp_path / "pagemap-42.img").write_bytes(b"not an image")
     with pytest.raises(ValueError, match=r"pagemap-42\.img is not a CRIU pagemap image"):
         lazy.memories(tmp_path)
+
+
+@pytest.mark.timeout(30)
+def test_pages_are_aligned_with_the_parents_by_address(tmp_path: Path) -> None:
+    """A mapping new since the parent moves every page after it in the pages file; the store is
+    told where each page sat, so that it is stored against its own earlier bytes."""
+    page, present = lazy.PAGE, lazy.PE_PRESENT
+    a, b, new = 0x400000, 0x7F0000000000, 0x100000
+    parent = _pagemap(_fields(f1=1), _fields(f1=a, f4=present, f5=4), _fields(f1=b, f4=present, f5=8))
+    (tmp_path / "criu").mkdir()
+    (tmp_path / "criu" / "pagemap-1.img").write_bytes(
+        _pagemap(
+            _fields(f1=2),
+            _fields(f1=new, f4=present, f5=2),
+            _fields(f1=a, f4=present, f5=4),
+            _fields(f1=b - 2 * page, f4=present, f5=10),  # grew downwards by two pages
+        )
+    )
+    (tmp_path / "criu" / "pagemap-7.img").write_bytes(
+        _pagemap(_fields(f1=3), _fields(f1=a, f4=present, f5=1))
+    )
+    asked: list[str] = []
+
+    def read(path: str) -> bytes | None:
+        asked.append(path)
+        return parent if path == "criu/pagemap-1.img" else None  # process 7 is new
+
+    assert lazy.align_memory(tmp_path, read) == {
+        "criu/pages-2.img": Alignment(
+            "criu/pages-1.img", [Segment(2 * page, 0, 4 * page), Segment(8 * page, 4 * page, 8 * page)]
+        )
+    }
+    assert sorted(asked) == ["criu/pagemap-1.img", "criu/pagemap-7.img"]
+    with pytest.raises(ValueError, match=r"the parent's criu/pagemap-1\.img is damaged"):
+        lazy.align_memory(tmp_path, lambda path: parent[:-1])
 
 
 def test_what_a_restore_reads_itself_is_read_in_bounded_pieces() -> None:

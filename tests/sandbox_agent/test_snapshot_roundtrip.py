@@ -164,6 +164,61 @@ def test_snapshot_after_a_tenth_of_memory_changed_adds_little(make_node: NodeFac
     assert share <= 0.25
 
 
+SCATTERED = r"""
+import hashlib, random, signal, time
+rng, asked, done = random.Random(4), [], 0
+signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
+words = [b"observation %d of the run " % i for i in range(977)]
+heap = bytearray(b"".join(rng.choice(words) for _ in range(700_000)))  # about 16 MiB, as a heap
+print("ready", flush=True)
+while True:
+    if len(asked) > done:
+        done += 1
+        for page in range(0, len(heap) // 4096, 8):  # 16 bytes in every 8th page
+            at = page * 4096 + rng.randrange(4080)
+            heap[at:at + 16] = rng.randbytes(16)
+        print("changed", done, flush=True)
+    print("sha", hashlib.sha256(heap).hexdigest(), done, flush=True)
+    time.sleep(0.2)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_scattered_changes_are_stored_as_deltas_and_restore_lazily(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    """One page in eight of a heap changed since the parent: every chunk of it changed, and each
+    is stored against its parent's copy; the restored sandbox reads them back through its base."""
+    url = f"file://{tmp_path}/store"
+    a, b = make_node("node-a", snapshot_store=url), make_node("node-b", snapshot_store=url)
+    a.create("heap", SandboxSpec(image="base", command=("python3", "-c", SCATTERED)))
+    wait_for_log(a, "heap", lambda t: "sha" in t)
+    _, first = a.checkpoint_to_store("heap", SnapshotTarget("h-s1", "h", 1, "autosave"), leave_running=True)
+    a.kill("heap", signal.SIGUSR1)
+    log = wait_for_log(a, "heap", lambda t: re.search(r"sha \w+ 1", t))
+    _, second = a.checkpoint_to_store(
+        "heap", SnapshotTarget("h-s2", "h", 2, "time-slice", parent_id="h-s1"), leave_running=False
+    )
+    pages = max((e for e in second.files() if e.path.startswith("criu/pages-")), key=lambda e: e.size)
+    deltas = [c for c in pages.chunks if c.base is not None]
+    print(
+        f"{len(deltas)} of {len(pages.chunks)} chunks are deltas; the second snapshot added "
+        f"{second.sizes.new_bytes} bytes to the first's {first.sizes.stored_bytes}"
+    )
+    assert len(deltas) > len(pages.chunks) // 4
+    assert second.sizes.new_bytes < first.sizes.stored_bytes / 4
+    sha = re.findall(r"sha (\w+) 1", log)[-1]
+
+    restored = b.restore_from_store("heap", "h-s2")
+    assert restored.busy, "lazily: the deltas arrive through the page server"
+    # The log came along: lines after the restore are the ones past those before the dump.
+    seen = len(re.findall(r"sha \w+ 1", log))
+    after = wait_for_log(b, "heap", lambda t: len(re.findall(r"sha \w+ 1", t)) >= seen + 3, timeout=60)
+    assert set(re.findall(r"sha (\w+) 1", after)) == {sha}
+    with SnapshotStore.open(url) as store:
+        assert store.verify("h-s2").ok
+
+
 @pytest.mark.timeout(120)
 def test_standard_archive_round_trip_restores(make_node: NodeFactory, tmp_path: Path) -> None:
     """Export to the kubelet/CRI-O/Podman checkpoint archive, import it back, restore it elsewhere."""

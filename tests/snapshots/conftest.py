@@ -103,6 +103,13 @@ def local_store(scratch: Path) -> Iterator[SnapshotStore]:
         yield store
 
 
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest) -> SnapshotStore:
+    """A local store, then one in S3."""
+    store: SnapshotStore = request.getfixturevalue(f"{request.param}_store")
+    return store
+
+
 @pytest.fixture
 def s3_store(moto_server: MotoServer, request: pytest.FixtureRequest) -> Iterator[SnapshotStore]:
     """A store in a fresh bucket of the moto server."""
@@ -113,12 +120,13 @@ def s3_store(moto_server: MotoServer, request: pytest.FixtureRequest) -> Iterato
 
 
 def stored_chunks(store_dir: Path) -> set[tuple[str, str]]:
-    """(pack, hash) of every chunk the store holds: in packs by their indexes, and ("", hash) of
-    objects of their own (snapshots of format v1)."""
+    """(pack, hash) of every chunk the store holds: in packs by their indexes (delta chunks
+    too), and ("", hash) of objects of their own (snapshots of format v1)."""
     held = {
         (p.name.removesuffix(".idx"), row[0])
         for p in (store_dir / "packs").glob("*.idx")
-        for row in json.loads(p.read_bytes())["chunks"]
+        for doc in [json.loads(p.read_bytes())]
+        for row in doc["chunks"] + doc.get("deltas", [])
     }
     return held | {
         ("", p.name)

@@ -48,8 +48,10 @@ def test_retention_keeps_last_n_and_drops_ended_episodes(local_store: SnapshotSt
     assert report.kept_snapshots == 4 and report.swept
     after = stored_chunks(scratch / "store")
     assert report.deleted_chunks == len(before - after) > 0 and report.freed_bytes > 0
-    live = {(r.pack, r.hash) for h in local_store.history("ep-a") + local_store.history("ep-b")
-            for e in local_store.manifest(h.snapshot_id).files() for r in e.chunks}  # fmt: skip
+    # A delta chunk keeps its base.
+    live = {(c.pack, c.hash) for h in local_store.history("ep-a") + local_store.history("ep-b")
+            for e in local_store.manifest(h.snapshot_id).files() for r in e.chunks
+            for c in (r, r.base) if c is not None}  # fmt: skip
     assert len({h for _p, h in live}) == report.live_chunks and live <= after
     # What stays besides: chunks of deleted snapshots in packs a kept snapshot still refers to.
     assert {p for p, _h in after} == {p for p, _h in live}

@@ -28,12 +28,6 @@ from snapshots import (
 from tests.snapshots.conftest import as_v2, make_meta, make_tree, tree_listing
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest) -> SnapshotStore:
-    store: SnapshotStore = request.getfixturevalue(f"{request.param}_store")
-    return store
-
-
 @pytest.mark.timeout(60)
 def test_round_trip_preserves_tree(store: SnapshotStore, scratch: Path) -> None:
     tree = make_tree(scratch / "tree")
