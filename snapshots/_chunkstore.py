@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from ._backends import Backend, ObjectMissing
 from ._chunking import ChunkCodec, ChunkMismatch, chunk_key, cut_points
-from ._deltas import DELTA_AT_MOST, ParentFile
+from ._deltas import DELTA_AT_MOST, ParentFile, worth_a_delta
 from ._errors import InvalidCheckpoint, SnapshotCorrupt
 from ._layout import pack_key
 from ._manifest import ChunkRef, Entry
@@ -261,11 +261,14 @@ class ChunkStore:
         if base is None:
             return blob, None
         try:
-            delta = self._codec.encode_delta(piece, self._read_base(base))
+            raw = self._read_base(base.ref)
         except ChunkMismatch as exc:  # stored plainly; `verify` reports the base
-            log.warning("chunk %s cannot be a delta base (%s: %s)", base.hash, exc.kind, exc.detail)
+            log.warning("chunk %s cannot be a delta base (%s: %s)", base.ref.hash, exc.kind, exc.detail)
             return blob, None
-        return (delta, base) if len(delta) <= len(blob) * DELTA_AT_MOST else (blob, None)
+        if not worth_a_delta(piece, raw, base.shift):
+            return blob, None
+        delta = self._codec.encode_delta(piece, raw)
+        return (delta, base.ref) if len(delta) <= len(blob) * DELTA_AT_MOST else (blob, None)
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from snapshots import (
     SnapshotCorrupt,
     SnapshotStore,
 )
+from snapshots._deltas import worth_a_delta
 from snapshots._layout import manifest_key
 from tests.snapshots.conftest import damage, fast_settings, make_meta, make_tree
 
@@ -221,3 +222,17 @@ def test_a_manifest_with_bad_bases_is_corrupt(local_store: SnapshotStore, scratc
     corrupt(lambda d: chunks(d)["base"].pop(), "one integer per chunk")
     corrupt(lambda d: chunks(d)["bases"]["pack"].__setitem__(0, len(table["packs"])), "names pack")
     corrupt(lambda d: chunks(d)["bases"].__setitem__("hashes", "x" * 64), "BLAKE3 digests")
+
+
+def test_a_delta_is_tried_only_where_the_base_still_holds_the_chunks_bytes() -> None:
+    """Compressing a chunk against a base costs 20 times what storing it plainly costs on random
+    bytes, so a chunk is first sampled against the base where its bytes sat."""
+    rng = random.Random(6)
+    base, noise = rng.randbytes(65536), rng.randbytes(65536)
+    one_page_changed = base[:8192] + noise[:4096] + base[12288:]
+    assert worth_a_delta(memoryview(one_page_changed), base, 0)
+    assert not worth_a_delta(memoryview(noise), base, 0), "changed whole"
+    # The chunk's bytes sat 5000 bytes into the base: sampled there.
+    assert worth_a_delta(memoryview(base[5000:40000]), base, 5000)
+    assert not worth_a_delta(memoryview(base[5000:40000]), base, 0)
+    assert worth_a_delta(memoryview(noise), base, None), "where they sat is unknown: tried"
