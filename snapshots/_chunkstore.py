@@ -88,7 +88,7 @@ class _Uploads:
     """Per-put bookkeeping of which chunks were seen, where they lie and which were new; and the
     parent's chunks, which this put may reuse, delta chunks included."""
 
-    def __init__(self, parent: Mapping[str, Located]) -> None:
+    def __init__(self, parent: Mapping[str, ChunkRef]) -> None:
         self.lock = threading.Lock()
         self.located: dict[str, Located] = {}
         self.new: set[str] = set()
@@ -154,7 +154,7 @@ class ChunkStore:
         Call under the store lock: chunks are reused only from packs no GC can remove meanwhile,
         and the parent's only from a snapshot that exists."""
         self._packs.refresh()
-        uploads = _Uploads({r.hash: Located(r.pack, r.offset, r.stored_length, r.base) for r in parent})
+        uploads = _Uploads({r.hash: r for r in parent})
         packs = PackWriter(self._backend, self._packs, self._pack_bytes)
         cuts: list[list[tuple[int, int]]] = [[] for _ in files]
         mapped: list[_MappedFile] = []
@@ -239,7 +239,12 @@ class ChunkStore:
                 if digest in uploads.claimed:
                     return digest  # Another task of this put owns it (zero pages repeat a lot).
                 uploads.claimed.add(digest)
-            at = uploads.parent.get(digest) or self._packs.find(digest)
+            had = uploads.parent.get(digest)
+            at = (
+                self._packs.find(digest)
+                if had is None
+                else Located(had.pack, had.offset, had.stored_length, had.base)
+            )
             stored = None if at is not None else self._encode(piece, offset, length, parent)
         new = at is None
         if stored is not None:
