@@ -88,8 +88,8 @@ class ChunkRef(NamedTuple):
     an object of its own (hash SHA-256).
 
     A delta chunk has a `base`: another chunk, in a pack and with no base of its own, whose raw
-    bytes its zstd frame was compressed against (a raw-content dictionary). It is most of a page
-    image's chunk in the parent snapshot, where a few of its pages changed since."""
+    bytes its zstd frame was compressed against (a raw-content dictionary): the parent snapshot's
+    chunk that held the same bytes before a few of them changed (`_deltas`)."""
 
     hash: str
     length: int
