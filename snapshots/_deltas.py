@@ -28,6 +28,11 @@ from ._manifest import ChunkRef, Entry, chunk_lengths
 DELTA_AT_MOST = 0.5
 """A delta is stored only if it is at most this share of the chunk's plain stored form."""
 SAMPLES = 16
+DELTA_FILE_BYTES = 1 << 20
+"""Files smaller than this are stored without deltas: the small CRIU images and the checkpoint's
+metadata, which a restore reads first, whole, before the sandbox runs. A delta would save them a
+few kilobytes and cost that read a second one per chunk (about 1 ms of a 64 MiB restore's 17 ms
+fetch, measured)."""
 
 
 class Segment(NamedTuple):

@@ -18,7 +18,7 @@ from . import _archive, _gc, _history, _verify
 from ._backends import Backend, ObjectMissing, open_backend
 from ._chunking import ChunkMismatch, describe
 from ._chunkstore import ChunkStore
-from ._deltas import Aligner, ParentFile
+from ._deltas import DELTA_FILE_BYTES, Aligner, ParentFile
 from ._errors import InvalidCheckpoint, InvalidSnapshotMeta, SnapshotCorrupt, SnapshotExists, SnapshotNotFound
 from ._layout import (
     EPISODE_PREFIX,
@@ -161,7 +161,7 @@ class SnapshotStore:
                 parent = None
             bases = self._parent_files(parent, root, aligner)
             files = [
-                (root / path, size, bases(path))
+                (root / path, size, bases(path) if size >= DELTA_FILE_BYTES else None)
                 for path, kind, _m, size, _t in tree
                 if kind is EntryKind.FILE
             ]

@@ -49,6 +49,9 @@ PROTOCOLS: dict[str, Protocol] = {
     "/v1/responses": Responses(),
     "/v1/messages": Messages(),
 }
+INLINE_BODY_BYTES = 64 << 10
+"""Request bodies up to this size are decoded on the event loop (it takes well under a
+millisecond); longer ones on the gateway's pool (`Gateway._body`)."""
 _OPENAI = PROTOCOLS["/v1/chat/completions"]
 _ANTHROPIC = PROTOCOLS["/v1/messages"]
 _EVENT_STREAM = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -259,29 +262,29 @@ class Gateway:
                                "conflict_error")  # fmt: skip
         return episode, resumed_at
 
-    async def _json(self, request: web.Request) -> tuple[bytes, dict[str, Any]]:
+    async def _body(self, request: web.Request, parse: Callable[[dict[str, Any]], T]) -> tuple[bytes, T]:
+        """The request's body, and what `parse` makes of the JSON object it holds. A long one (a
+        harness's whole conversation, megabytes of it) is decoded and parsed on the pool, so that
+        it does not stall every other sandbox's stream on the event loop meanwhile."""
+        raw = await self._read(request)
+        if len(raw) <= INLINE_BODY_BYTES:
+            return raw, _decoded(raw, parse)
+        return raw, await self._call(_decoded, raw, parse)
+
+    async def _read(self, request: web.Request) -> bytes:
         limit = self.settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise GatewayError(
                 413, f"the body of {request.content_length} bytes exceeds {limit}", "request_too_large"
             )
         try:
-            raw = await asyncio.wait_for(request.read(), self.settings.harness_timeout_s)
+            return await asyncio.wait_for(request.read(), self.settings.harness_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             raise GatewayError(413, f"the body exceeds {limit} bytes", "request_too_large") from None
         except TimeoutError:
             raise GatewayError(
                 408, f"the body did not arrive within {self.settings.harness_timeout_s:g} s", "timeout_error"
             ) from None
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise GatewayError(400, f"request body is not JSON: {exc}") from None
-        except RecursionError:
-            raise GatewayError(400, "request body nests too deep") from None
-        if not isinstance(body, dict):
-            raise GatewayError(400, "request body must be a JSON object")
-        return raw, body
 
     @staticmethod
     def _refuse(protocol: Protocol, err: GatewayError) -> web.Response:
@@ -313,9 +316,7 @@ class Gateway:
         """Anthropic's count_tokens, answered by the upstream's tokenizer; nothing is recorded."""
         try:
             await self._authenticate(request)
-            _, body = await self._json(request)
-            tools, _ = anthropic_tools(body.get("tools"))
-            chat = {"model": body.get("model", ""), "messages": anthropic_messages(body), "tools": tools}
+            _, chat = await self._body(request, _chat_to_count)
             count = await self.upstream.tokenize(chat)
         except GatewayError as err:
             return self._refuse(_ANTHROPIC, err)
@@ -329,8 +330,7 @@ class Gateway:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
                 episode, resumed_at = await self._authenticate(request)
-                raw, body = await self._json(request)
-                req = protocol.parse(body)
+                raw, req = await self._body(request, protocol.parse)
             except GatewayError as err:
                 return self._refuse(protocol, err)
             except RecursionError:  # JSON decodes deeper than canonical forms recurse
@@ -527,3 +527,22 @@ class Gateway:
                 upstream_ms,
             )
         )  # fmt: skip
+
+
+def _decoded(raw: bytes, parse: Callable[[dict[str, Any]], T]) -> T:
+    """`parse` of the JSON object `raw` holds; GatewayError (400) if it holds none."""
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise GatewayError(400, f"request body is not JSON: {exc}") from None
+    except RecursionError:
+        raise GatewayError(400, "request body nests too deep") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "request body must be a JSON object")
+    return parse(body)
+
+
+def _chat_to_count(body: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic count_tokens body as the chat whose prompt the upstream counts."""
+    tools, _ = anthropic_tools(body.get("tools"))
+    return {"model": body.get("model", ""), "messages": anthropic_messages(body), "tools": tools}

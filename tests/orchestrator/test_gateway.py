@@ -21,6 +21,8 @@ import pytest
 
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
 from orchestrator.gateway import Gateway, GatewaySettings, Ledger, live_peer
+from orchestrator.gateway.protocols.openai import ChatCompletions
+from orchestrator.gateway.server import INLINE_BODY_BYTES
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from tests.orchestrator.conftest import wait_until
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
@@ -174,6 +176,33 @@ def test_turn_is_recorded_before_delivery_with_true_logprobs(world: World) -> No
     # The recorded log-probs are the ones the sampler drew from, re-derived by scoring.
     scored = world.model.model.score_chat(_chat(USER), turns[0].token_ids)
     assert [d.logprob(t) for d, t in zip(scored, turns[0].token_ids, strict=True)] == turns[0].logprobs
+
+
+@pytest.mark.timeout(30)
+def test_a_long_conversation_is_parsed_off_the_event_loop(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A harness's request of megabytes is decoded and parsed on the gateway's pool, so that the
+    event loop, which serves every sandbox's streams, does not stall on it; a short one, which
+    takes well under a millisecond, stays on the loop."""
+    parse, threads = ChatCompletions.parse, []
+
+    def recorded(self: ChatCompletions, body: dict[str, Any]) -> Any:
+        threads.append(threading.current_thread().name)
+        return parse(self, body)
+
+    monkeypatch.setattr(ChatCompletions, "parse", recorded)
+    long = {"role": "user", "content": "Make a notes file. " * (INLINE_BODY_BYTES // 16)}
+    assert world.post(_chat(USER))[0] == 200
+    assert world.post(_chat(long))[0] == 200
+    assert not threads[0].startswith("gateway-state") and threads[1].startswith("gateway-state")
+    # What the pool refuses is refused as on the loop.
+    deep = json.dumps(_chat(long))[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}"
+    status, body = world.post(None, raw=deep.encode())
+    assert status == 400 and "nests too deep" in json.loads(body)["error"]["message"]
+    status, body = world.post(None, raw=json.dumps([_chat(long)]).encode())
+    assert status == 400 and "must be a JSON object" in json.loads(body)["error"]["message"]
+    assert len(world.ledger.turns("ep-1")) == 2
 
 
 @pytest.mark.timeout(30)
