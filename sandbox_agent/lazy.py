@@ -133,12 +133,10 @@ def _memory(raw: bytes, name: str) -> Memory:
 
 
 def align_memory(root: Path, parent_file: Callable[[str], bytes | None]) -> dict[str, Alignment]:
-    """Where each process's lazy pages sat in its parent snapshot's pages file, by address (a
+    """Where each process's pages sat in its parent snapshot's pages file, by address (a
     `snapshots.Aligner` for a checkpoint directory): a mapping that came or went between two dumps
     moves every page after it in the file, and a changed page is best stored against its own
-    earlier bytes. The pages a restore reads itself before the sandbox runs are left out, and so
-    stored plainly: a delta would cost that read a second one for its base. ValueError if a
-    pagemap is damaged."""
+    earlier bytes. ValueError if a pagemap is damaged."""
     tasks, _ = memories(root / CRIU_DIR)
     aligned: dict[str, Alignment] = {}
     for pid, memory in tasks.items():
@@ -148,7 +146,7 @@ def align_memory(root: Path, parent_file: Callable[[str], bytes | None]) -> dict
             before = _memory(raw, f"the parent's {name}")
             aligned[f"{CRIU_DIR}/{memory.pages_file}"] = Alignment(
                 f"{CRIU_DIR}/{before.pages_file}",
-                list(_overlaps([r for r in memory.runs if r.lazy], before.runs)),
+                list(_overlaps(memory.runs, before.runs)),
             )
     return aligned
 
