@@ -391,19 +391,18 @@ def _ref(digest: str, length: int, at: Located) -> ChunkRef:
     return ChunkRef(digest, length, at.stored_length, at.pack, at.offset, at.base)
 
 
+def follows(prev: ChunkRef, ref: ChunkRef) -> bool:
+    """Whether `ref` lies right after `prev` in the same pack, so that one request reads both."""
+    return bool(ref.pack) and ref.pack == prev.pack and ref.offset == prev.offset + prev.stored_length
+
+
 def _adjacent(refs: Iterable[ChunkRef]) -> Iterator[list[ChunkRef]]:
     """Refs in runs that lie one after another in one pack, each run at most about a megabyte of
     raw bytes, so that each is one request."""
     run: list[ChunkRef] = []
     size = 0
     for ref in refs:
-        adjacent = (
-            run
-            and ref.pack
-            and ref.pack == run[-1].pack
-            and ref.offset == run[-1].offset + run[-1].stored_length
-        )
-        if run and (not adjacent or size >= _BATCH_BYTES):
+        if run and (not follows(run[-1], ref) or size >= _BATCH_BYTES):
             yield run
             run, size = [], 0
         run.append(ref)

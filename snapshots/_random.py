@@ -18,7 +18,7 @@ from concurrent.futures import Future, wait
 from types import TracebackType
 
 from ._chunking import ChunkMismatch
-from ._chunkstore import ChunkStore
+from ._chunkstore import ChunkStore, follows
 from ._errors import SnapshotCorrupt
 from ._locks import StoreLock
 from ._manifest import ChunkRef, Entry, chunk_lengths
@@ -164,16 +164,8 @@ def _runs(indexes: list[int], refs: Sequence[ChunkRef]) -> list[list[int]]:
     """Consecutive chunks that lie one after another in one pack, so each run is one request."""
     runs: list[list[int]] = []
     for i in indexes:
-        if runs:
-            prev = refs[runs[-1][-1]]
-            ref = refs[i]
-            if (
-                i == runs[-1][-1] + 1
-                and ref.pack
-                and ref.pack == prev.pack
-                and ref.offset == prev.offset + prev.stored_length
-            ):
-                runs[-1].append(i)
-                continue
+        if runs and i == runs[-1][-1] + 1 and follows(refs[runs[-1][-1]], refs[i]):
+            runs[-1].append(i)
+            continue
         runs.append([i])
     return runs
