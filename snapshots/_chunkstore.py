@@ -6,7 +6,7 @@ import logging
 import mmap
 import os
 import threading
-from collections import deque
+from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -30,6 +30,14 @@ R = TypeVar("R")
 _BATCH_BYTES = 1 << 20
 """Chunks go to the pool a megabyte at a time: a task per 64 KiB chunk spends more on handing
 work between threads than a 2-core node can spare."""
+
+_ITEM_BYTES = 4 << 20
+"""A restore gives each thread a file's next few megabytes at a time, so that a file is opened
+once per few megabytes, not once per run of chunks."""
+
+_REPEATS_KEPT_BYTES = 64 << 20
+"""Raw bytes a restore keeps of chunks it has yet to write again (zero runs, pages shared
+between processes); past this, a repeat is read again."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,52 @@ class _Uploads:
         self.parent = parent
 
 
+class _Repeats:
+    """The chunks one restore writes in more than one place, kept decoded from their first read
+    until their last use, so each is fetched, decompressed and verified once."""
+
+    def __init__(self, refs: Iterable[ChunkRef]) -> None:
+        counts = Counter(ref.hash for ref in refs)
+        self._left = {digest: n for digest, n in counts.items() if n > 1}
+        self._kept: dict[str, bytes] = {}
+        self._kept_bytes = 0
+        self._lock = threading.Lock()
+
+    def read(
+        self, run: Sequence[ChunkRef], read_run: Callable[[Sequence[ChunkRef]], list[bytes | ChunkMismatch]]
+    ) -> list[bytes | ChunkMismatch]:
+        """Each chunk of run: kept ones from memory, the others through read_run."""
+        if not self._left:
+            return read_run(run)
+        with self._lock:
+            known = [self._kept.get(ref.hash) for ref in run]
+        wanted = [ref for ref, raw in zip(run, known, strict=True) if raw is None]
+        fresh = iter([raw for part in _adjacent(wanted) for raw in read_run(part)])
+        out: list[bytes | ChunkMismatch] = [next(fresh) if raw is None else raw for raw in known]
+        with self._lock:
+            for ref, raw in zip(run, out, strict=True):
+                self._used(ref.hash, raw)
+        return out
+
+    def _used(self, digest: str, raw: bytes | ChunkMismatch) -> None:
+        left = self._left.get(digest)
+        if left is None:
+            return
+        if left == 1:
+            del self._left[digest]
+            dropped = self._kept.pop(digest, None)
+            self._kept_bytes -= len(dropped) if dropped is not None else 0
+            return
+        self._left[digest] = left - 1
+        if (
+            isinstance(raw, bytes)
+            and digest not in self._kept
+            and self._kept_bytes + len(raw) <= _REPEATS_KEPT_BYTES
+        ):
+            self._kept[digest] = raw
+            self._kept_bytes += len(raw)
+
+
 class ChunkStore:
     """Chunk-level operations over a backend, with a small thread pool doing hashing, zstd and I/O."""
 
@@ -108,32 +162,55 @@ class ChunkStore:
         self._pack_bytes = pack_bytes
         self._codec = ChunkCodec(chunking.compression_level)
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="stasis-chunks")
-        # Enough work queued to keep every thread busy while the producer cuts the next chunks,
-        # small enough that buffered compressed chunks stay in the low megabytes.
-        self._window = io_threads * 4
+        self._threads = io_threads
 
     def close(self) -> None:
         """Stop the worker threads."""
         self._pool.shutdown(wait=True)
 
-    def _windowed(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        """fn over items on the pool, at most a window in flight, results in input order."""
-        results: list[R] = []
-        pending: deque[Future[R]] = deque()
+    def _shared(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        """fn over items on every pool thread, results in input order. Each thread takes the next
+        item as it finishes one, so no thread waits on another's item and nothing is handed
+        between threads per item; items are drawn (and so produced) only as threads come free.
+        The first failure stops the rest and is raised once every thread has stopped, so no
+        task still touches what the caller drops next."""
+        source = enumerate(items)
+        results: dict[int, R] = {}
+        lock = threading.Lock()
+        failed: list[BaseException] = []
+
+        def drain() -> None:
+            while True:
+                with lock:
+                    if failed:
+                        return
+                    try:
+                        index, item = next(source)
+                    except StopIteration:
+                        return
+                    except BaseException as exc:
+                        failed.append(exc)
+                        return
+                try:
+                    result = fn(item)
+                except BaseException as exc:
+                    with lock:
+                        failed.append(exc)
+                    return
+                with lock:
+                    results[index] = result
+
+        threads = [self._pool.submit(drain) for _ in range(self._threads)]
         try:
-            for item in items:
-                pending.append(self._pool.submit(fn, item))
-                if len(pending) >= self._window:
-                    results.append(pending.popleft().result())
-            while pending:
-                results.append(pending.popleft().result())
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            # Running tasks still touch mappings and files the caller is about to drop.
-            wait(pending)
+            wait(threads)
+        except BaseException as exc:  # interrupted: stop the threads before the caller cleans up
+            with lock:
+                failed.append(exc)
+            wait(threads)
             raise
-        return results
+        if failed:
+            raise failed[0]
+        return [results[index] for index in range(len(results))]
 
     def read_later(self, refs: Sequence[ChunkRef]) -> Future[list[bytes | ChunkMismatch]]:
         """`read_run(refs)` on the pool (read-ahead)."""
@@ -141,7 +218,7 @@ class ChunkStore:
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """Run fn over items on the chunk pool (for manifest reads and similar fan-outs)."""
-        return self._windowed(fn, items)
+        return self._shared(fn, items)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -195,7 +272,7 @@ class ChunkStore:
 
         producer = work()
         try:
-            digests = iter([d for batch in self._windowed(upload, producer) for d in batch])
+            digests = iter([d for batch in self._shared(upload, producer) for d in batch])
             packs.finish()
         except BaseException:
             packs.abort()
@@ -322,9 +399,10 @@ class ChunkStore:
             for base, raw in zip(run, self.read_run(run), strict=True)
         }
         out: list[bytes | ChunkMismatch] = []
+        whole = memoryview(data)
         for ref in refs:
             at = ref.offset - first.offset
-            blob = data[at : at + ref.stored_length]
+            blob = whole[at : at + ref.stored_length]
             if len(blob) != ref.stored_length:
                 out.append(ChunkMismatch("missing-chunk", f"pack {ref.pack} ends short of the chunk"))
                 continue
@@ -346,31 +424,38 @@ class ChunkStore:
 
     def restore_files(self, snapshot_id: str, targets: Sequence[tuple[Entry, Path]]) -> None:
         """Write each entry's content into its (already created, sized) target file, verifying every
-        chunk. Chunks go a megabyte at a time, read in one request where they lie together."""
+        chunk before it is written. Each thread takes a file's next few megabytes; chunks are read
+        a megabyte at a time, in one request where they lie together, and a chunk the files hold
+        in more than one place is read once."""
+        repeats = _Repeats(ref for entry, _path in targets for ref in entry.chunks)
 
-        def work() -> Iterable[tuple[Entry, Path, int, list[ChunkRef]]]:
+        def work() -> Iterable[tuple[Entry, Path, int, list[list[ChunkRef]]]]:
             for entry, path in targets:
-                start = 0
+                start, size, runs = 0, 0, []
                 for run in _adjacent(entry.chunks):
-                    yield entry, path, start, run
-                    start += sum(ref.length for ref in run)
+                    runs.append(run)
+                    size += sum(ref.length for ref in run)
+                    if size >= _ITEM_BYTES:
+                        yield entry, path, start, runs
+                        start, size, runs = start + size, 0, []
+                if runs:
+                    yield entry, path, start, runs
 
-        def restore(item: tuple[Entry, Path, int, list[ChunkRef]]) -> None:
-            entry, path, offset, run = item
+        def restore(item: tuple[Entry, Path, int, list[list[ChunkRef]]]) -> None:
+            entry, path, offset, runs = item
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
-                for ref, raw in zip(run, self.read_run(run), strict=True):
-                    if isinstance(raw, ChunkMismatch):
-                        raise SnapshotCorrupt(snapshot_id, entry.path, ref.hash, f"{raw.kind}: {raw.detail}")
-                    view = memoryview(raw)
-                    while view:
-                        written = os.pwrite(fd, view, offset)
-                        view = view[written:]
-                        offset += written
+                for run in runs:
+                    raws = [
+                        _verified(snapshot_id, entry.path, ref, raw)
+                        for ref, raw in zip(run, repeats.read(run, self.read_run), strict=True)
+                    ]
+                    _pwrite_all(fd, raws, offset)
+                    offset += sum(ref.length for ref in run)
             finally:
                 os.close(fd)
 
-        self._windowed(restore, work())
+        self._shared(restore, work())
 
     def check(self, refs: Iterable[ChunkRef]) -> dict[ChunkRef, ChunkMismatch | None]:
         """Read and verify each distinct chunk (a copy in another pack is another chunk); None
@@ -384,7 +469,26 @@ class ChunkStore:
                 return exc
             return None
 
-        return dict(zip(distinct, self._windowed(probe, distinct), strict=True))
+        return dict(zip(distinct, self._shared(probe, distinct), strict=True))
+
+
+def _verified(snapshot_id: str, path: str, ref: ChunkRef, raw: bytes | ChunkMismatch) -> bytes:
+    if isinstance(raw, ChunkMismatch):
+        raise SnapshotCorrupt(snapshot_id, path, ref.hash, f"{raw.kind}: {raw.detail}")
+    return raw
+
+
+def _pwrite_all(fd: int, pieces: Sequence[bytes], offset: int) -> None:
+    """Write pieces one after another at offset, with as few calls as the kernel allows."""
+    views = [memoryview(p) for p in pieces]
+    while views:
+        written = os.pwritev(fd, views, offset)
+        offset += written
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
 
 
 def _ref(digest: str, length: int, at: Located) -> ChunkRef:

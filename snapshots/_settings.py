@@ -10,7 +10,8 @@ from ._errors import InvalidSettings
 KiB = 1024
 MiB = 1024 * KiB
 MAX_CHUNK = 1024 * MiB
-"""The largest chunk fastcdc makes (its max_size at most), and so any manifest may list."""
+"""The largest chunk any manifest may list: the max_size that FastCDC 2016 allowed, which earlier
+releases cut with (FastCDC 2020 stops at 16 MiB)."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,12 @@ class ChunkingSettings:
     checkpoint's critical path for a few percent of size."""
 
     def __post_init__(self) -> None:
-        if not 64 <= self.min_size <= self.avg_size <= self.max_size:
-            raise InvalidSettings("chunking", "need 64 <= min_size <= avg_size <= max_size")
-        if not 256 <= self.avg_size <= 256 * MiB or not 1 * KiB <= self.max_size <= MAX_CHUNK:
-            raise InvalidSettings("chunking", "avg_size or max_size outside fastcdc's limits")
+        if not 64 <= self.min_size <= self.avg_size - self.min_size <= self.max_size:
+            raise InvalidSettings("chunking", "need 64 <= min_size <= avg_size - min_size <= max_size")
+        if self.min_size > 1 * MiB or self.avg_size - self.min_size > 4 * MiB or self.max_size > 16 * MiB:
+            raise InvalidSettings(
+                "chunking", "min_size, avg_size - min_size or max_size past FastCDC's 1, 4 or 16 MiB"
+            )
         if not 1 <= self.compression_level <= 22:
             raise InvalidSettings("chunking", "compression_level must be within 1..22")
 

@@ -1,4 +1,5 @@
-"""Content-defined chunking deduplicates a memory image that changed in a few places."""
+"""Content-defined chunking deduplicates a memory image that changed in a few places; a restore
+reads a chunk it writes in many places once."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import json
 import random
 from pathlib import Path
 
+import blake3
 import pytest
 
-from snapshots import SnapshotStore
-from tests.snapshots.conftest import make_meta
+from snapshots import ChunkingSettings, InvalidSettings, Manifest, SnapshotCorrupt, SnapshotStore, _chunkstore
+from snapshots._backends import LocalBackend
+from tests.snapshots.conftest import damage, fast_settings, make_meta
 
+KiB = 1 << 10
 MiB = 1 << 20
 
 
@@ -81,3 +85,109 @@ def test_an_index_naming_chunks_past_its_pack_is_not_trusted_for_dedup(scratch: 
     assert (scratch / "out" / "criu" / "pages-1.img").read_bytes() == (
         tree / "criu" / "pages-1.img"
     ).read_bytes()
+
+
+def _zero_chunk_reads(monkeypatch: pytest.MonkeyPatch, manifest: Manifest) -> list[int]:
+    """Count the backend reads that cover the stored zero chunk (one element per read)."""
+    (zero,) = {ref for entry in manifest.files() for ref in entry.chunks if ref.hash == _ZERO_CHUNK}
+    reads: list[int] = []
+    real = LocalBackend.get_range
+
+    def counting(self: LocalBackend, key: str, offset: int, length: int) -> bytes:
+        if key.endswith(f"{zero.pack}.pack") and offset <= zero.offset < offset + length:
+            reads.append(offset)
+        return real(self, key, offset, length)
+
+    monkeypatch.setattr(LocalBackend, "get_range", counting)
+    return reads
+
+
+_ZERO_CHUNK = blake3.blake3(bytes(256 * 1024)).hexdigest()
+
+
+def _zero_runs_tree(scratch: Path) -> tuple[Path, bytes]:
+    """Two page images whose zero runs make one 256 KiB chunk, written 40 times in all."""
+    tree = scratch / "tree"
+    (tree / "criu").mkdir(parents=True)
+    block = random.Random(5).randbytes(1 * MiB)
+    pages = bytes(6 * MiB) + block + bytes(4 * MiB)
+    (tree / "criu" / "pages-1.img").write_bytes(pages)
+    (tree / "criu" / "pages-2.img").write_bytes(bytes(4 * MiB))
+    return tree, pages
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kept_bytes", [64 * MiB, 0], ids=["kept", "budget-spent"])
+def test_a_chunk_written_in_many_places_is_read_once_not_once_per_place(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch, kept_bytes: int
+) -> None:
+    """A restore reads, decompresses and verifies a repeated chunk once (once per thread if the
+    threads meet it at the same moment) and writes it everywhere it belongs; past the memory it
+    may keep for repeats, it reads them again, with the same result."""
+    tree, pages = _zero_runs_tree(scratch)
+    with SnapshotStore(fast_settings(f"file://{scratch}/store", io_threads=2)) as store:
+        manifest = store.put(tree, make_meta("s1"))
+        places = sum(ref.hash == _ZERO_CHUNK for entry in manifest.files() for ref in entry.chunks)
+        assert places >= 30
+        monkeypatch.setattr(_chunkstore, "_REPEATS_KEPT_BYTES", kept_bytes)
+        reads = _zero_chunk_reads(monkeypatch, manifest)
+
+        store.fetch("s1", scratch / "out")
+
+    assert (scratch / "out" / "criu" / "pages-1.img").read_bytes() == pages
+    assert (scratch / "out" / "criu" / "pages-2.img").read_bytes() == bytes(4 * MiB)
+    if kept_bytes:
+        assert 1 <= len(reads) <= 2
+    else:
+        assert len(reads) >= places - 1  # a run may read the chunk with its neighbour once
+
+
+@pytest.mark.timeout(60)
+def test_a_damaged_chunk_written_in_many_places_fails_the_restore(
+    local_store: SnapshotStore, scratch: Path
+) -> None:
+    tree, _pages = _zero_runs_tree(scratch)
+    manifest = local_store.put(tree, make_meta("s1"))
+    (zero,) = {ref for entry in manifest.files() for ref in entry.chunks if ref.hash == _ZERO_CHUNK}
+    damage(scratch / "store", zero)
+
+    with pytest.raises(SnapshotCorrupt) as caught:
+        local_store.fetch("s1", scratch / "out")
+
+    assert caught.value.chunk == _ZERO_CHUNK and caught.value.path.startswith("criu/pages-")
+    assert not (scratch / "out").exists()
+    assert [p.name for p in scratch.iterdir() if p.name.startswith(".out")] == []
+
+
+@pytest.mark.timeout(60)
+def test_chunks_average_the_configured_size(local_store: SnapshotStore, scratch: Path) -> None:
+    """FastCDC 2020 skips min_size bytes before it looks for a cut; asked for the rest, its
+    chunks of random bytes average avg_size and stay within min_size and max_size."""
+    tree = scratch / "tree"
+    (tree / "criu").mkdir(parents=True)
+    (tree / "criu" / "pages-1.img").write_bytes(random.Random(6).randbytes(32 * MiB))
+    manifest = local_store.put(tree, make_meta("s1"))
+    settings = ChunkingSettings()
+    (entry,) = manifest.files()
+    lengths = [ref.length for ref in entry.chunks]
+    mean = sum(lengths) / len(lengths)
+    print(f"\n{len(lengths)} chunks, mean {mean / 1024:.1f} KiB")
+    assert 0.85 * settings.avg_size <= mean <= 1.15 * settings.avg_size
+    assert all(settings.min_size <= n <= settings.max_size for n in lengths[:-1])
+    assert manifest.chunking["algorithm"] == "fastcdc-2020"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("sizes", "problem"),
+    [
+        ((16 * KiB, 24 * KiB, 256 * KiB), "avg_size - min_size"),
+        ((2 * MiB, 8 * MiB, 16 * MiB), "1, 4 or 16 MiB"),
+        ((16 * KiB, 64 * KiB, 32 * MiB), "1, 4 or 16 MiB"),
+    ],
+)
+def test_chunk_sizes_the_chunker_cannot_make_are_refused(sizes: tuple[int, int, int], problem: str) -> None:
+    low, mean, high = sizes
+    with pytest.raises(InvalidSettings) as caught:
+        ChunkingSettings(min_size=low, avg_size=mean, max_size=high)
+    assert caught.value.field == "chunking" and problem in str(caught.value)

@@ -1,21 +1,32 @@
-"""Verification finds every damaged chunk; fetch refuses them; a killed writer leaves nothing visible."""
+"""Verification finds every damaged chunk; fetch refuses them; a killed writer, or a chunk thread
+that fails, leaves nothing visible."""
 
 from __future__ import annotations
 
+import errno
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from snapshots import RetentionPolicy, SnapshotCorrupt, SnapshotNotFound, SnapshotStore
-from tests.snapshots.conftest import REPO, as_v2, damage, fast_settings, make_meta, make_tree
+from snapshots import (
+    ChunkingSettings,
+    RetentionPolicy,
+    SnapshotCorrupt,
+    SnapshotNotFound,
+    SnapshotStore,
+    _chunkstore,
+)
+from snapshots._chunking import ChunkCodec
+from tests.snapshots.conftest import REPO, as_v2, damage, fast_settings, make_meta, make_tree, tree_listing
 
 
 @pytest.mark.timeout(60)
@@ -249,3 +260,46 @@ def test_a_manifest_no_reader_can_decode_is_corrupt_and_the_store_still_verifies
     report = local_store.verify()
     assert not report.ok and {p.snapshot_id for p in report.problems} == {"snap-1"}
     assert local_store.verify("snap-2").ok
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["cutting", "compressing"])
+def test_a_failure_in_a_chunk_thread_fails_the_put_and_leaves_the_store_as_it_was(
+    local_store: SnapshotStore, scratch: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The chunk threads cut files and compress chunks side by side: one that fails stops the
+    others, the put raises its error, and no snapshot, pack or temporary file of it stays."""
+    local_store.put(make_tree(scratch / "first", os.urandom(4 << 20)), make_meta("s1"))
+    packs_before = sorted((scratch / "store" / "packs").iterdir())
+    tree = make_tree(scratch / "second", os.urandom(8 << 20))
+    if where == "cutting":
+        real_cuts = _chunkstore.cut_points
+
+        def failing_cuts(view: memoryview, settings: ChunkingSettings) -> Iterator[tuple[int, int]]:
+            for n, cut in enumerate(real_cuts(view, settings)):
+                if n == 40:
+                    raise OSError(errno.EIO, "Input/output error")
+                yield cut
+
+        monkeypatch.setattr(_chunkstore, "cut_points", failing_cuts)
+    else:
+        real_encode = ChunkCodec.encode
+        calls = itertools.count()
+
+        def failing_encode(self: ChunkCodec, raw: memoryview | bytes) -> bytes:
+            if next(calls) == 40:
+                raise OSError(errno.EIO, "Input/output error")
+            return real_encode(self, raw)
+
+        monkeypatch.setattr(ChunkCodec, "encode", failing_encode)
+
+    with pytest.raises(OSError, match="Input/output error"):
+        local_store.put(tree, make_meta("s2", seq=2, parent_id="s1"))
+
+    assert not local_store.exists("s2")
+    assert sorted((scratch / "store" / "packs").iterdir()) == packs_before
+    assert local_store.verify().ok
+    monkeypatch.undo()
+    local_store.put(tree, make_meta("s2", seq=2, parent_id="s1"))
+    local_store.fetch("s2", scratch / "out")
+    assert tree_listing(scratch / "out") == tree_listing(tree)
