@@ -8,7 +8,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -169,44 +169,66 @@ class ChunkStore:
         self._pool.shutdown(wait=True)
 
     def _shared(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        """fn over items on every pool thread, results in input order. Each thread takes the next
-        item as it finishes one, so no thread waits on another's item and nothing is handed
-        between threads per item; items are drawn (and so produced) only as threads come free.
-        The first failure stops the rest and is raised once every thread has stopped, so no
-        task still touches what the caller drops next."""
+        """fn over items on the pool's threads, results in input order.
+
+        A thread takes the next item as it finishes one, so no thread waits on another's item
+        and the caller hands nothing over per item; items are drawn (and so produced) only as
+        threads come free. After each item a thread queues its next turn behind whatever else
+        waits for the pool (a lazy restore's read-ahead, another put), so that a long put or
+        fetch never holds the threads from it. The first failure stops the rest and is raised
+        once every turn has ended, so no task still touches what the caller drops next."""
         source = enumerate(items)
         results: dict[int, R] = {}
         lock = threading.Lock()
         failed: list[BaseException] = []
+        turns = self._threads
+        ended = threading.Event()
 
-        def drain() -> None:
-            while True:
+        def stop(exc: BaseException | None) -> None:
+            """End one turn for good (under the lock)."""
+            nonlocal turns
+            if exc is not None:
+                failed.append(exc)
+            turns -= 1
+            if turns == 0:
+                ended.set()
+
+        def queue() -> None:
+            try:
+                self._pool.submit(turn)
+            except RuntimeError as exc:  # the pool is shut down
                 with lock:
-                    if failed:
-                        return
-                    try:
-                        index, item = next(source)
-                    except StopIteration:
-                        return
-                    except BaseException as exc:
-                        failed.append(exc)
-                        return
+                    stop(exc)
+
+        def turn() -> None:
+            with lock:
                 try:
-                    result = fn(item)
-                except BaseException as exc:
-                    with lock:
-                        failed.append(exc)
+                    taken = None if failed else next(source, None)
+                except BaseException as exc:  # the producer failed
+                    stop(exc)
                     return
+                if taken is None:
+                    stop(None)
+                    return
+            index, item = taken
+            try:
+                result = fn(item)
+            except BaseException as exc:
                 with lock:
-                    results[index] = result
+                    stop(exc)
+                return
+            with lock:
+                results[index] = result
+            queue()
 
-        threads = [self._pool.submit(drain) for _ in range(self._threads)]
+        for _ in range(self._threads):
+            queue()
         try:
-            wait(threads)
+            ended.wait()
         except BaseException as exc:  # interrupted: stop the threads before the caller cleans up
             with lock:
                 failed.append(exc)
-            wait(threads)
+            ended.wait()
             raise
         if failed:
             raise failed[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from snapshots import (
     SnapshotStore,
     StoreLocked,
 )
+from snapshots._chunking import ChunkCodec
 from tests.snapshots.conftest import damage, fast_settings, make_meta, make_tree
 
 MEMORY = os.urandom(3 << 20)
@@ -104,3 +107,39 @@ def test_fetch_can_leave_files_for_later(stored: SnapshotStore, scratch: Path) -
     left = scratch / "out" / "criu" / "pages-1.img"
     assert left.stat().st_size == len(MEMORY) and left.read_bytes() == bytes(len(MEMORY))
     assert (scratch / "out" / "checkpoint.json").read_text() == '{"sandbox_id": "sb-1"}'
+
+
+@pytest.mark.timeout(60)
+def test_reads_on_the_store_threads_do_not_wait_for_a_long_put(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lazy restore's reads ahead and side by side go to the store's threads; a put of another
+    sandbox on the same node, which takes those threads item by item, must let them in between
+    its items rather than after its last."""
+    with SnapshotStore(fast_settings(f"file://{scratch}/store", io_threads=2)) as store:
+        store.put(make_tree(scratch / "tree", MEMORY), make_meta("s1"))
+        started = threading.Event()
+        real_encode = ChunkCodec.encode
+
+        def slow_encode(self: ChunkCodec, raw: memoryview | bytes) -> bytes:
+            started.set()
+            time.sleep(0.005)  # about 2 s for this put's 800 chunks on two threads
+            return real_encode(self, raw)
+
+        monkeypatch.setattr(ChunkCodec, "encode", slow_encode)
+        putting = threading.Thread(
+            target=store.put, args=(make_tree(scratch / "big", os.urandom(48 << 20)), make_meta("s2", seq=2))
+        )
+        putting.start()
+        try:
+            assert started.wait(30)
+            with store.open_file("s1", "criu/pages-1.img") as f:
+                begun = time.monotonic()
+                far_apart = [(0, 4096), (len(MEMORY) // 2, 4096), (len(MEMORY) - 4096, 4096)]
+                assert f.read_many(far_apart) == [MEMORY[o : o + n] for o, n in far_apart]
+                waited = time.monotonic() - begun
+            assert putting.is_alive(), "the reads waited for the whole put"
+            assert waited < 1.0
+        finally:
+            putting.join()
+        assert store.verify().ok
