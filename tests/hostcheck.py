@@ -21,7 +21,7 @@ VETH_GRACE_S = 2.0
 
 
 def _veths() -> list[str]:
-    return [n for n in os.listdir("/sys/class/net") if n.startswith(("stx", "stp"))]
+    return [n for n in os.listdir("/sys/class/net") if n.startswith(network.VETH_PREFIX)]
 
 
 def leftovers() -> dict[str, list[str]]:
@@ -34,7 +34,7 @@ def leftovers() -> dict[str, list[str]]:
         veths = _veths()
     return {
         "mounts": [m for m in _mounts() if "stasis" in m or "/sandboxes/" in m],
-        "netns": [line.split()[0] for line in netns if line.startswith("stasis-")],
+        "netns": [line.split()[0] for line in netns if line.startswith(network.NETNS_PREFIX)],
         "veths": veths,
         "cgroups": cgroups,
     }
