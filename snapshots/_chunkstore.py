@@ -495,6 +495,7 @@ class ChunkStore:
 
 
 def _verified(snapshot_id: str, path: str, ref: ChunkRef, raw: bytes | ChunkMismatch) -> bytes:
+    """A chunk as read, or the restore's failure, naming the snapshot, file and chunk."""
     if isinstance(raw, ChunkMismatch):
         raise SnapshotCorrupt(snapshot_id, path, ref.hash, f"{raw.kind}: {raw.detail}")
     return raw

@@ -41,11 +41,14 @@ class ChunkingSettings:
     checkpoint's critical path for a few percent of size."""
 
     def __post_init__(self) -> None:
-        if not 64 <= self.min_size <= self.avg_size - self.min_size <= self.max_size:
+        low, mid, high = self.min_size, self.avg_size - self.min_size, self.max_size
+        if not 64 <= low <= mid <= high:
             raise InvalidSettings("chunking", "need 64 <= min_size <= avg_size - min_size <= max_size")
-        if self.min_size > 1 * MiB or self.avg_size - self.min_size > 4 * MiB or self.max_size > 16 * MiB:
+        if not (low <= 1 * MiB and 256 <= mid <= 4 * MiB and 1 * KiB <= high <= 16 * MiB):
             raise InvalidSettings(
-                "chunking", "min_size, avg_size - min_size or max_size past FastCDC's 1, 4 or 16 MiB"
+                "chunking",
+                "FastCDC takes min_size up to 1 MiB, avg_size - min_size from 256 bytes to 4 MiB "
+                "and max_size from 1 KiB to 16 MiB",
             )
         if not 1 <= self.compression_level <= 22:
             raise InvalidSettings("chunking", "compression_level must be within 1..22")

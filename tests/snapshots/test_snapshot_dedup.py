@@ -181,9 +181,10 @@ def test_chunks_average_the_configured_size(local_store: SnapshotStore, scratch:
 @pytest.mark.parametrize(
     ("sizes", "problem"),
     [
-        ((16 * KiB, 24 * KiB, 256 * KiB), "avg_size - min_size"),
-        ((2 * MiB, 8 * MiB, 16 * MiB), "1, 4 or 16 MiB"),
-        ((16 * KiB, 64 * KiB, 32 * MiB), "1, 4 or 16 MiB"),
+        ((16 * KiB, 24 * KiB, 256 * KiB), "min_size <= avg_size - min_size"),
+        ((64, 256, 4 * KiB), "from 256 bytes"),
+        ((2 * MiB, 8 * MiB, 16 * MiB), "min_size up to 1 MiB"),
+        ((16 * KiB, 64 * KiB, 32 * MiB), "max_size from 1 KiB to 16 MiB"),
     ],
 )
 def test_chunk_sizes_the_chunker_cannot_make_are_refused(sizes: tuple[int, int, int], problem: str) -> None:
