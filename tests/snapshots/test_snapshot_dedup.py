@@ -87,6 +87,9 @@ def test_an_index_naming_chunks_past_its_pack_is_not_trusted_for_dedup(scratch: 
     ).read_bytes()
 
 
+_ZERO_CHUNK = blake3.blake3(bytes(256 * 1024)).hexdigest()
+
+
 def _zero_chunk_reads(monkeypatch: pytest.MonkeyPatch, manifest: Manifest) -> list[int]:
     """Count the backend reads that cover the stored zero chunk (one element per read)."""
     (zero,) = {ref for entry in manifest.files() for ref in entry.chunks if ref.hash == _ZERO_CHUNK}
@@ -100,9 +103,6 @@ def _zero_chunk_reads(monkeypatch: pytest.MonkeyPatch, manifest: Manifest) -> li
 
     monkeypatch.setattr(LocalBackend, "get_range", counting)
     return reads
-
-
-_ZERO_CHUNK = blake3.blake3(bytes(256 * 1024)).hexdigest()
 
 
 def _zero_runs_tree(scratch: Path) -> tuple[Path, bytes]:
