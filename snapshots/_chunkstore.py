@@ -469,7 +469,7 @@ class ChunkStore:
             try:
                 for run in runs:
                     raws = [
-                        _verified(snapshot_id, entry.path, ref, raw)
+                        verified(snapshot_id, entry.path, ref, raw)
                         for ref, raw in zip(run, repeats.read(run, self.read_run), strict=True)
                     ]
                     _pwrite_all(fd, raws, offset)
@@ -494,7 +494,7 @@ class ChunkStore:
         return dict(zip(distinct, self._shared(probe, distinct), strict=True))
 
 
-def _verified(snapshot_id: str, path: str, ref: ChunkRef, raw: bytes | ChunkMismatch) -> bytes:
+def verified(snapshot_id: str, path: str, ref: ChunkRef, raw: bytes | ChunkMismatch) -> bytes:
     """A chunk as read, or the restore's failure, naming the snapshot, file and chunk."""
     if isinstance(raw, ChunkMismatch):
         raise SnapshotCorrupt(snapshot_id, path, ref.hash, f"{raw.kind}: {raw.detail}")

@@ -18,8 +18,7 @@ from concurrent.futures import Future, wait
 from types import TracebackType
 
 from ._chunking import ChunkMismatch
-from ._chunkstore import ChunkStore, follows
-from ._errors import SnapshotCorrupt
+from ._chunkstore import ChunkStore, follows, verified
 from ._locks import StoreLock
 from ._manifest import ChunkRef, Entry, chunk_lengths
 
@@ -122,10 +121,9 @@ class StoredFile:
 
     def _checked(self, i: int, raw: bytes | ChunkMismatch) -> bytes:
         ref = self._refs[i]
-        if isinstance(raw, ChunkMismatch):
-            raise SnapshotCorrupt(self.snapshot_id, self.path, ref.hash, f"{raw.kind}: {raw.detail}")
+        chunk = verified(self.snapshot_id, self.path, ref, raw)
         self.fetched_bytes += ref.length
-        return raw
+        return chunk
 
     def _read_ahead(self, start: int) -> None:
         """Have the chunks from `start` on read on the store's threads, those not had already."""
