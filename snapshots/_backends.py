@@ -72,6 +72,12 @@ class Backend(Protocol):
         """Keys starting with prefix, in no particular order."""
         ...
 
+    def list_written(self, prefix: str) -> Iterator[tuple[str, float]]:
+        """Keys starting with prefix, each with the Unix time the store last wrote it, by the
+        store's own clock (a file's mtime, an object's LastModified): every party reads the same
+        times, however far the clocks of their hosts disagree."""
+        ...
+
     def delete(self, keys: Iterable[str]) -> None:
         """Delete objects; missing keys are not an error."""
         ...
@@ -306,6 +312,17 @@ class LocalBackend:
         except OSError as exc:
             raise self._error(prefix, exc) from None
         return iter(keys)
+
+    def list_written(self, prefix: str) -> Iterator[tuple[str, float]]:
+        found: list[tuple[str, float]] = []
+        for key in self.list(prefix):
+            try:
+                found.append((key, os.stat(self._path(key)).st_mtime))
+            except FileNotFoundError:
+                continue  # deleted since it was listed
+            except OSError as exc:
+                raise self._error(key, exc) from None
+        return iter(found)
 
     def delete(self, keys: Iterable[str]) -> None:
         parents: set[Path] = set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import math
 import os
 import random
 import socket
@@ -89,17 +90,19 @@ class LockRecord:
     kind: LockKind
     holder: Holder
     purpose: str
-    refreshed: float
-    """Unix time of the holder's last refresh, by the holder's clock."""
+    written: float
+    """Unix time the store last wrote the lock (its last refresh), by the store's clock; minus
+    infinity for a lock no live holder wrote."""
 
     def describe(self) -> str:
         """Short form for error messages."""
         h = self.holder
         return f"{self.kind.value} lock for {self.purpose} by {h.host} pid {h.pid}"
 
-    def stale(self, now: float, settings: LockSettings, here: Holder) -> bool:
-        """Whether others may ignore this lock."""
-        return now - self.refreshed > settings.stale_after_s or self.holder.dead(here)
+    def stale(self, store_now: float, settings: LockSettings, here: Holder) -> bool:
+        """Whether others may ignore this lock: not refreshed for `stale_after_s` as the store's
+        clock tells (`store_now`, see `_store_now`), or its holder is certainly gone."""
+        return store_now - self.written > settings.stale_after_s or self.holder.dead(here)
 
 
 def _encode(kind: LockKind, holder: Holder, purpose: str, refreshed: float) -> bytes:
@@ -118,23 +121,33 @@ def _encode(kind: LockKind, holder: Holder, purpose: str, refreshed: float) -> b
 
 def read_locks(backend: Backend) -> Iterator[LockRecord]:
     """Every readable lock in the store; undecodable ones count as stale exclusive locks."""
-    for key in backend.list(LOCK_PREFIX):
+    for key, written in backend.list_written(LOCK_PREFIX):
         try:
             doc = json.loads(backend.get(key))
             holder = Holder(str(doc["host"]), str(doc["boot_id"]), str(doc["pidns"]), int(doc["pid"]))
-            yield LockRecord(key, LockKind(doc["kind"]), holder, str(doc["purpose"]), float(doc["refreshed"]))
+            yield LockRecord(key, LockKind(doc["kind"]), holder, str(doc["purpose"]), written)
         except ObjectMissing:
             continue  # Released between list and get.
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
             # Our locks are written whole, so garbage here was not written by a live holder.
-            yield LockRecord(key, LockKind.EXCLUSIVE, Holder("?", "", "", 0), "undecodable", 0.0)
+            yield LockRecord(key, LockKind.EXCLUSIVE, Holder("?", "", "", 0), "undecodable", -math.inf)
+
+
+def _store_now(locks: list[LockRecord]) -> float:
+    """The store's time, read off the newest lock in a listing that the caller made after
+    writing (or refreshing) its own: no earlier than that write, so no lock looks staler than it
+    is. Ages are differences of the store's own times: hosts whose clocks disagree, by seconds
+    or by hours, judge every lock alike, and a holder whose clock lags is not swept under."""
+    return max((lock.written for lock in locks), default=-math.inf)
 
 
 def remove_stale(backend: Backend, settings: LockSettings) -> int:
-    """Delete locks nobody may honour any more; returns how many."""
+    """Delete locks nobody may honour any more; returns how many. The caller holds a lock of
+    its own (GC's exclusive one), which gives the store's time (`_store_now`)."""
     here = Holder.current()
-    now = time.time()
-    stale = [lock.key for lock in read_locks(backend) if lock.stale(now, settings, here)]
+    locks = list(read_locks(backend))
+    now = _store_now(locks)
+    stale = [lock.key for lock in locks if lock.stale(now, settings, here)]
     backend.delete(stale)
     return len(stale)
 
@@ -163,9 +176,10 @@ class StoreLock:
         self._last_refresh = time.monotonic()
 
     def _conflicts(self) -> list[LockRecord]:
-        now = time.time()
+        locks = list(read_locks(self._backend))
+        now = _store_now(locks)
         found = []
-        for lock in read_locks(self._backend):
+        for lock in locks:
             if lock.key == self._key or lock.stale(now, self._settings, self._holder):
                 continue
             if self._kind is LockKind.EXCLUSIVE or lock.kind is LockKind.EXCLUSIVE:
@@ -210,8 +224,9 @@ class StoreLock:
     def ensure_held(self) -> None:
         """Raise StoreLocked unless the lock is certainly still honoured by every other node.
 
-        Half of stale_after_s is the margin left for clock skew and for the
-        step that follows this check (publishing a manifest, one sweep batch).
+        Half of stale_after_s is the margin left for a refresh that took long to land (the
+        store dates it when it arrives) and for the step that follows this check (publishing a
+        manifest, one sweep batch).
         """
         age = time.monotonic() - self._last_refresh
         if age > self._settings.stale_after_s / 2:

@@ -184,12 +184,18 @@ class S3Backend:
         return None if head is None else int(head["ContentLength"])
 
     def list(self, prefix: str) -> Iterator[str]:
-        def attempt() -> list[str]:
-            keys: list[str] = []
+        return (key for key, _ in self.list_written(prefix))
+
+    def list_written(self, prefix: str) -> Iterator[tuple[str, float]]:
+        def attempt() -> list[tuple[str, float]]:
+            found: list[tuple[str, float]] = []
             paginator = self._client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self._bucket, Prefix=self._prefix + prefix):
-                keys.extend(obj["Key"][len(self._prefix) :] for obj in page.get("Contents", ()))
-            return keys
+                found.extend(
+                    (obj["Key"][len(self._prefix) :], obj["LastModified"].timestamp())
+                    for obj in page.get("Contents", ())
+                )
+            return found
 
         return iter(self._call(prefix, attempt))
 

@@ -76,10 +76,11 @@ class LockSettings:
     """Timing of the store locks that keep garbage collection away from live writers."""
 
     stale_after_s: float = 600.0
-    """Seconds after its last refresh at which another node may ignore a lock.
-    Must exceed refresh_interval_s plus the worst clock skew between nodes;
-    10 minutes also bounds how long a crashed writer on another node blocks GC
-    (a lock of a dead process on the same host is ignored at once)."""
+    """Seconds after its last refresh, by the store's clock, at which another node may ignore
+    a lock. Must exceed refresh_interval_s plus the longest a refresh may take to land (the
+    nodes' own clocks do not enter: see docs/snapshot-format.md); 10 minutes also bounds how
+    long a crashed writer on another node blocks GC (a lock of a dead process on the same host
+    is ignored at once)."""
 
     refresh_interval_s: float = 60.0
     """Seconds between lock refreshes while an operation runs. A tenth of

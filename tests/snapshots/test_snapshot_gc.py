@@ -174,3 +174,43 @@ def test_gc_racing_writers_never_loses_a_referenced_chunk(scratch: Path) -> None
         assert len(report.snapshots_checked) >= 3
         for sid in report.snapshots_checked:
             store.fetch(sid, scratch / f"check-{sid}")
+
+
+def _foreign_lock(store: SnapshotStore, purpose: str, refreshed: float) -> str:
+    """A shared lock as a live writer on another host writes it, dated `refreshed` by its clock."""
+    import json
+    import uuid
+
+    key = f"locks/{uuid.uuid4().hex}.json"
+    doc = {"kind": "shared", "host": "node-elsewhere", "boot_id": "b", "pidns": "p", "pid": 7,
+           "purpose": purpose, "refreshed": refreshed}  # fmt: skip
+    store._backend.put(key, json.dumps(doc).encode())  # Test seam: the lock protocol is internal.
+    return key
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_whose_clock_lags_still_keeps_gc_away(store: SnapshotStore) -> None:
+    """Its lock says it was refreshed an hour ago by its own clock; the store wrote it just now."""
+    key = _foreign_lock(store, "writer with a slow clock", refreshed=time.time() - 3600)
+    impatient = SnapshotStore(
+        fast_settings(store.settings.url, locks=store.settings.locks.__class__(gc_acquire_timeout_s=0.5))
+    )
+    try:
+        with pytest.raises(StoreLocked, match="writer with a slow clock"):
+            impatient.gc(RetentionPolicy(keep_last=1))
+    finally:
+        impatient.close()
+    assert key in list(store._backend.list("locks/")), "a live lock is not removed as stale"
+
+
+@pytest.mark.timeout(60)
+def test_a_lock_the_store_has_not_seen_refreshed_is_stale_whatever_its_holder_says(
+    local_store: SnapshotStore, scratch: Path
+) -> None:
+    """Its holder's clock says it is fresh; by the store's, it was last written long ago."""
+    key = _foreign_lock(local_store, "writer gone quiet", refreshed=time.time() + 3600)
+    long_ago = time.time() - local_store.settings.locks.stale_after_s - 60
+    os.utime(scratch / "store" / key, (long_ago, long_ago))
+    report = local_store.gc(RetentionPolicy(keep_last=1))
+    assert report.removed_locks == 1
+    assert list(local_store._backend.list("locks/")) == []
