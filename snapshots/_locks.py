@@ -102,7 +102,8 @@ class LockRecord:
     def stale(self, store_now: float, settings: LockSettings, here: Holder) -> bool:
         """Whether others may ignore this lock: not refreshed for `stale_after_s` as the store's
         clock tells (`store_now`, see `_store_now`), or its holder is certainly gone."""
-        return store_now - self.written > settings.stale_after_s or self.holder.dead(here)
+        never_live = self.written == -math.inf
+        return never_live or store_now - self.written > settings.stale_after_s or self.holder.dead(here)
 
 
 def _encode(kind: LockKind, holder: Holder, purpose: str, refreshed: float) -> bytes:
