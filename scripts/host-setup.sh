@@ -143,12 +143,14 @@ build_base_image() {
 python_env() {
   local venv="$repo/.venv"
   local stamp="$venv/.installed"
-  if [ -f "$stamp" ] && [ "$stamp" -nt "$repo/pyproject.toml" ]; then
+  local constraints="$repo/scripts/python-constraints.txt"
+  if [ -f "$stamp" ] && [ "$stamp" -nt "$repo/pyproject.toml" ] && [ "$stamp" -nt "$constraints" ]; then
     return 0
   fi
   log "installing the Python environment in .venv"
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  "$venv/bin/pip" install -q -e "$repo[dev]" >"$venv/pip.log" 2>&1 || { tail -30 "$venv/pip.log"; exit 1; }
+  "$venv/bin/pip" install -q -c "$constraints" -e "$repo[dev]" >"$venv/pip.log" 2>&1 \
+    || { tail -30 "$venv/pip.log"; exit 1; }
   touch "$stamp"
 }
 
