@@ -361,7 +361,7 @@ class RuncBackend:
 
         CRIU logs its errors and warnings only (level 2), where runc asks for every step (level
         4): that took about 4 ms of a 64 MiB freeze (raw `criu dump`, medians of 4: 57 ms at
-        level 4, 53 ms at level 2) and 2-4 ms of a 64 MiB restore's 20-25 ms in CRIU (three
+        level 4, 53 ms at level 2) and 1.5-3.7 ms of a 64 MiB restore's 20-26 ms in CRIU (three
         runs of 12 restores each way, side by side)."""
         spec = json.loads((layout.bundle / "config.json").read_text())
         opts = rpc.criu_opts(

@@ -169,6 +169,14 @@ class _Server:
             self.peers.append(peer[0])
             threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
 
+    def accepted(self, count: int, timeout_s: float = 10) -> list[str]:
+        """The peers once `count` connections are accepted, or by `timeout_s`: a client's connect
+        returns, and it may say so, before this thread has accepted the connection."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.peers) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return list(self.peers)
+
     def _echo(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(0.5)
@@ -209,12 +217,12 @@ def test_tcp_connection_comes_back_closed_and_reconnects(
     argv = ("python3", "-c", programs.TCP, "169.254.1.1", str(tcp_server.port))
     a.create("tcp", SandboxSpec(image="base", command=argv, address="10.201.0.3"))
     wait_for_log(a, "tcp", lambda t: "connected" in t)
-    assert tcp_server.peers == ["10.201.0.3"]
+    assert tcp_server.accepted(1) == ["10.201.0.3"]
 
     _move(a, b, "tcp", "tcp", route, tmp_path)
     log = wait_for_log(b, "tcp", lambda t: t.count("connected") >= 2)
     assert "reconnect after" in log
-    assert tcp_server.peers == ["10.201.0.3", "10.201.0.3"], "the restored sandbox kept its own address"
+    assert tcp_server.accepted(2) == ["10.201.0.3", "10.201.0.3"], "the restored sandbox kept its own address"
 
 
 def _user_namespaces_held() -> int:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -178,9 +180,6 @@ def test_gc_racing_writers_never_loses_a_referenced_chunk(scratch: Path) -> None
 
 def _foreign_lock(store: SnapshotStore, purpose: str, refreshed: float) -> str:
     """A shared lock as a live writer on another host writes it, dated `refreshed` by its clock."""
-    import json
-    import uuid
-
     key = f"locks/{uuid.uuid4().hex}.json"
     doc = {"kind": "shared", "host": "node-elsewhere", "boot_id": "b", "pidns": "p", "pid": 7,
            "purpose": purpose, "refreshed": refreshed}  # fmt: skip
