@@ -101,7 +101,7 @@ class LockRecord:
 
     def stale(self, store_now: float, settings: LockSettings, here: Holder) -> bool:
         """Whether others may ignore this lock: not refreshed for `stale_after_s` as the store's
-        clock tells (`store_now`, see `_store_now`), or its holder is certainly gone."""
+        clock tells (`store_now`, see `_judged`), or its holder is certainly gone."""
         never_live = self.written == -math.inf
         return never_live or store_now - self.written > settings.stale_after_s or self.holder.dead(here)
 
@@ -134,21 +134,21 @@ def read_locks(backend: Backend) -> Iterator[LockRecord]:
             yield LockRecord(key, LockKind.EXCLUSIVE, Holder("?", "", "", 0), "undecodable", -math.inf)
 
 
-def _store_now(locks: list[LockRecord]) -> float:
-    """The store's time, read off the newest lock in a listing that the caller made after
-    writing (or refreshing) its own: no earlier than that write, so no lock looks staler than it
-    is. Ages are differences of the store's own times: hosts whose clocks disagree, by seconds
-    or by hours, judge every lock alike, and a holder whose clock lags is not swept under."""
-    return max((lock.written for lock in locks), default=-math.inf)
+def _judged(backend: Backend, settings: LockSettings, here: Holder) -> list[tuple[LockRecord, bool]]:
+    """Every lock in the store, each with whether it is stale. The store's time is read off the
+    newest lock in the listing, which the caller makes after writing (or refreshing) its own:
+    no earlier than that write, so no lock looks staler than it is. Ages are differences of the
+    store's own times: hosts whose clocks disagree, by seconds or by hours, judge every lock
+    alike, and a holder whose clock lags is not swept under."""
+    locks = list(read_locks(backend))
+    store_now = max((lock.written for lock in locks), default=-math.inf)
+    return [(lock, lock.stale(store_now, settings, here)) for lock in locks]
 
 
 def remove_stale(backend: Backend, settings: LockSettings) -> int:
     """Delete locks nobody may honour any more; returns how many. The caller holds a lock of
-    its own (GC's exclusive one), which gives the store's time (`_store_now`)."""
-    here = Holder.current()
-    locks = list(read_locks(backend))
-    now = _store_now(locks)
-    stale = [lock.key for lock in locks if lock.stale(now, settings, here)]
+    its own (GC's exclusive one), which dates the listing (`_judged`)."""
+    stale = [lock.key for lock, stale in _judged(backend, settings, Holder.current()) if stale]
     backend.delete(stale)
     return len(stale)
 
@@ -177,11 +177,9 @@ class StoreLock:
         self._last_refresh = time.monotonic()
 
     def _conflicts(self) -> list[LockRecord]:
-        locks = list(read_locks(self._backend))
-        now = _store_now(locks)
         found = []
-        for lock in locks:
-            if lock.key == self._key or lock.stale(now, self._settings, self._holder):
+        for lock, stale in _judged(self._backend, self._settings, self._holder):
+            if lock.key == self._key or stale:
                 continue
             if self._kind is LockKind.EXCLUSIVE or lock.kind is LockKind.EXCLUSIVE:
                 found.append(lock)

@@ -73,6 +73,19 @@ def test_retention_must_keep_the_resume_point() -> None:
         RetentionPolicy(keep_last=0)
 
 
+def _gc_is_refused(store: SnapshotStore, holder: str) -> None:
+    """A GC of `store` that waits half a second for its lock is refused, naming the lock held
+    for `holder`."""
+    impatient = SnapshotStore(
+        fast_settings(store.settings.url, locks=store.settings.locks.__class__(gc_acquire_timeout_s=0.5))
+    )
+    try:
+        with pytest.raises(StoreLocked, match=holder):
+            impatient.gc(RetentionPolicy(keep_last=1))
+    finally:
+        impatient.close()
+
+
 @pytest.mark.timeout(60)
 def test_gc_waits_out_a_live_writer_and_a_writer_waits_out_gc(scratch: Path) -> None:
     url = f"file://{scratch}/store"
@@ -84,14 +97,9 @@ def test_gc_waits_out_a_live_writer_and_a_writer_waits_out_gc(scratch: Path) -> 
 
         backend = store._backend  # Test seam: the lock protocol is internal.
         writer = StoreLock(backend, store.settings.locks, LockKind.SHARED, "test writer").acquire(5)
-        impatient = SnapshotStore(
-            fast_settings(url, locks=store.settings.locks.__class__(gc_acquire_timeout_s=0.5))
-        )
         try:
-            with pytest.raises(StoreLocked, match="test writer"):
-                impatient.gc(RetentionPolicy(keep_last=1))
+            _gc_is_refused(store, "test writer")
         finally:
-            impatient.close()
             writer.release()
         gc_lock = StoreLock(backend, store.settings.locks, LockKind.EXCLUSIVE, "test gc").acquire(5)
         done = threading.Event()
@@ -191,14 +199,7 @@ def _foreign_lock(store: SnapshotStore, purpose: str, refreshed: float) -> str:
 def test_a_writer_whose_clock_lags_still_keeps_gc_away(store: SnapshotStore) -> None:
     """Its lock says it was refreshed an hour ago by its own clock; the store wrote it just now."""
     key = _foreign_lock(store, "writer with a slow clock", refreshed=time.time() - 3600)
-    impatient = SnapshotStore(
-        fast_settings(store.settings.url, locks=store.settings.locks.__class__(gc_acquire_timeout_s=0.5))
-    )
-    try:
-        with pytest.raises(StoreLocked, match="writer with a slow clock"):
-            impatient.gc(RetentionPolicy(keep_last=1))
-    finally:
-        impatient.close()
+    _gc_is_refused(store, "writer with a slow clock")
     assert key in list(store._backend.list("locks/")), "a live lock is not removed as stale"
 
 
