@@ -41,6 +41,16 @@ between processes); past this, a repeat is read again."""
 
 
 @dataclass(frozen=True)
+class _Piece:
+    """Runs of chunks a restore writes into one file, one after another from `offset`."""
+
+    entry: Entry
+    path: Path
+    offset: int
+    runs: list[list[ChunkRef]]
+
+
+@dataclass(frozen=True)
 class UploadTally:
     """What one put moved: counts over the distinct chunks it referenced."""
 
@@ -446,36 +456,54 @@ class ChunkStore:
 
     def restore_files(self, snapshot_id: str, targets: Sequence[tuple[Entry, Path]]) -> None:
         """Write each entry's content into its (already created, sized) target file, verifying every
-        chunk before it is written. Each thread takes a file's next few megabytes; chunks are read
-        a megabyte at a time, in one request where they lie together, and a chunk the files hold
-        in more than one place is read once."""
+        chunk before it is written. Each thread takes the next few megabytes at a time: a part of a
+        large file, or many small files together. Its chunks are read in the order they lie in their
+        packs, a megabyte at a time, in one request where they lie together (a snapshot's small
+        files mostly do), and a chunk the files hold in more than one place is read once."""
         repeats = _Repeats(ref for entry, _path in targets for ref in entry.chunks)
 
-        def work() -> Iterable[tuple[Entry, Path, int, list[list[ChunkRef]]]]:
+        def work() -> Iterator[list[_Piece]]:
+            item: list[_Piece] = []
+            size = 0
             for entry, path in targets:
-                start, size, runs = 0, 0, []
+                start = end = 0
+                runs: list[list[ChunkRef]] = []
                 for run in _adjacent(entry.chunks):
                     runs.append(run)
-                    size += sum(ref.length for ref in run)
+                    length = sum(ref.length for ref in run)
+                    end += length
+                    size += length
                     if size >= _ITEM_BYTES:
-                        yield entry, path, start, runs
-                        start, size, runs = start + size, 0, []
+                        yield [*item, _Piece(entry, path, start, runs)]
+                        item, size, start, runs = [], 0, end, []
                 if runs:
-                    yield entry, path, start, runs
+                    item.append(_Piece(entry, path, start, runs))
+            if item:
+                yield item
 
-        def restore(item: tuple[Entry, Path, int, list[list[ChunkRef]]]) -> None:
-            entry, path, offset, runs = item
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                for run in runs:
-                    raws = [
-                        verified(snapshot_id, entry.path, ref, raw)
-                        for ref, raw in zip(run, repeats.read(run, self.read_run), strict=True)
-                    ]
-                    _pwrite_all(fd, raws, offset)
-                    offset += sum(ref.length for ref in run)
-            finally:
-                os.close(fd)
+        def restore(item: list[_Piece]) -> None:
+            raws = iter(read([ref for piece in item for run in piece.runs for ref in run]))
+            for piece in item:
+                fd = os.open(piece.path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    offset = piece.offset
+                    for run in piece.runs:
+                        chunks = [verified(snapshot_id, piece.entry.path, ref, next(raws)) for ref in run]
+                        _pwrite_all(fd, chunks, offset)
+                        offset += sum(ref.length for ref in run)
+                finally:
+                    os.close(fd)
+
+        def read(refs: list[ChunkRef]) -> list[bytes | ChunkMismatch]:
+            """Each of refs, read in the order they lie in their packs: small files' chunks lie
+            together, but in the order the put's threads stored them."""
+            order = sorted(range(len(refs)), key=lambda i: (refs[i].pack, refs[i].offset))
+            raws: list[bytes | ChunkMismatch] = [b""] * len(refs)
+            places = iter(order)
+            for part in _adjacent([refs[i] for i in order]):
+                for raw in repeats.read(part, self.read_run):
+                    raws[next(places)] = raw
+            return raws
 
         self._shared(restore, work())
 

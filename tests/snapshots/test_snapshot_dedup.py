@@ -192,3 +192,51 @@ def test_chunk_sizes_the_chunker_cannot_make_are_refused(sizes: tuple[int, int, 
     with pytest.raises(InvalidSettings) as caught:
         ChunkingSettings(min_size=low, avg_size=mean, max_size=high)
     assert caught.value.field == "chunking" and problem in str(caught.value)
+
+
+def _small_files_tree(scratch: Path) -> Path:
+    """A checkpoint's many small image files (a few hundred bytes to a few KiB each) beside its
+    large page image."""
+    rng = random.Random(7)
+    tree = scratch / "tree"
+    (tree / "criu").mkdir(parents=True)
+    for i in range(40):
+        (tree / "criu" / f"core-{i}.img").write_bytes(rng.randbytes(rng.randrange(30, 6 * KiB)))
+    (tree / "criu" / "pages-1.img").write_bytes(rng.randbytes(3 * MiB))
+    return tree
+
+
+@pytest.mark.timeout(60)
+def test_small_files_are_read_together_each_verified_and_a_damaged_one_is_named(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore reads the small files whose chunks lie together in a pack with a request or
+    two, not one each, and still verifies each file's chunk: a damaged one among them fails the
+    fetch naming its own file, and no partial tree is left."""
+    tree = _small_files_tree(scratch)
+    with SnapshotStore(fast_settings(f"file://{scratch}/store", io_threads=2)) as store:
+        manifest = store.put(tree, make_meta("s1"))
+        small = [e for e in manifest.files() if e.path.startswith("criu/core-")]
+        packs = {ref.pack for entry in small for ref in entry.chunks}
+        reads: list[tuple[str, int]] = []
+        real = LocalBackend.get_range
+
+        def counting(self: LocalBackend, key: str, offset: int, length: int) -> bytes:
+            if any(key.endswith(f"{pack}.pack") for pack in packs) and length < 1 * MiB:
+                reads.append((key, length))
+            return real(self, key, offset, length)
+
+        monkeypatch.setattr(LocalBackend, "get_range", counting)
+        store.fetch("s1", scratch / "out", leave_out=lambda path: path == "criu/pages-1.img")
+        for entry in small:
+            assert (scratch / "out" / entry.path).read_bytes() == (tree / entry.path).read_bytes()
+        assert len(small) == 40 and 1 <= len(reads) <= 4, reads
+
+        victim = small[23]
+        damage(scratch / "store", victim.chunks[0])
+        with pytest.raises(SnapshotCorrupt) as caught:
+            store.fetch("s1", scratch / "again")
+
+    assert caught.value.path == victim.path and caught.value.chunk == victim.chunks[0].hash
+    assert not (scratch / "again").exists()
+    assert [p.name for p in scratch.iterdir() if p.name.startswith(".again")] == []
