@@ -192,21 +192,19 @@ def _new_netns(path: Path, wire: Callable[[], None]) -> None:
     It gets TCP hash tables of its own (`tcp_child_ehash_entries`), where a netns shares the
     host's by default: CRIU's dump asks the kernel for the sandbox's TCP sockets, and the
     kernel then walks every bucket of the host's tables (262,144 here), 2-3 ms of every freeze;
-    and one sandbox's connections no longer share hash chains with another's. The thread first
-    makes a netns to set that in (the setting is read from the netns the new one is made from),
-    then the sandbox's, which starts with no IPv6 at all (loopback included, and eth0, which
-    takes the netns's defaults: IPv4 to the gateway is the only way out), and lets its root,
-    which holds no capability over the node's netns, serve on low ports as it could without a
-    user namespace."""
+    and one sandbox's connections no longer share hash chains with another's. The setting is
+    read from the netns the new one is made from, so the thread makes it from the agent's
+    parent netns (`_parent_netns`). The sandbox's netns starts with no IPv6 at all (loopback
+    included, and eth0, which takes the netns's defaults: IPv4 to the gateway is the only way
+    out), and lets its root, which holds no capability over the node's netns, serve on low
+    ports as it could without a user namespace."""
     _shared_netns_dir()
+    parent = _parent_netns()
     os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
-    child_tables = Path("/proc/sys/net/ipv4/tcp_child_ehash_entries")  # Linux 6.1 and later
 
     def made() -> None:
-        if child_tables.exists():
-            check(libc.unshare(CLONE_NEWNET), "making a network namespace")
-            with suppress(OSError):  # refused: the sandbox's netns shares the host's tables
-                child_tables.write_text(str(TCP_EHASH_ENTRIES))
+        if parent is not None:
+            check(libc.setns(parent, CLONE_NEWNET), "joining the parent network namespace")
         check(libc.unshare(CLONE_NEWNET), "making a network namespace")
         Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").write_text("0")
         for link in ("all", "default"):
@@ -218,6 +216,33 @@ def _new_netns(path: Path, wire: Callable[[], None]) -> None:
         wire()
 
     _in_thread(made)
+
+
+_parent_lock = threading.Lock()
+_parent: list[int | None] = []
+"""The parent netns's descriptor, once made (None: sandboxes share the host's TCP tables)."""
+
+
+def _parent_netns() -> int | None:
+    """A netns of the agent's, empty and never wired, whose `tcp_child_ehash_entries` gives the
+    netns made from it TCP tables of their own; made once, and held open while the agent runs.
+    Where a netns was made for each sandbox only to set that, every restore paid for making it
+    and the kernel for tearing it down (about 0.5 ms of CPU each here). None where the kernel
+    has no such setting (before Linux 6.1) or refuses it."""
+    with _parent_lock:
+        if not _parent:
+            _parent.append(None)
+            child_tables = Path("/proc/sys/net/ipv4/tcp_child_ehash_entries")
+            if child_tables.exists():
+
+                def made() -> None:
+                    check(libc.unshare(CLONE_NEWNET), "making the parent network namespace")
+                    with suppress(OSError):  # refused: sandboxes share the host's tables
+                        child_tables.write_text(str(TCP_EHASH_ENTRIES))
+                        _parent[0] = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+
+                _in_thread(made)
+        return _parent[0]
 
 
 def _shared_netns_dir() -> None:
