@@ -123,13 +123,14 @@ python_version() {
   docker run --rm --network none "$1" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])'
 }
 
-# Stasis's dependencies as wheels for the image's python3, one directory per dependency list and
-# Python version: a second run with the same ones finds them and asks PyPI nothing.
+# Stasis's dependencies as wheels for the image's python3, at the versions .venv has (the pip
+# constraints `make test` passed with), one directory per dependency list, constraints and Python
+# version: a second run with the same ones finds them and asks PyPI nothing.
 wheelhouse() {
-  local py=$1 requirements key dir
+  local py=$1 requirements key dir constraints="$repo/scripts/python-constraints.txt"
   requirements=$("$venv/bin/python" -c 'import sys, tomllib
 print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' "$repo/pyproject.toml")
-  key=$(printf '%s\ncp%s manylinux_2_36_x86_64\n' "$requirements" "$py" | sha256sum | cut -c1-16)
+  key=$(printf '%s\ncp%s manylinux_2_36_x86_64\n' "$requirements" "$py" | cat - "$constraints" | sha256sum | cut -c1-16)
   dir="$wheel_cache/$key"
   if [ ! -f "$dir/.complete" ]; then
     log "downloading Stasis's dependencies as Python $py wheels from PyPI"
@@ -140,7 +141,7 @@ print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
     for glibc in $(seq 36 -1 17); do target+=(--platform "manylinux_2_${glibc}_x86_64"); done
     target+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
     { "$venv/bin/python" -m pip download --disable-pip-version-check --cache-dir "$cache/pip" \
-        "${target[@]}" -d "$dir/wheels" -r "$dir/wheels/requirements.txt" \
+        "${target[@]}" -d "$dir/wheels" -r "$dir/wheels/requirements.txt" -c "$constraints" \
       && "$venv/bin/python" -m pip download --disable-pip-version-check --cache-dir "$cache/pip" \
         "${target[@]}" --no-deps -d "$dir/pip" pip; } >"$build/pip.log" 2>&1 \
       || { tail -20 "$build/pip.log" >&2; die "downloading wheels failed (log: $build/pip.log)"; }
