@@ -53,12 +53,17 @@ class StoredFile:
     def read(self, offset: int, length: int) -> bytes:
         """`length` bytes from `offset`, every chunk of them verified; SnapshotCorrupt names the
         chunk that is missing or does not match its hash."""
+        return b"".join(self.read_views(offset, length))
+
+    def read_views(self, offset: int, length: int) -> list[memoryview]:
+        """What `read` gives, as views of the verified chunks it lies in, one after another: no
+        byte is copied, for a caller that sends them on as they are (a lazy restore's pages)."""
         first, last = self._span(offset, length)
         if length == 0:
-            return b""
+            return []
         chunks = self._load(range(first, last + 1))
         self._read_ahead(last + 1)
-        return self._cut(offset, length, first, chunks)
+        return _views(chunks, offset - self._starts[first], length)
 
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Each (offset, length) of `ranges`, as `read` gives it. The chunks under all of them are
@@ -75,7 +80,9 @@ class StoredFile:
         )
         found = dict(zip(wanted, self._load(wanted, side_by_side=True), strict=True))
         return [
-            self._cut(offset, length, first, [found[i] for i in range(first, last + 1)]) if length else b""
+            b"".join(_views([found[i] for i in range(first, last + 1)], offset - self._starts[first], length))
+            if length
+            else b""
             for (offset, length), (first, last) in zip(ranges, spans, strict=True)
         ]
 
@@ -87,11 +94,6 @@ class StoredFile:
             )
         first = bisect.bisect_right(self._starts, offset) - 1
         return first, bisect.bisect_right(self._starts, offset + max(length, 1) - 1) - 1
-
-    def _cut(self, offset: int, length: int, first: int, chunks: list[bytes]) -> bytes:
-        data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
-        at = offset - self._starts[first]
-        return data[at : at + length]
 
     def _load(self, wanted: Sequence[int], side_by_side: bool = False) -> list[bytes]:
         with self._guard:
@@ -156,6 +158,18 @@ class StoredFile:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _views(chunks: list[bytes], at: int, length: int) -> list[memoryview]:
+    """`length` bytes from `at` in the chunks laid end to end (the first holds `at`; the last,
+    the range's end), as views of them."""
+    views = []
+    for chunk in chunks:
+        view = memoryview(chunk)[at : at + length]
+        views.append(view)
+        length -= len(view)
+        at = 0
+    return views
 
 
 def _runs(indexes: list[int], refs: Sequence[ChunkRef]) -> list[list[int]]:

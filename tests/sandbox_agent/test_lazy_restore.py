@@ -56,16 +56,16 @@ def _intact(node: Node, sandbox_id: str, sha: str) -> None:
     assert after.count("start") == 1, "the process started over"
 
 
-def _slow_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[StoredFile, int, int], bytes]:
-    """Slow every read of the store, so that a transfer is still going when the test strikes;
-    returns the real read, to put back."""
-    read = StoredFile.read
+def _slow_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[StoredFile, int, int], list[memoryview]]:
+    """Slow every read the page server makes of the store, so that a transfer is still going
+    when the test strikes; returns the real read, to put back."""
+    read = StoredFile.read_views
 
-    def slow(self: StoredFile, offset: int, length: int) -> bytes:
+    def slow(self: StoredFile, offset: int, length: int) -> list[memoryview]:
         time.sleep(0.05)
         return read(self, offset, length)
 
-    monkeypatch.setattr(StoredFile, "read", slow)
+    monkeypatch.setattr(StoredFile, "read_views", slow)
     return read
 
 
@@ -97,17 +97,17 @@ def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snaps
     make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b, sha = _snapshot(make_node, tmp_path)
-    read = StoredFile.read
+    read = StoredFile.read_views
     reads = {"n": 0}
 
-    def flaky(self: StoredFile, offset: int, length: int) -> bytes:
+    def flaky(self: StoredFile, offset: int, length: int) -> list[memoryview]:
         if threading.current_thread().name == "lazy-pages":  # the page server, not the eager pages
             reads["n"] += 1
             if reads["n"] > 5:
                 raise StoreUnavailable(f"file://{tmp_path}/store", None, "the store went away (injected)")
         return read(self, offset, length)
 
-    monkeypatch.setattr(StoredFile, "read", flaky)
+    monkeypatch.setattr(StoredFile, "read_views", flaky)
     try:
         b.restore_from_store("first", "mem-s1")
     except StoreUnavailable as exc:  # it failed while the restore was still finishing
@@ -115,7 +115,7 @@ def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snaps
     _gone(b, "first")
     assert not staged(b)
 
-    monkeypatch.setattr(StoredFile, "read", read)
+    monkeypatch.setattr(StoredFile, "read_views", read)
     b.restore_from_store("second", "mem-s1")
     _resident(b, "second")
     _intact(b, "second", sha)
@@ -224,7 +224,7 @@ def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
     os.kill(daemons[0], signal.SIGKILL)
     _gone(b, "first")
 
-    monkeypatch.setattr(StoredFile, "read", read)
+    monkeypatch.setattr(StoredFile, "read_views", read)
     b.restore_from_store("second", "mem-s1")
     _resident(b, "second")
     _intact(b, "second", sha)
@@ -245,6 +245,9 @@ def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
 
         def read(self, offset: int, length: int) -> bytes:
             return bytes([offset // lazy.PAGE + 1]) * length
+
+        def read_views(self, offset: int, length: int) -> list[memoryview]:
+            return [memoryview(self.read(offset, length))]
 
     server = lazy.PageServer(memory, lambda name: Pages(), stopped.append).start()
     daemon = server.theirs

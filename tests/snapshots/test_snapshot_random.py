@@ -40,7 +40,12 @@ def test_any_range_reads_back_exactly(stored: SnapshotStore) -> None:
             offset = rng.randrange(len(MEMORY))
             length = rng.randrange(min(300_000, len(MEMORY) - offset) + 1)
             assert f.read(offset, length) == MEMORY[offset : offset + length]
+            # The same bytes as views of the chunks they lie in, one per chunk, none empty.
+            views = f.read_views(offset, length)
+            assert b"".join(views) == MEMORY[offset : offset + length]
+            assert all(len(v) for v in views) and all(isinstance(v.obj, bytes) for v in views)
         assert f.read(0, len(MEMORY)) == MEMORY
+        assert f.read_views(5, 0) == []
         with pytest.raises(ValueError, match="cannot read 2 bytes at"):
             f.read(len(MEMORY) - 1, 2)
 
