@@ -481,6 +481,17 @@ class ChunkStore:
             if item:
                 yield item
 
+        def read(refs: list[ChunkRef]) -> list[bytes | ChunkMismatch]:
+            """Each of refs, read in the order they lie in their packs: small files' chunks lie
+            together, but in the order the put's threads stored them."""
+            order = sorted(range(len(refs)), key=lambda i: (refs[i].pack, refs[i].offset))
+            raws: list[bytes | ChunkMismatch] = [b""] * len(refs)
+            places = iter(order)
+            for part in _adjacent([refs[i] for i in order]):
+                for raw in repeats.read(part, self.read_run):
+                    raws[next(places)] = raw
+            return raws
+
         def restore(item: list[_Piece]) -> None:
             raws = iter(read([ref for piece in item for run in piece.runs for ref in run]))
             for piece in item:
@@ -493,17 +504,6 @@ class ChunkStore:
                         offset += sum(ref.length for ref in run)
                 finally:
                     os.close(fd)
-
-        def read(refs: list[ChunkRef]) -> list[bytes | ChunkMismatch]:
-            """Each of refs, read in the order they lie in their packs: small files' chunks lie
-            together, but in the order the put's threads stored them."""
-            order = sorted(range(len(refs)), key=lambda i: (refs[i].pack, refs[i].offset))
-            raws: list[bytes | ChunkMismatch] = [b""] * len(refs)
-            places = iter(order)
-            for part in _adjacent([refs[i] for i in order]):
-                for raw in repeats.read(part, self.read_run):
-                    raws[next(places)] = raw
-            return raws
 
         self._shared(restore, work())
 
