@@ -210,6 +210,33 @@ def test_a_restore_that_hangs_is_killed_and_leaves_nothing(make_node: NodeFactor
     _intact(b, "hung", sha)
 
 
+def _cpu_s(pid: int) -> float:
+    """The CPU time (user and system) process `pid` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.timeout(180)
+def test_the_lazy_pages_daemon_waits_for_the_page_server_without_spinning(
+    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the page server is slow to answer, CRIU's daemon sleeps until it does (the patch
+    `scripts/criu-patches/lazy-pages-wait.patch`); unpatched, it polled for the answer on a whole
+    CPU for as long as the memory took to arrive."""
+    b, sha = _snapshot(make_node, tmp_path)
+    read = _slow_reads(monkeypatch)
+    assert b.restore_from_store("first", "mem-s1").busy
+    (daemon,) = lazy_daemons(b)
+    before, started = _cpu_s(daemon), time.monotonic()
+    time.sleep(1.0)
+    used, elapsed = _cpu_s(daemon) - before, time.monotonic() - started
+    assert b.get("first").busy, "the memory was still arriving throughout"
+    assert used < 0.2 * elapsed, f"the daemon used {used:.2f} s of CPU in {elapsed:.2f} s of waiting"
+    monkeypatch.setattr(StoredFile, "read_views", read)
+    _resident(b, "first")
+    _intact(b, "first", sha)
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("memory_dir", [Path("/dev/shm"), None], ids=["staged-in-memory", "staged-on-disk"])
 def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
