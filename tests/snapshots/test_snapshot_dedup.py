@@ -210,9 +210,10 @@ def _small_files_tree(scratch: Path) -> Path:
 def test_small_files_are_read_together_each_verified_and_a_damaged_one_is_named(
     scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A restore reads the small files whose chunks lie together in a pack with a request or
-    two, not one each, and still verifies each file's chunk: a damaged one among them fails the
-    fetch naming its own file, and no partial tree is left."""
+    """A restore reads the small files whose chunks lie together in a pack with a few requests
+    (the put's threads may store a large file's chunks between them), not one each, and still
+    verifies each file's chunk: a damaged one among them fails the fetch naming its own file,
+    and no partial tree is left."""
     tree = _small_files_tree(scratch)
     with SnapshotStore(fast_settings(f"file://{scratch}/store", io_threads=2)) as store:
         manifest = store.put(tree, make_meta("s1"))
