@@ -68,10 +68,8 @@ class Readable(Protocol):
 
     size: int
 
-    def read(self, offset: int, length: int) -> bytes: ...
-
     def read_views(self, offset: int, length: int) -> list[memoryview]:
-        """What `read` gives, as views of the verified chunks it lies in."""
+        """`length` bytes from `offset`, as views of the verified chunks they lie in."""
 
 
 class ReadableMany(Readable, Protocol):
