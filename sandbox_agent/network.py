@@ -97,7 +97,8 @@ def _mark(rule: tuple[str, ...]) -> str | None:
 
 
 def prepare_node(node: str, allowed_ports: Sequence[int]) -> None:
-    """Give the node 169.254.1.1 and the rule that sandboxes reach nothing but its allowed ports.
+    """Give the node 169.254.1.1 and the rule that sandboxes reach nothing but its allowed ports,
+    and the agent the netns its sandboxes' netns are made from (`_parent_netns`).
 
     Each node's allowances are marked with its name, and a node that starts again with other
     ports drops the ones it no longer allows: a gateway that moved leaves no port open behind it.
@@ -134,6 +135,7 @@ def prepare_node(node: str, allowed_ports: Sequence[int]) -> None:
     )
     if _iptables("-C", "FORWARD", *jump_out, check=False).returncode != 0:
         _iptables("-I", "FORWARD", "1", *jump_out)
+    _parent_netns()  # made now, not on the node's first restore
 
 
 def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
