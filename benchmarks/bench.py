@@ -68,6 +68,7 @@ from control_plane import submit_throughput
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's own Docker Engine
 from sandbox_agent import AgentSettings, Node, Phase, PhaseHooks, Resources, SandboxSpec, criu_stats
 from sandbox_agent.node import SnapshotTarget
+from snapshots import set_aside_startup_objects
 from tests.dockerd import engine as docker_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -532,6 +533,7 @@ def main() -> None:
     c = Node(AgentSettings(node="bench-c", root=work / "c", snapshot_store=store, lazy_restore=False))
     for node in (a, b, c):
         node.warm()  # as the agent does when it starts
+    set_aside_startup_objects()  # as the agent does once it serves
     results: list[dict[str, Any]] = []
     report: dict[str, Any] = {"machine": machine(), "results": results}
     try:

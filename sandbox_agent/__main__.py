@@ -20,6 +20,7 @@ from sandbox_agent.node import Node
 from sandbox_agent.registration import Registration
 from sandbox_agent.service import serve
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR, AgentSettings, JoinSettings
+from snapshots import set_aside_startup_objects
 
 
 def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         server, port = serve(node, settings.listen, settings.tls)
     except AgentError as exc:
         sys.exit(f"stasis-agent: {exc}")
+    set_aside_startup_objects()  # a full collection no longer lands in a restore (snapshots._collector)
     host = settings.listen.rsplit(":", 1)[0]
     address = f"{host}:{port}"
     print(f"stasis-agent node={settings.node} listening on {address}", flush=True)

@@ -5,7 +5,7 @@ public API; the underscore modules are internal.
 """
 
 from ._archive import export_checkpoint_archive, import_checkpoint_archive
-from ._collector import collector_paused
+from ._collector import collector_paused, set_aside_startup_objects
 from ._deltas import Aligner, Alignment, Segment
 from ._errors import (
     InvalidCheckpoint,
@@ -79,4 +79,5 @@ __all__ = [
     "collector_paused",
     "export_checkpoint_archive",
     "import_checkpoint_archive",
+    "set_aside_startup_objects",
 ]

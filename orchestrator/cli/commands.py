@@ -127,6 +127,7 @@ class Commands:
         from orchestrator.api import AuthSettings, Orchestrator, OrchestratorSettings
         from orchestrator.control import ControlSettings
         from orchestrator.gateway import GatewaySettings
+        from snapshots import set_aside_startup_objects
 
         a = self.args
         issues_its_own = bool(a.tls_ca_key) and not (a.tls_cert or a.tls_key)
@@ -182,6 +183,7 @@ class Commands:
                 ),
             )
         ).start()
+        set_aside_startup_objects()  # a full collection walks only what the server makes later
         print(f"stasis server listening on {orchestrator.address}", file=self.out, flush=True)
         if auth is not None:
             print(f"nodes register on {orchestrator.cluster_address}", file=self.out, flush=True)

@@ -1,13 +1,15 @@
-"""`collector_paused`: the cyclic collector stays off until the last pause in the process ends."""
+"""`collector_paused`: the cyclic collector stays off until the last pause in the process ends;
+`set_aside_startup_objects`: a full collection no longer walks what the process started with."""
 
 from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 import pytest
 
-from snapshots import collector_paused
+from snapshots import collector_paused, set_aside_startup_objects
 
 
 @pytest.mark.timeout(10)
@@ -51,3 +53,27 @@ def test_a_collector_that_was_off_stays_off_and_an_error_ends_the_pause() -> Non
     with pytest.raises(ValueError), collector_paused():
         raise ValueError("the body failed")
     assert gc.isenabled()
+
+
+@pytest.mark.timeout(30)
+def test_what_a_process_started_with_is_set_aside_and_later_cycles_are_still_collected() -> None:
+    started_with = [[n] for n in range(1000)]
+    set_aside_startup_objects()
+    try:
+        assert gc.get_freeze_count() >= len(started_with)
+        assert not any(o is started_with for o in gc.get_objects()), "a full collection would walk it"
+        later: list[object] = []
+        assert any(o is later for o in gc.get_objects())
+
+        class Cycle:
+            me: Cycle
+
+        cycle = Cycle()
+        cycle.me = cycle
+        gone = weakref.ref(cycle)
+        del cycle
+        gc.collect()
+        assert gone() is None, "a cycle made after the start is collected as before"
+        assert started_with[999] == [999]
+    finally:
+        gc.unfreeze()
