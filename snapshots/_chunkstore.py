@@ -205,7 +205,7 @@ class ChunkStore:
 
         def queue() -> None:
             try:
-                self._pool.submit(turn)
+                self._pool.submit(turn)  # noqa: F821 (deleted once every turn has ended)
             except RuntimeError as exc:  # the pool is shut down
                 with lock:
                     stop(exc)
@@ -229,7 +229,7 @@ class ChunkStore:
                 return
             with lock:
                 results[index] = result
-            queue()
+            queue()  # noqa: F821 (as above)
 
         for _ in range(self._threads):
             queue()
@@ -240,6 +240,10 @@ class ChunkStore:
                 failed.append(exc)
             ended.wait()
             raise
+        finally:
+            # Every turn has ended. `turn` and `queue` refer to each other: a cycle that would
+            # hold fn, the items and the results until the next cyclic collection.
+            del turn, queue
         if failed:
             raise failed[0]
         return [results[index] for index in range(len(results))]
