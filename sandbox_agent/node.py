@@ -592,8 +592,9 @@ class Node:
         (`lazy.Transfer`). Until every page is in, the sandbox stays busy (no checkpoint
         meanwhile), and a page that cannot be had removes it.
 
-        Until the sandbox runs, Python's cyclic collector is held off (`collector_paused`): one
-        collection walks every object of the agent, and the restore allocates enough to set one off."""
+        Until the sandbox runs, Python's cyclic collector is held off (`collector_paused`): the
+        restore allocates enough to set a collection off, which walks every object the agent made
+        since it started (`set_aside_startup_objects`)."""
         with collector_paused():
             return self._restore_from_store(sandbox_id, snapshot_id, image)
 
