@@ -32,6 +32,7 @@ from orchestrator.domain import FailedPrecondition, Role, StasisError
 from orchestrator.gateway import GATEWAY_IP, GatewaySettings
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from protos.tls import TlsFiles
+from snapshots import set_aside_startup_objects
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +323,7 @@ def run_foreground(settings: LocalSettings, out: IO[str]) -> int:
         print(f"stasis up: {exc}", file=out, flush=True)
         stack.stop()
         return 1
+    set_aside_startup_objects()  # as `stasis server` does once it serves
     nodes = ", ".join(stack.agents)
     print(f"Stasis is up at {stack.address} with nodes {nodes}", file=out)
     if settings.secure:
