@@ -65,6 +65,11 @@ class LocalSettings:
     secure: bool = True
     """TLS and tokens as described above; off, every port is plaintext and open (`--insecure`)."""
 
+    def image_cache(self, node: str) -> Path:
+        """Where a node keeps its image trees."""
+        state_dir = self.state_dir.resolve()
+        return state_dir / "images" if self.shared_image_cache else state_dir / "nodes" / node / "images"
+
 
 class AgentProcess:
     """One node agent as a child process; its log goes to logs/<node>.log."""
@@ -108,7 +113,7 @@ def agent_command(
         sys.executable, "-m", "sandbox_agent",
         "--node", name,
         "--root", str(state_dir / "nodes" / name),
-        "--image-cache", str(state_dir / "images" if settings.shared_image_cache else state_dir / "nodes" / name / "images"),
+        "--image-cache", str(settings.image_cache(name)),
         "--listen", "127.0.0.1:0",
         "--orchestrator", orchestrator,
         "--snapshot-store", f"file://{state_dir / 'snapshots'}",

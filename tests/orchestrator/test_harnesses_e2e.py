@@ -18,25 +18,29 @@ import pytest
 
 from orchestrator.cli.local import LocalStack
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
-from tests.orchestrator.conftest import import_image, wait_until
+from sandbox_agent.images import ImageCache
+from tests.orchestrator.conftest import wait_until
 
 HARNESSES = Path("/var/cache/stasis/harnesses")
 CLAUDE = HARNESSES / "claude-code-2.1.328" / "claude"
 CODEX = HARNESSES / "codex-0.169.0" / "vendor" / "x86_64-unknown-linux-musl"
-BASE = Path("/var/cache/stasis/images/base/rootfs.tar")
-CODEX_FLAGS = "--skip-git-repo-check --dangerously-bypass-approvals-and-sandbox"
 CODEX_FLAGS = "--skip-git-repo-check --dangerously-bypass-approvals-and-sandbox"
 TASK = "Create notes.txt listing three facts about the sea, then check the file."
 
 
 @pytest.fixture(scope="module")
-def harness_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The base image plus Claude Code, Codex and the anthropic SDK, as a directory to import."""
+def harness_images(tmp_path_factory: pytest.TempPathFactory, base_images: Path) -> Path:
+    """An image cache with `harnesses`: the base image plus Claude Code, Codex and the anthropic
+    SDK, imported once for the module. Each test's stack gets it as hard links (`seed_images`)."""
     for path in (CLAUDE, CODEX / "bin" / "codex"):
         if not path.exists():
             pytest.fail(f"{path} is missing; run scripts/host-setup.sh")
-    root = tmp_path_factory.mktemp("harness-image")
-    subprocess.run(["tar", "-xf", str(BASE), "--numeric-owner", "--xattrs", "-C", str(root)], check=True)
+    root = tmp_path_factory.mktemp("harness-image") / "rootfs"
+    # Linked from the base image's tree, which nothing below writes: pip adds files, never
+    # replaces one (--target leaves what exists).
+    subprocess.run(
+        ["cp", "-a", "--link", str(ImageCache(base_images).resolve("base").rootfs), str(root)], check=True
+    )
     bin_dir = root / "usr" / "local" / "bin"
     shutil.copy2(CLAUDE, bin_dir / "claude")
     shutil.copytree(CODEX, root / "opt" / "codex", symlinks=True)
@@ -44,7 +48,10 @@ def harness_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = root / "usr" / "lib" / "python3" / "dist-packages"
     pip = ["python3", "-m", "pip", "install", "-q", "--target", str(site), "--python-version", "3.11"]
     subprocess.run([*pip, "--only-binary=:all:", "--no-compile", "anthropic"], check=True)
-    return root
+    images = root.parent / "images"
+    subprocess.run(["cp", "-a", "--link", str(base_images), str(images)], check=True)
+    ImageCache(images).import_directory(root, name="harnesses")
+    return images
 
 
 class CountingModel:
@@ -88,9 +95,6 @@ def _preempted_mid_generation_and_finished(
 ) -> list[Any]:
     """Run the spec, freeze it while a generation is streaming after two recorded turns, resume
     it on the other node, and return its recorded turns once it exits 0."""
-    image_dir = Path(spec.pop("_image_dir"))
-    for name in stack.agents:
-        import_image(stack, name, image_dir, "harnesses")
     with stack.client() as c:
         episode = c.submit(spec)
         first = c.wait(episode.id, ["RUNNING"], timeout_s=120).node
@@ -131,11 +135,10 @@ def _preempted_mid_generation_and_finished(
 
 @pytest.mark.timeout(900)
 def test_claude_code_survives_preemption_mid_stream(
-    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_image: Path
+    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_images: Path
 ) -> None:
-    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url)
+    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url, images=harness_images)
     spec = {
-        "_image_dir": str(harness_image),
         "image": "harnesses",
         "command": ["sh", "-c", f"mkdir -p /work && cd /work && exec claude -p '{TASK}' --dangerously-skip-permissions"],
         "env": {"HOME": "/root", "IS_SANDBOX": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -156,12 +159,11 @@ def codex_config(gateway_port: int) -> str:
 
 @pytest.mark.timeout(900)
 def test_codex_survives_preemption_mid_stream(
-    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_image: Path
+    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_images: Path
 ) -> None:
-    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url)
+    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url, images=harness_images)
     assert stack.orchestrator is not None
     spec = {
-        "_image_dir": str(harness_image),
         "image": "harnesses",
         "command": ["sh", "-c", f"mkdir -p /work && cd /work && exec codex exec {CODEX_FLAGS} '{TASK}'"],
         "env": {"HOME": "/root"},
@@ -210,11 +212,9 @@ print("done", flush=True)
 
 @pytest.mark.timeout(900)
 def test_anthropic_sdk_harness_survives_three_preemptions(
-    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_image: Path
+    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_images: Path
 ) -> None:
-    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url)
-    for name in stack.agents:
-        import_image(stack, name, harness_image, "harnesses")
+    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url, images=harness_images)
     with stack.client() as c:
         episode = c.submit({"image": "harnesses", "command": ["python3", "-c", ANTHROPIC_HARNESS]})
         node = c.wait(episode.id, ["RUNNING"], timeout_s=120).node

@@ -19,6 +19,7 @@ import pytest
 
 from orchestrator.cli.local import LocalStack
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from sandbox_agent.images import ImageCache
 from tests.orchestrator.conftest import REPO, cli, import_image, wait_until
 
 HARNESS = (REPO / "examples" / "harness" / "agent.py").read_bytes()
@@ -238,11 +239,14 @@ json.dump({"turns": 8}, open("/result.json", "w"))
 
 
 @pytest.fixture(scope="module")
-def openai_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def openai_image(tmp_path_factory: pytest.TempPathFactory, base_images: Path) -> Path:
     """The base image plus the official openai SDK, as a directory to import."""
-    root = tmp_path_factory.mktemp("openai-image")
-    base = "/var/cache/stasis/images/base/rootfs.tar"
-    subprocess.run(["tar", "-xf", base, "--numeric-owner", "--xattrs", "-C", str(root)], check=True)
+    root = tmp_path_factory.mktemp("openai-image") / "rootfs"
+    # Linked from the base image's tree, which nothing below writes: pip adds files, never
+    # replaces one (--target leaves what exists).
+    subprocess.run(
+        ["cp", "-a", "--link", str(ImageCache(base_images).resolve("base").rootfs), str(root)], check=True
+    )
     site = root / "usr" / "lib" / "python3" / "dist-packages"
     pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(site), "--python-version", "3.11"]
     subprocess.run([*pip, "--only-binary=:all:", "--no-compile", "openai"], check=True)
