@@ -110,7 +110,7 @@ class StasisService(pb_grpc.StasisServicer):
     @rpc
     def SubmitEpisode(self, request: pb.SubmitEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
         episode = self.store.submit(
-            self._accepted(request), request.request_id, self.control.pool_of_addresses
+            self._accepted(request, {}), request.request_id, self.control.pool_of_addresses
         )
         self.control.wake()
         return episode_to_pb(episode, time.time())
@@ -123,10 +123,10 @@ class StasisService(pb_grpc.StasisServicer):
             raise InvalidArgument("submits", "is empty")
         if len(request.submits) > MAX_SUBMITS:
             raise InvalidArgument("submits", f"has {len(request.submits)} entries; at most {MAX_SUBMITS}")
-        specs = []
+        specs, pinned = [], dict[str, str]()
         for i, submit in enumerate(request.submits):
             try:
-                specs.append((self._accepted(submit), submit.request_id))
+                specs.append((self._accepted(submit, pinned), submit.request_id))
             except InvalidArgument as exc:
                 raise InvalidArgument(f"submits[{i}].{exc.field}", exc.problem) from None
         episodes = self.store.submit_many(specs, self.control.pool_of_addresses)
@@ -134,8 +134,9 @@ class StasisService(pb_grpc.StasisServicer):
         now = time.time()
         return pb.SubmitEpisodesResponse(episodes=[episode_to_pb(e, now) for e in episodes])
 
-    def _accepted(self, request: pb.SubmitEpisodeRequest) -> EpisodeSpec:
-        """The request's spec, validated, with the cluster's defaults and its images pinned."""
+    def _accepted(self, request: pb.SubmitEpisodeRequest, pinned: dict[str, str]) -> EpisodeSpec:
+        """The request's spec, validated, with the cluster's defaults and its images pinned
+        (`_pin_images`)."""
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
         if request.spec.entrypoint and not request.spec.has_entrypoint:
@@ -143,7 +144,9 @@ class StasisService(pb_grpc.StasisServicer):
             raise InvalidArgument(
                 "spec.entrypoint", "is given, but has_entrypoint is false; set it to replace the image's"
             )
-        return self._pin_images(self._with_defaults(wire.decode(request.spec, EpisodeSpec).validate()))
+        return self._pin_images(
+            self._with_defaults(wire.decode(request.spec, EpisodeSpec).validate()), pinned
+        )
 
     def _with_defaults(self, spec: EpisodeSpec) -> EpisodeSpec:
         s = self.control.settings
@@ -157,13 +160,20 @@ class StasisService(pb_grpc.StasisServicer):
             ),
         )
 
-    def _pin_images(self, spec: EpisodeSpec) -> EpisodeSpec:
-        """The spec with its images pinned (see `control.images`): every run uses the same bytes."""
-        images = self.control.images
+    def _pin_images(self, spec: EpisodeSpec, pinned: dict[str, str]) -> EpisodeSpec:
+        """The spec with its images pinned (see `control.images`): every run uses the same bytes.
+        `pinned` holds the pins of the call so far: a batch pins each image once, so a rollout
+        group runs one image even if its tag moves meanwhile, and asks a node once, not per spec."""
+
+        def pin(image: str, field: str) -> str:
+            if image not in pinned:
+                pinned[image] = self.control.images.pin(image, field)
+            return pinned[image]
+
         reward = spec.reward
         if reward is not None and reward.image:
-            reward = replace(reward, image=images.pin(reward.image, "spec.reward.image"))
-        return replace(spec, image=images.pin(spec.image, "spec.image"), reward=reward)
+            reward = replace(reward, image=pin(reward.image, "spec.reward.image"))
+        return replace(spec, image=pin(spec.image, "spec.image"), reward=reward)
 
     @rpc
     def GetEpisode(self, request: pb.GetEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import wire
+from orchestrator.api.service import StasisService
 from orchestrator.control import AgentUnavailable, Control, ControlSettings, SpecRefused
 from orchestrator.control.retention import collect_snapshots
 from orchestrator.control.verifier import parse_reward
@@ -27,7 +29,9 @@ from orchestrator.domain import (
     Reason,
     ids,
 )
+from orchestrator.gateway import Ledger
 from orchestrator.state import SqliteStateStore
+from protos.stasis.v1 import stasis_pb2 as pb
 from snapshots import SnapshotStore
 from tests.orchestrator.fakes import FakeAgent, FakeAgents
 
@@ -282,6 +286,24 @@ def test_a_tag_is_pinned_once_at_submit_and_a_node_without_the_image_pulls_it(lo
         InvalidArgument, match=r"spec.image: 'nope' is not cached on any node.*known images: base"
     ):
         loop.control.images.pin("nope", "spec.image")
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_of_submits_asks_a_node_for_each_tag_once(loop: Loop, tmp_path: Path) -> None:
+    """A rollout group runs one image: its tag is pinned once for the whole SubmitEpisodes call."""
+    tag, digest = "127.0.0.1:5000/team/harness:v1", "sha256:" + "d" * 64
+    for name in ("node-1", "node-2"):
+        loop.node(name).registry[tag] = digest
+    service = StasisService(loop.control, loop.store, loop.snapshots, Ledger.sqlite(tmp_path / "ledger.db"))
+    spec = wire.encode(replace(SPEC, image=tag), pb.EpisodeSpec)
+    request = pb.SubmitEpisodesRequest(submits=[pb.SubmitEpisodeRequest(spec=spec) for _ in range(64)])
+    reply = service.SubmitEpisodes(request, None)  # type: ignore[arg-type]  # unused on success
+    assert {e.spec.image for e in reply.episodes} == {f"127.0.0.1:5000/team/harness@{digest}"}
+    asked = [c for n in ("node-1", "node-2") for c in loop.node(n).calls if c[0] == "resolve_image"]
+    assert asked == [("resolve_image", tag)]
+    service.SubmitEpisodes(request, None)  # type: ignore[arg-type]
+    asked = [c for n in ("node-1", "node-2") for c in loop.node(n).calls if c[0] == "resolve_image"]
+    assert len(asked) == 2, "the next call asks again: a tag may move between groups"
 
 
 @pytest.mark.timeout(30)
