@@ -113,23 +113,33 @@ class Control:
                 if e.id not in self.work.busy():
                     self.outcomes.recover(e, f"node {name} was lost")
         nodes = {n.name: n for n in self.store.nodes()}
-        for e in self.store.query(states=ACTIVE):
-            if e.id not in self.work.busy():
-                self._observe(e, nodes, now)
         episodes = self.store.query(states=ACTIVE)
+        recovered = False
+        for e in episodes:
+            if e.id not in self.work.busy():
+                recovered |= self._observe(e, nodes, now)
+        if recovered:  # read again what the recoveries moved; what began meanwhile is busy
+            episodes = self.store.query(states=ACTIVE)
         for decision in scheduler.plan(episodes, nodes.values(), now, self.work.busy()):
             self._apply(decision)
         if now - self._last_gc >= self.settings.gc_interval_s:
             self._last_gc = now
             self.work.background(collect_snapshots, self.settings, self.store, self.snapshots)
 
-    def _observe(self, e: Episode, nodes: dict[str, NodeRecord], now: float) -> None:
-        """Start whatever the episode's state and its node's report call for."""
+    def _observe(self, e: Episode, nodes: dict[str, NodeRecord], now: float) -> bool:
+        """Start whatever the episode's state and its node's report call for; True if that
+        moved the episode at once (its node was lost), not in the background."""
         node = nodes.get(e.node)
         if e.node and (node is None or node.state == NodeState.LOST):
             if e.state in ON_NODE:
                 self.outcomes.recover(e, f"node {e.node} was lost")
-            return
+                return True
+            return False
+        self._begin_due_work(e, now)
+        return False
+
+    def _begin_due_work(self, e: Episode, now: float) -> None:
+        """Begin in the background what the episode's state and its node's report call for."""
         if e.state == S.RUNNING:
             limit = e.spec.limits.max_wall_s
             if limit and e.total_run_s(now) > limit:
