@@ -9,30 +9,43 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator import StasisClient
-from orchestrator.api import Orchestrator, OrchestratorSettings
 from orchestrator.cli.local import LocalSettings, LocalStack
 from orchestrator.client import Context
 from sandbox_agent import AgentSettings, Node
 
+STASIS = str(Path(sys.executable).with_name("stasis"))
 SPEC = {"image": "base", "command": ["sleep", "3600"], "resources": {"memory_mb": 256}}
 
 
 def submit_throughput(root: Path, submits: int, threads: int, batch: int = 1) -> float:
     """Episodes per second accepted (durable, fsynced) with no nodes to run them: by SubmitEpisode,
-    or with `batch` > 1 by SubmitEpisodes calls of that many."""
+    or with `batch` > 1 by SubmitEpisodes calls of that many. The orchestrator is `stasis server`
+    in a process of its own, as deployed; the clients are in this one, as a trainer's are in its."""
     state_dir = root / f"submit-{batch}"
-    orchestrator = Orchestrator(OrchestratorSettings(state_dir=state_dir, listen="127.0.0.1:0")).start()
+    state_dir.mkdir(parents=True)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    with open(state_dir / "server.log", "wb") as log:
+        server = subprocess.Popen(
+            [STASIS, "server", "--listen", address, "--state-dir", str(state_dir), "--insecure"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
         # The bench's own plaintext orchestrator: none of the operator's contexts applies.
-        with StasisClient(orchestrator.address, context=Context("bench", orchestrator.address)) as client:
-            client.submit(SPEC)  # warm up the channel
+        context = Context("bench", address)
+        with StasisClient(address, context=context, retry_for_s=60) as client:
+            client.submit(SPEC)  # once the server is up; this warms the channel too
 
             def call(_: int) -> None:
                 client.submit(SPEC) if batch == 1 else client.submit_many([SPEC] * batch)
@@ -42,7 +55,8 @@ def submit_throughput(root: Path, submits: int, threads: int, batch: int = 1) ->
                 list(pool.map(call, range(submits // batch)))
             return submits // batch * batch / (time.perf_counter() - started)
     finally:
-        orchestrator.stop()
+        server.terminate()
+        server.wait(30)
 
 
 def preempt_resume(root: Path, cycles: int) -> list[tuple[float, float, float, float]]:
