@@ -24,12 +24,12 @@ from orchestrator.domain import Role
 from protos.tls import node_identity
 from sandbox_agent import AgentSettings, Node
 from sandbox_agent.images import ImageCache
+from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from snapshots import SnapshotStore
 from tests.postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
 STASIS = str(Path(sys.executable).with_name("stasis"))
-BASE_IMAGE = Path("/var/cache/stasis/images/base/rootfs.tar")
 
 
 def free_port() -> int:
@@ -56,7 +56,7 @@ def remove_sandboxes(state_dir: Path) -> None:
 def base_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An image cache holding the base image, imported once per session for `seed_images`."""
     root = tmp_path_factory.mktemp("base-images") / "images"
-    ImageCache(root).import_tarball(BASE_IMAGE, name="base")
+    ImageCache(root).import_tarball(DEFAULT_BASE_IMAGE_TAR, name="base")
     return root
 
 
@@ -68,6 +68,13 @@ def seed_images(settings: LocalSettings, images: Path) -> None:
     for cache in {settings.image_cache(f"node-{i}") for i in range(1, settings.nodes + 1)}:
         cache.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["cp", "-a", "--link", str(images), str(cache)], check=True)
+
+
+def link_base_tree(base_images: Path, dest: Path) -> None:
+    """Make `dest` the base image's tree, its files hard links to the session's, to build an image
+    on: add files to it, never write one that is there (pip's --target leaves what exists)."""
+    rootfs = ImageCache(base_images).resolve("base").rootfs
+    subprocess.run(["cp", "-a", "--link", str(rootfs), str(dest)], check=True)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:

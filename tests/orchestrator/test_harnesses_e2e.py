@@ -19,7 +19,7 @@ import pytest
 from orchestrator.cli.local import LocalStack
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from sandbox_agent.images import ImageCache
-from tests.orchestrator.conftest import wait_until
+from tests.orchestrator.conftest import link_base_tree, wait_until
 
 HARNESSES = Path("/var/cache/stasis/harnesses")
 CLAUDE = HARNESSES / "claude-code-2.1.328" / "claude"
@@ -36,11 +36,7 @@ def harness_images(tmp_path_factory: pytest.TempPathFactory, base_images: Path) 
         if not path.exists():
             pytest.fail(f"{path} is missing; run scripts/host-setup.sh")
     root = tmp_path_factory.mktemp("harness-image") / "rootfs"
-    # Linked from the base image's tree, which nothing below writes: pip adds files, never
-    # replaces one (--target leaves what exists).
-    subprocess.run(
-        ["cp", "-a", "--link", str(ImageCache(base_images).resolve("base").rootfs), str(root)], check=True
-    )
+    link_base_tree(base_images, root)
     bin_dir = root / "usr" / "local" / "bin"
     shutil.copy2(CLAUDE, bin_dir / "claude")
     shutil.copytree(CODEX, root / "opt" / "codex", symlinks=True)

@@ -19,8 +19,7 @@ import pytest
 
 from orchestrator.cli.local import LocalStack
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
-from sandbox_agent.images import ImageCache
-from tests.orchestrator.conftest import REPO, cli, import_image, wait_until
+from tests.orchestrator.conftest import REPO, cli, import_image, link_base_tree, wait_until
 
 HARNESS = (REPO / "examples" / "harness" / "agent.py").read_bytes()
 GRADER = b"""\
@@ -242,11 +241,7 @@ json.dump({"turns": 8}, open("/result.json", "w"))
 def openai_image(tmp_path_factory: pytest.TempPathFactory, base_images: Path) -> Path:
     """The base image plus the official openai SDK, as a directory to import."""
     root = tmp_path_factory.mktemp("openai-image") / "rootfs"
-    # Linked from the base image's tree, which nothing below writes: pip adds files, never
-    # replaces one (--target leaves what exists).
-    subprocess.run(
-        ["cp", "-a", "--link", str(ImageCache(base_images).resolve("base").rootfs), str(root)], check=True
-    )
+    link_base_tree(base_images, root)
     site = root / "usr" / "lib" / "python3" / "dist-packages"
     pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(site), "--python-version", "3.11"]
     subprocess.run([*pip, "--only-binary=:all:", "--no-compile", "openai"], check=True)
