@@ -1042,8 +1042,7 @@ def _partial(sandbox_id: str) -> str:
 def _remove(layout: SandboxLayout) -> None:
     """A sandbox's directories gone, everything mounted in them unmounted first: a verifier's view
     of it, its id-mapped trees, its layer's filesystem (the loop device goes with it)."""
-    overlay.unmount_below(layout.reachable)
-    overlay.unmount_below(layout.dir)
+    overlay.unmount_below(layout.reachable, layout.dir)
     shutil.rmtree(layout.reachable, ignore_errors=True)
     shutil.rmtree(layout.dir, ignore_errors=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -131,15 +132,20 @@ def unmount(target: Path) -> None:
         check(libc.umount2(path, _UMOUNT_NOFOLLOW | _MNT_DETACH), f"unmounting {target}")
 
 
-def unmount_below(root: Path) -> None:
-    """Unmount everything mounted at or below root, the last mounted first (an overlay before the
-    trees it is made of)."""
-    prefix = os.fsencode(str(root))
+def unmount_below(*roots: Path) -> None:
+    """Unmount everything mounted at or below any of roots, the last mounted first (an overlay
+    before the trees it is made of). The mount table is read once: with many sandboxes on a node
+    it has hundreds of lines, and making its text cost 2 ms a read when a drain tore down 64."""
+    prefixes = [os.fsencode(str(root)) for root in roots]
     with open("/proc/self/mounts", "rb") as f:
         targets = [line.split(b" ")[1] for line in f]
     for target in reversed(targets):
-        if target == prefix or target.startswith(prefix + b"/"):
-            unmount(Path(os.fsdecode(target)))
+        if any(target == prefix or target.startswith(prefix + b"/") for prefix in prefixes):
+            if libc.umount2(target, _UMOUNT_NOFOLLOW) == 0:
+                continue
+            if ctypes.get_errno() in (errno.EINVAL, errno.ENOENT):
+                continue  # not mounted any more: a detached mount above took it along
+            check(libc.umount2(target, _UMOUNT_NOFOLLOW | _MNT_DETACH), f"unmounting {os.fsdecode(target)}")
 
 
 def export_layer(upper: Path, dest: Path) -> int:

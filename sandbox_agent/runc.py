@@ -550,10 +550,8 @@ class RuncBackend:
         # container with its mount of the root for CRIU. Once the tasks are gone, that state is
         # files and a mount, removed here as `runc delete` would (its process took 5 ms).
         self._kill_cgroup_tasks(record.id)
-        overlay.unmount_below(self.state_root / record.id)
+        overlay.unmount_below(self.state_root / record.id, layout.reachable, layout.mapped)
         shutil.rmtree(self.state_root / record.id, ignore_errors=True)
-        overlay.unmount_below(layout.reachable)
-        overlay.unmount_below(layout.mapped)
         self._remove_cgroups(record.id)
 
     def _kill_cgroup_tasks(self, sandbox_id: str, timeout_s: float = 10.0) -> None:
