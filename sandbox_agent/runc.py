@@ -66,6 +66,9 @@ _MOUNTS: list[dict[str, Any]] = [
     {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
 ]  # fmt: skip
 
+_PF_EXITING = 0x4
+"""<linux/sched.h>: set in a task's flags (the 9th field of /proc/<pid>/stat) once it exits."""
+
 _DEVICES = ("/dev/null", "/dev/random", "/dev/full", "/dev/tty", "/dev/zero", "/dev/urandom")
 """The device nodes runc puts in every sandbox's /dev: bind mounts of the host's in a user namespace."""
 
@@ -512,7 +515,9 @@ class RuncBackend:
 
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
         """RUNNING or PAUSED (its cgroup frozen) while the init in the pid file lives in the
-        sandbox's cgroup; EXITED once it is gone or a zombie, or its pid went to another process."""
+        sandbox's cgroup; EXITED once it is gone, a zombie or exiting, or its pid went to another
+        process. Exiting counts: a killed task leaves its cgroup's `cgroup.procs` before it is a
+        zombie, and a SIGKILL that waited for an empty cgroup may look in between."""
         try:
             pid = int(self._pid_file(layout).read_text())
             stat = Path(f"/proc/{pid}/stat").read_text()
@@ -520,7 +525,9 @@ class RuncBackend:
         except (OSError, ValueError):
             return SandboxState.EXITED, 0
         cgroup = self._cgroups_path(record.id)
-        if stat.rpartition(")")[2].split()[0] in "ZX" or not any(line.endswith(f":{cgroup}") for line in own):
+        fields = stat.rpartition(")")[2].split()  # from the state on: state, ppid, ..., flags
+        exiting = fields[0] in "ZX" or int(fields[6]) & _PF_EXITING
+        if exiting or not any(line.endswith(f":{cgroup}") for line in own):
             return SandboxState.EXITED, 0
         return (SandboxState.PAUSED if freezer.frozen(cgroup) else SandboxState.RUNNING), pid
 
