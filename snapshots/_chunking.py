@@ -33,6 +33,7 @@ _RAW_BLOCK = 128 * 1024
 """The largest block a frame may hold (RFC 8878 3.1.1.2.4)."""
 _SAMPLES = 4
 _SAMPLE_BYTES = 256
+"""A chunk's sample for `ChunkCodec.encode`: four pieces of 256 bytes, spread across it."""
 _SAMPLER = zstandard.ZstdCompressionParameters.from_level(-1, source_size=_SAMPLES * _SAMPLE_BYTES)
 """zstd's fast level, its tables sized for the sample: a call costs about 4 us, not 7 at level 1."""
 
