@@ -25,31 +25,6 @@ one page in eight changed took 22 KB against its base at level 3, 158 bytes at l
 1.4 times the time (measured)."""
 
 
-_FRAME_MAGIC = (0xFD2FB528).to_bytes(4, "little")
-_RAW_FRAME_HEADER = bytes([0b1110_0000])
-"""A zstd frame header descriptor (RFC 8878 3.1.1.1.1): an 8-byte content size, one segment (the
-window is the whole content), no checksum, no dictionary."""
-_RAW_BLOCK = 128 * 1024
-"""The largest block a frame may hold (RFC 8878 3.1.1.2.4)."""
-_SAMPLES = 4
-_SAMPLE_BYTES = 256
-"""A chunk's sample for `ChunkCodec.encode`: four pieces of 256 bytes, spread across it."""
-_SAMPLER = zstandard.ZstdCompressionParameters.from_level(-1, source_size=_SAMPLES * _SAMPLE_BYTES)
-"""zstd's fast level, its tables sized for the sample: a call costs about 4 us, not 7 at level 1."""
-
-
-def raw_frame(raw: memoryview | bytes) -> bytes:
-    """A zstd frame that holds `raw` as it is, in raw blocks: what zstd itself writes for bytes it
-    cannot compress, without the search that found they could not be."""
-    size = len(raw)
-    parts: list[memoryview | bytes] = [_FRAME_MAGIC, _RAW_FRAME_HEADER, size.to_bytes(8, "little")]
-    for start in range(0, size, _RAW_BLOCK) if size else [0]:
-        length = min(_RAW_BLOCK, size - start)
-        last = start + length == size
-        parts += [(length << 3 | last).to_bytes(3, "little"), raw[start : start + length]]
-    return b"".join(parts)
-
-
 def chunk_key(digest: str) -> str:
     """Object key of a chunk: fanned out by the first byte so no directory holds millions."""
     return f"{CHUNK_PREFIX}{digest[:2]}/{digest}"
@@ -125,28 +100,8 @@ class ChunkCodec:
         return blake3.blake3(raw).hexdigest() if packed else hashlib.sha256(raw).hexdigest()
 
     def encode(self, raw: memoryview | bytes) -> bytes:
-        """The stored form of a chunk: one zstd frame that records its content size.
-
-        Memory that does not compress (random data, compressed or encrypted buffers) comes in
-        runs. Once a thread's chunk did not compress, it tries a sample of the next before
-        compressing it: if the sample does not compress either, the chunk is framed raw, as zstd
-        would have stored it. Framing 64 MiB of random memory so took 11 ms on one thread, where
-        zstd's search at level 3 took 21-34 ms."""
-        local = self._local
-        if getattr(local, "incompressible", False) and not self._sample_compresses(raw):
-            return raw_frame(raw)
-        blob = self._compressor().compress(raw)
-        local.incompressible = len(blob) >= len(raw)
-        return blob
-
-    def _sample_compresses(self, raw: memoryview | bytes) -> bool:
-        """Whether a KiB taken across `raw` compresses by at least 1/32 at a fast zstd level."""
-        step = len(raw) // _SAMPLES
-        sample = b"".join(raw[i * step : i * step + _SAMPLE_BYTES] for i in range(_SAMPLES))
-        sampler: zstandard.ZstdCompressor | None = getattr(self._local, "sampler", None)
-        if sampler is None:
-            sampler = self._local.sampler = zstandard.ZstdCompressor(compression_params=_SAMPLER)
-        return len(sampler.compress(sample)) < len(sample) - len(sample) // 32
+        """The stored form of a chunk: one zstd frame that records its content size."""
+        return self._compressor().compress(raw)
 
     def encode_delta(self, raw: memoryview | bytes, base: bytes) -> bytes:
         """The stored form of a delta chunk: one zstd frame compressed against the raw bytes of

@@ -25,7 +25,6 @@ from snapshots import (
     SnapshotNotFound,
     SnapshotStore,
 )
-from snapshots._chunking import ChunkCodec, raw_frame
 from tests.snapshots.conftest import as_v2, make_meta, make_tree, tree_listing
 
 
@@ -231,43 +230,3 @@ def test_a_manifest_reads_back_as_written_and_its_chunk_table_indexes_like_a_tup
     for index in (len(listed), -len(listed) - 1):
         with pytest.raises(IndexError):
             pages.chunks[index]
-
-
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("size", [1, 4096, 128 * 1024, 128 * 1024 + 1, 256 * 1024])
-def test_a_raw_frame_is_a_zstd_frame_that_declares_and_holds_its_bytes(size: int) -> None:
-    raw = os.urandom(size)
-    frame = raw_frame(raw)
-    assert zstandard.frame_content_size(frame) == size
-    assert zstandard.ZstdDecompressor().decompress(frame, max_output_size=size) == raw
-    assert len(frame) == size + 13 + 3 * -(-size // (128 * 1024))
-
-
-@pytest.mark.timeout(30)
-def test_memory_that_does_not_compress_is_framed_raw_and_what_follows_is_compressed() -> None:
-    codec = ChunkCodec(3)
-    random_chunks = [os.urandom(64 * 1024) for _ in range(4)]
-    first, *rest = (codec.encode(c) for c in random_chunks)
-    assert len(first) >= len(random_chunks[0])  # zstd searched, and stored it as it was
-    assert rest == [raw_frame(c) for c in random_chunks[1:]]
-    # After a random run: a chunk half random, half zeros is still compressed, and so is a heap.
-    half = os.urandom(32 * 1024) + bytes(32 * 1024)
-    assert len(codec.encode(half)) < 34 * 1024
-    codec.encode(os.urandom(64 * 1024))
-    heap = b"".join(b"{'key': %d, 'value': 'x'}" % i for i in range(3000))[: 64 * 1024]
-    assert len(codec.encode(heap)) < len(heap) // 3
-    for raw in (*random_chunks, half, heap):
-        assert codec.decode(codec.encode(raw), codec.digest(raw), len(raw)) == raw
-
-
-@pytest.mark.timeout(60)
-def test_random_memory_round_trips_and_is_stored_at_its_size(
-    local_store: SnapshotStore, scratch: Path
-) -> None:
-    memory = os.urandom(4 << 20)
-    manifest = local_store.put(make_tree(scratch / "tree", memory), make_meta("snap-1"))
-    pages = next(e for e in manifest.files() if e.path == "criu/pages-1.img")
-    assert len(memory) < sum(c.stored_length for c in pages.chunks) < len(memory) * 1.001
-    assert local_store.verify("snap-1").ok
-    local_store.fetch("snap-1", scratch / "out")
-    assert (scratch / "out" / "criu" / "pages-1.img").read_bytes() == memory
