@@ -83,6 +83,14 @@ _MASKED_PATHS = [
 ]  # fmt: skip
 
 
+def ended(stat: str) -> bool:
+    """Whether the task that a /proc/<pid>/stat line describes has ended: dead, a zombie, or
+    exiting. Exiting counts: a killed task leaves its cgroup's `cgroup.procs` before it is a
+    zombie, and a SIGKILL that waited for an empty cgroup may look in between."""
+    fields = stat.rpartition(")")[2].split()  # from the state on: state, ppid, ..., flags
+    return fields[0] in "ZX" or bool(int(fields[6]) & _PF_EXITING)
+
+
 class RuncBackend:
     name = "runc"
     wants_netns = True
@@ -515,9 +523,7 @@ class RuncBackend:
 
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
         """RUNNING or PAUSED (its cgroup frozen) while the init in the pid file lives in the
-        sandbox's cgroup; EXITED once it is gone, a zombie or exiting, or its pid went to another
-        process. Exiting counts: a killed task leaves its cgroup's `cgroup.procs` before it is a
-        zombie, and a SIGKILL that waited for an empty cgroup may look in between."""
+        sandbox's cgroup; EXITED once it has `ended` or its pid went to another process."""
         try:
             pid = int(self._pid_file(layout).read_text())
             stat = Path(f"/proc/{pid}/stat").read_text()
@@ -525,9 +531,7 @@ class RuncBackend:
         except (OSError, ValueError):
             return SandboxState.EXITED, 0
         cgroup = self._cgroups_path(record.id)
-        fields = stat.rpartition(")")[2].split()  # from the state on: state, ppid, ..., flags
-        exiting = fields[0] in "ZX" or int(fields[6]) & _PF_EXITING
-        if exiting or not any(line.endswith(f":{cgroup}") for line in own):
+        if ended(stat) or not any(line.endswith(f":{cgroup}") for line in own):
             return SandboxState.EXITED, 0
         return (SandboxState.PAUSED if freezer.frozen(cgroup) else SandboxState.RUNNING), pid
 

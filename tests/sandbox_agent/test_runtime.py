@@ -19,6 +19,7 @@ import pytest
 
 from sandbox_agent import Node, SandboxSpec, SandboxState, SandboxStatus
 from sandbox_agent.node import SnapshotTarget
+from sandbox_agent.runc import ended
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
 
@@ -341,3 +342,17 @@ def test_an_agent_that_dies_between_the_kill_and_the_commit_revives_the_sandbox_
     sha_after, _ = _last_sha_counter(after)
     assert sha_after == sha_before and after.count("start") == 1, "revived with its memory, not restarted"
     assert not (tmp_path / "ck").exists() and not list(tmp_path.glob(".crashy.partial-*"))
+
+
+@pytest.mark.timeout(10)
+def test_a_task_that_is_exiting_has_ended_though_it_is_no_zombie_yet() -> None:
+    live = Path(f"/proc/{os.getpid()}/stat").read_text()
+    assert not ended(live)
+    head, _, rest = live.rpartition(")")
+    fields = rest.split()
+    # A killed task leaves cgroup.procs once it starts to exit (PF_EXITING), while still running.
+    exiting = [fields[0], *fields[1:6], str(int(fields[6]) | 0x4), *fields[7:]]
+    zombie = ["Z", *fields[1:]]
+    assert ended(f"{head}) {' '.join(exiting)}\n") and ended(f"{head}) {' '.join(zombie)}\n")
+    # The name is the task's own, and may hold what a parser could take for the fields after it.
+    assert not ended(f"1 (sh) Z 0 0 0 0 -1 0 x) {' '.join(fields)}\n")
