@@ -351,7 +351,7 @@ def test_a_task_that_is_exiting_has_ended_though_it_is_no_zombie_yet() -> None:
     head, _, rest = live.rpartition(")")
     fields = rest.split()
     # A killed task leaves cgroup.procs once it starts to exit (PF_EXITING), while still running.
-    exiting = [fields[0], *fields[1:6], str(int(fields[6]) | 0x4), *fields[7:]]
+    exiting = [*fields[:6], str(int(fields[6]) | 0x4), *fields[7:]]
     zombie = ["Z", *fields[1:]]
     assert ended(f"{head}) {' '.join(exiting)}\n") and ended(f"{head}) {' '.join(zombie)}\n")
     # The name is the task's own, and may hold what a parser could take for the fields after it.
