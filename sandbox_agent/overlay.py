@@ -123,9 +123,9 @@ def is_mounted(target: Path) -> bool:
 
 def unmount(target: Path) -> None:
     """Unmount `target` if something is mounted there, with umount(2): an `umount` process took
-    about 3 ms, and a sandbox's teardown unmounts several."""
-    if is_mounted(target):
-        _unmount(os.fsencode(str(target)))
+    about 3 ms, and a sandbox's teardown unmounts several. umount(2) itself says when nothing is
+    mounted there, so the mount table is not read first."""
+    _unmount(os.fsencode(str(target)))
 
 
 def unmount_below(*roots: Path) -> None:
@@ -142,9 +142,9 @@ def unmount_below(*roots: Path) -> None:
 
 
 def _unmount(target: bytes) -> None:
-    """Unmount a mount point the table listed. One still in use (a process of the sandbox may
-    still be exiting) is detached now, and goes once unused; one gone since (a detached mount
-    above took it along) is left be."""
+    """Unmount a mount point. One still in use (a process of the sandbox may still be exiting) is
+    detached now, and goes once unused; where nothing is mounted (any more: a detached mount above
+    may have taken it along), or the path is gone, nothing is done."""
     if libc.umount2(target, _UMOUNT_NOFOLLOW) == 0 or ctypes.get_errno() in (errno.EINVAL, errno.ENOENT):
         return
     check(libc.umount2(target, _UMOUNT_NOFOLLOW | _MNT_DETACH), f"unmounting {os.fsdecode(target)}")
