@@ -67,14 +67,18 @@ def seed_images(settings: LocalSettings, images: Path) -> None:
     takes 2 to 10 s (inode allocation skips the recently deleted inodes) in every stack."""
     for cache in {settings.image_cache(f"node-{i}") for i in range(1, settings.nodes + 1)}:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["cp", "-a", "--link", str(images), str(cache)], check=True)
+        link_tree(images, cache)
 
 
 def link_base_tree(base_images: Path, dest: Path) -> None:
     """Make `dest` the base image's tree, its files hard links to the session's, to build an image
     on: add files to it, never write one that is there (pip's --target leaves what exists)."""
-    rootfs = ImageCache(base_images).resolve("base").rootfs
-    subprocess.run(["cp", "-a", "--link", str(rootfs), str(dest)], check=True)
+    link_tree(ImageCache(base_images).resolve("base").rootfs, dest)
+
+
+def link_tree(source: Path, dest: Path) -> None:
+    """Make `dest` a copy of the tree `source` whose files are hard links to its files."""
+    subprocess.run(["cp", "-a", "--link", str(source), str(dest)], check=True)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 from orchestrator.cli.local import LocalStack
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from sandbox_agent.images import ImageCache
-from tests.orchestrator.conftest import link_base_tree, wait_until
+from tests.orchestrator.conftest import link_base_tree, link_tree, wait_until
 
 HARNESSES = Path("/var/cache/stasis/harnesses")
 CLAUDE = HARNESSES / "claude-code-2.1.328" / "claude"
@@ -45,7 +45,7 @@ def harness_images(tmp_path_factory: pytest.TempPathFactory, base_images: Path) 
     pip = ["python3", "-m", "pip", "install", "-q", "--target", str(site), "--python-version", "3.11"]
     subprocess.run([*pip, "--only-binary=:all:", "--no-compile", "anthropic"], check=True)
     images = root.parent / "images"
-    subprocess.run(["cp", "-a", "--link", str(base_images), str(images)], check=True)
+    link_tree(base_images, images)
     ImageCache(images).import_directory(root, name="harnesses")
     return images
 
