@@ -1,7 +1,8 @@
-"""Control-plane cost: submit throughput of the gRPC API, and what one preempt + resume costs
-beyond the runtime's own checkpoint and restore, measured in one run.
+"""Control-plane cost: submit throughput of the gRPC API, what one preempt + resume costs
+beyond the runtime's own checkpoint and restore, and what one tick of the control loop reads and
+plans with a long queue, measured in one run.
 
-    .venv/bin/python benchmarks/control_plane.py [--submits 600] [--cycles 5]
+    .venv/bin/python benchmarks/control_plane.py [--submits 600] [--cycles 5] [--queued 1000,10000,50000]
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from pathlib import Path
 from orchestrator import StasisClient
 from orchestrator.cli.local import LocalSettings, LocalStack
 from orchestrator.client import Context
+from orchestrator.control import scheduler
+from orchestrator.domain import EpisodeSpec, EpisodeState, NodeRecord, NodeState, Resources, ids
+from orchestrator.state import SqliteStateStore
 from sandbox_agent import AgentSettings, Node
 
 STASIS = str(Path(sys.executable).with_name("stasis"))
@@ -94,11 +98,49 @@ def preempt_resume(root: Path, cycles: int) -> list[tuple[float, float, float, f
     return rows
 
 
+def tick_cost(root: Path, queued: list[int], repeats: int = 5) -> list[tuple[int, float, float, int]]:
+    """(waiting episodes, ms a tick reads and plans as before: every live episode; ms as now: those
+    on nodes, and the queue's head; decisions), medians of `repeats`, on the embedded store. Two
+    nodes of four slots run eight episodes; the rest wait, as a trainer's batch does."""
+    store = SqliteStateStore(root / "tick" / "state.db")
+    spec = EpisodeSpec(image="base", command=("sleep", "3600"), resources=Resources(memory_mb=256))
+    pool = ids.address_pool("10.128.0.0/9")
+    nodes = [
+        NodeRecord(name, "", NodeState.READY, "runc", 4, 8192, {"sha256:b": ["base"]}, {}, 0.0)
+        for name in ("node-1", "node-2")
+    ]
+    for i, e in enumerate(store.submit_many([(spec, "")] * 8, pool)):
+        store.transition(
+            e.id, EpisodeState.RUNNING, "started", node=nodes[i % 2].name, run_started_at=time.time()
+        )
+    rows = []
+    try:
+        for total in queued:
+            while (waiting := len(store.query(states=[EpisodeState.PENDING]))) < total:
+                store.submit_many([(spec, "")] * min(1000, total - waiting), pool)
+            before, now_ms, decisions = [], [], 0
+            for _ in range(repeats):
+                started = time.perf_counter()
+                scheduler.plan(
+                    store.query(states=[s for s in EpisodeState if not s.terminal]), nodes, time.time()
+                )
+                before.append((time.perf_counter() - started) * 1000)
+                started = time.perf_counter()
+                placed = store.on_nodes()
+                decisions = len(scheduler.plan(placed, nodes, time.time(), queue=store.queue(time.time())))
+                now_ms.append((time.perf_counter() - started) * 1000)
+            rows.append((total, statistics.median(before), statistics.median(now_ms), decisions))
+    finally:
+        store.close()
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--submits", type=int, default=600)
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--cycles", type=int, default=5)
+    p.add_argument("--queued", default="1000,10000,50000", help="queue lengths a tick is measured at")
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="stasis-cp-bench-", dir="/var/tmp"))
     try:
@@ -113,6 +155,11 @@ def main() -> None:
             print(
                 f"{name}: wall {w:.0f} ms, runtime inside the agent {i:.0f} ms, control-plane overhead "
                 f"{w - i:.0f} ms ({w / i:.2f}x the runtime's own time), median of {len(rows)}"
+            )
+        for waiting, before, now_ms, decisions in tick_cost(root, [int(n) for n in a.queued.split(",")]):
+            print(
+                f"tick with {waiting} waiting on 2 full nodes: {now_ms:.1f} ms read and planned, against "
+                f"{before:.1f} ms reading every live episode ({before / now_ms:.0f}x), {decisions} decisions"
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)

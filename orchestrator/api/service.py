@@ -17,7 +17,6 @@ from orchestrator import wire
 from orchestrator.api.status import required, rpc
 from orchestrator.api.streams import StreamSlots, bounded
 from orchestrator.control import Control
-from orchestrator.control.scheduler import occupies_node
 from orchestrator.domain import (
     TERMINAL,
     Episode,
@@ -284,9 +283,7 @@ class StasisService(pb_grpc.StasisServicer):
         )
 
     def _node(self, node: NodeRecord) -> pb.Node:
-        on_node = [
-            e for e in self.store.query(node=node.name) if e.state not in TERMINAL and occupies_node(e)
-        ]
+        on_node = self.store.on_nodes(node.name)
         return node_to_pb(node, on_node, self.control.members.last_heartbeat(node.name))
 
     @rpc

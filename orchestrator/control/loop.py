@@ -18,7 +18,7 @@ from orchestrator.control import scheduler
 from orchestrator.control.commands import Commands
 from orchestrator.control.images import Images
 from orchestrator.control.logs import Logs
-from orchestrator.control.membership import ACTIVE, Membership
+from orchestrator.control.membership import Membership
 from orchestrator.control.node_agent import AgentPool, NodeAgents, SandboxState
 from orchestrator.control.operations import (
     CursorHook,
@@ -113,14 +113,17 @@ class Control:
                 if e.id not in self.work.busy():
                     self.outcomes.recover(e, f"node {name} was lost")
         nodes = {n.name: n for n in self.store.nodes()}
-        episodes = self.store.query(states=ACTIVE)
+        # The queue is read apart, by the scheduler, as far as it can place or preempt: a tick's
+        # work grows with the cluster, not with how many episodes wait.
+        episodes = self.store.on_nodes()
         recovered = False
         for e in episodes:
             if e.id not in self.work.busy():
                 recovered |= self._observe(e, nodes, now)
         if recovered:  # read again what the recoveries moved; what began meanwhile is busy
-            episodes = self.store.query(states=ACTIVE)
-        for decision in scheduler.plan(episodes, nodes.values(), now, self.work.busy()):
+            episodes = self.store.on_nodes()
+        queue = self.store.queue(now)
+        for decision in scheduler.plan(episodes, nodes.values(), now, self.work.busy(), queue=queue):
             self._apply(decision)
         if now - self._last_gc >= self.settings.gc_interval_s:
             self._last_gc = now

@@ -14,13 +14,11 @@ from collections.abc import Callable
 from orchestrator.control.node_agent import NodeAgents, SandboxView
 from orchestrator.control.settings import ControlSettings
 from orchestrator.control.work import Work
-from orchestrator.domain import TERMINAL, EpisodeState, NodeRecord, NodeState, NotFound, StasisError
+from orchestrator.domain import NodeRecord, NodeState, NotFound, StasisError
 from orchestrator.domain.ids import SandboxId
 from orchestrator.state import StateStore
 
 log = logging.getLogger(__name__)
-
-ACTIVE = tuple(s for s in EpisodeState if s not in TERMINAL)
 
 
 class Membership:
@@ -103,7 +101,7 @@ class Membership:
     def _fence(self, node: str, sandboxes: list[SandboxView]) -> None:
         """Delete sandboxes of episodes that moved on (e.g. after this node was lost)."""
         busy = self.work.busy()
-        expected = {e.sandbox_id for e in self.store.query(states=ACTIVE, node=node)}
+        expected = {e.sandbox_id for e in self.store.on_nodes(node)}
         for s in sandboxes:
             name = SandboxId.parse(s.id)
             if name is None or s.id in expected or name.episode_id in busy or s.busy:

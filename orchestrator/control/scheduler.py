@@ -14,7 +14,9 @@ Decisions, in order of precedence:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import heapq
+import itertools
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from orchestrator.domain import Episode, EpisodeState, NodeRecord, NodeState, Reason, is_reference
@@ -78,10 +80,29 @@ def usable_for(e: Episode, node: NodeRecord) -> bool:
     )
 
 
+def order(e: Episode) -> tuple[int, float, str]:
+    """Who among the waiting comes first: the highest priority, then the longest waiting."""
+    return (-e.priority, e.queued_at, e.id)
+
+
+def _while(holds: Callable[[], bool], items: Iterator[Episode]) -> Iterator[Episode]:
+    """`items` as long as `holds()` before each is read; the rest stays unread."""
+    while holds() and (item := next(items, None)) is not None:
+        yield item
+
+
 def plan(
-    episodes: Iterable[Episode], nodes: Iterable[NodeRecord], now: float, busy: Collection[str] = ()
+    episodes: Iterable[Episode],
+    nodes: Iterable[NodeRecord],
+    now: float,
+    busy: Collection[str] = (),
+    queue: Iterable[Episode] = (),
 ) -> list[Decision]:
-    """Decide what to start, restore and checkpoint now. `busy` episodes have an operation in flight."""
+    """Decide what to start, restore and checkpoint now. `busy` episodes have an operation in
+    flight. `queue` holds more waiting episodes, in `order` (`StateStore.queue`); it is read only
+    as far as a decision can still come of it: placements while a node has a free slot, then
+    preemptions while a running episode has a lower priority than the next in line, then time
+    slices while a sliced run is left."""
     episodes = list(episodes)
     rooms = {
         n.name: _Room(n, n.slots, n.memory_mb)
@@ -106,19 +127,15 @@ def plan(
         chosen.add(e.id)
 
     ready = [r for r in rooms.values() if r.node.state == NodeState.READY]
-    waiting = sorted(
-        (
-            e
-            for e in episodes
-            if e.id not in busy
-            and not e.held
-            and e.not_before <= now
-            and (e.state == EpisodeState.PREEMPTED or (e.state == EpisodeState.PENDING and not e.node))
-        ),
-        key=lambda e: (-e.priority, e.queued_at, e.id),
+    known = {e.id for e in episodes}  # `queue` was read apart from them: one may be in both
+    waiting = (
+        e
+        for e in heapq.merge(sorted(episodes, key=order), (e for e in queue if e.id not in known), key=order)
+        if e.queued and e.id not in busy and not e.held and e.not_before <= now
     )
     unplaced: list[Episode] = []
-    for e in waiting:
+    # Once no node has a free slot, nobody further back can be placed.
+    for e in _while(lambda: any(r.slots >= 1 for r in ready), waiting):
         fitting = [r for r in ready if r.fits(e) and usable_for(e, r.node)]
         if not fitting:
             unplaced.append(e)
@@ -144,23 +161,27 @@ def plan(
         # The victim's slot frees; its memory must make room for the waiter too.
         return room.memory_mb + victim.spec.resources.memory_mb >= waiter.spec.resources.memory_mb
 
+    in_line = itertools.chain(unplaced, waiting)
     still_waiting: list[Episode] = []
-    for e in unplaced:
+    for e in in_line:
         victims = [
             v for v in running if v.id not in chosen and v.priority < e.priority and freed_room_fits(e, v)
         ]
-        if not victims:
-            still_waiting.append(e)
-            continue
-        victim = min(victims, key=lambda v: (v.priority, -v.current_run_s(now), v.id))
-        chosen.add(victim.id)
-        decisions.append(
-            Checkpoint(
-                victim,
-                Reason.PRIORITY,
-                f"episode {e.id} (priority {e.priority}) needs the slot of priority {victim.priority}",
+        if victims:
+            victim = min(victims, key=lambda v: (v.priority, -v.current_run_s(now), v.id))
+            chosen.add(victim.id)
+            decisions.append(
+                Checkpoint(
+                    victim,
+                    Reason.PRIORITY,
+                    f"episode {e.id} (priority {e.priority}) needs the slot of priority {victim.priority}",
+                )
             )
-        )
+        else:
+            still_waiting.append(e)
+        # Nobody further back, of no higher priority, can preempt a run that this one cannot.
+        if not any(v.id not in chosen and v.priority < e.priority for v in running):
+            break
 
     sliced = sorted(
         (
@@ -172,7 +193,8 @@ def plan(
         ),
         key=lambda v: -v.current_run_s(now),
     )
-    for e in still_waiting:
+    in_line = itertools.chain(still_waiting, in_line)
+    for e in _while(lambda: any(v.id not in chosen for v in sliced), in_line):
         sliced_victim = next((v for v in sliced if v.id not in chosen and freed_room_fits(e, v)), None)
         if sliced_victim is None:
             continue

@@ -109,6 +109,12 @@ class Episode:
     def priority(self) -> int:
         return self.spec.preemption.priority
 
+    @property
+    def queued(self) -> bool:
+        """Waiting for a slot: preempted, or submitted and not placed on a node yet
+        (`sql.QUEUED` says the same to the state store)."""
+        return self.state == EpisodeState.PREEMPTED or (self.state == EpisodeState.PENDING and not self.node)
+
     def current_run_s(self, now: float) -> float:
         return (
             now - self.run_started_at if self.state == EpisodeState.RUNNING and self.run_started_at else 0.0

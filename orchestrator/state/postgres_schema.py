@@ -9,7 +9,9 @@ One table is PostgreSQL's alone: `leader`, the orchestrator holding the leadersh
 (`postgres_database.PostgresLease`), which only a shared database needs.
 """
 
-SCHEMA = """
+from orchestrator.state.schema import ON_NODE_SQL, QUEUED_SQL
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS episodes (
     id TEXT COLLATE "C" PRIMARY KEY,
     spec TEXT NOT NULL,
@@ -44,6 +46,8 @@ CREATE TABLE IF NOT EXISTS episodes (
 );
 CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
 CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;
+CREATE INDEX IF NOT EXISTS episodes_queue ON episodes(priority DESC, queued_at, id) WHERE {QUEUED_SQL};
+CREATE INDEX IF NOT EXISTS episodes_on_node ON episodes(node) WHERE {ON_NODE_SQL};
 CREATE TABLE IF NOT EXISTS events (
     seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     episode_id TEXT NOT NULL,

@@ -1,7 +1,16 @@
 """The embedded state store's tables. Every column of `episodes` is a field of `Episode`, plus
 the priority and labels it is queried by."""
 
-SCHEMA = """
+QUEUED_SQL = "NOT held AND (state = 'PREEMPTED' OR (state = 'PENDING' AND node = ''))"
+"""The episodes that wait for a slot and may have one (`Episode.queued`, and not held): the rows
+of the index `episodes_queue`, in the scheduler's order. A query reads that index only if its
+condition holds this text as it is (`SqlStateStore.queue`)."""
+
+ON_NODE_SQL = "finished_at = 0 AND node != ''"
+"""The live episodes on a node: the rows of the index `episodes_on_node`, which a query reads
+only if its condition holds this text as it is (`SqlStateStore.on_nodes`)."""
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS episodes (
     id TEXT PRIMARY KEY,
     spec TEXT NOT NULL,
@@ -36,6 +45,8 @@ CREATE TABLE IF NOT EXISTS episodes (
 );
 CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
 CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;
+CREATE INDEX IF NOT EXISTS episodes_queue ON episodes(priority DESC, queued_at, id) WHERE {QUEUED_SQL};
+CREATE INDEX IF NOT EXISTS episodes_on_node ON episodes(node) WHERE {ON_NODE_SQL};
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     episode_id TEXT NOT NULL,

@@ -35,6 +35,7 @@ from orchestrator.domain import (
     ids,
 )
 from orchestrator.state import records
+from orchestrator.state.schema import ON_NODE_SQL, QUEUED_SQL
 
 
 class Rows(Protocol):
@@ -67,6 +68,8 @@ class SqlStateStore:
     """Insert an `images` row (all columns, in order), overwriting one of the same name."""
     REPLACE_LOG: ClassVar[str]
     """Insert a `logs` row (all columns, in order), overwriting one of the same episode."""
+    QUEUE_TABLE: ClassVar[str] = "episodes"
+    """The table `queue` reads, as its database is told to read it through `episodes_queue`."""
 
     def __init__(self, tx: OpenConnection, read: OpenConnection, grouped: Grouped) -> None:
         self._tx = tx
@@ -175,6 +178,44 @@ class SqlStateStore:
         with self._read() as db:
             rows = db.execute(query + " ORDER BY submitted_at, id", args).fetchall()
         return records.with_labels([self._episode_from_row(r) for r in rows], labels)
+
+    def on_nodes(self, node: str = "") -> list[Episode]:
+        """The live episodes on a node (on `node` if named), in submission order: placed there,
+        running, or being checkpointed or restored. The index `episodes_on_node` holds them: the
+        queue and the finished are not read."""
+        query, args = f"SELECT * FROM episodes WHERE {ON_NODE_SQL}", list[object]()
+        if node:
+            query += " AND node = ?"
+            args.append(node)
+        with self._read() as db:
+            rows = db.execute(query + " ORDER BY submitted_at, id", args).fetchall()
+        return [self._episode_from_row(r) for r in rows]
+
+    def queue(self, now: float, page: int = 256) -> Iterator[Episode]:
+        """The episodes that wait for a slot and may have one now (`Episode.queued`, not held, past
+        `not_before`) in the scheduler's order: the highest priority first, then the one that has
+        waited longest. Read a page at a time from the index `episodes_queue`, as far as the
+        caller reads: a tick of the control loop reads the head of a long queue, not all of it."""
+        select = f"SELECT * FROM {self.QUEUE_TABLE} WHERE {QUEUED_SQL} AND not_before <= ?"
+        in_order = " ORDER BY priority DESC, queued_at, id LIMIT ?"
+        with self._read() as db:
+            rows = db.execute(select + in_order, (now, page)).fetchall()
+        while rows:
+            yield from (self._episode_from_row(r) for r in rows)
+            if len(rows) < page:
+                return
+            # The next page goes on from the last row: the rest of its priority, then the lower
+            # ones. Each part is a range of the index, so a page costs the same however far in.
+            last = rows[-1]
+            with self._read() as db:
+                rows = db.execute(
+                    select + " AND priority = ? AND (queued_at, id) > (?, ?)" + in_order,
+                    (now, last["priority"], last["queued_at"], last["id"], page),
+                ).fetchall()
+                if len(rows) < page:
+                    rows += db.execute(
+                        select + " AND priority < ?" + in_order, (now, last["priority"], page - len(rows))
+                    ).fetchall()
 
     def _apply(self, db: Connection, episode_id: str, changes: Mapping[str, Any]) -> None:
         if not records.checked_changes(changes):

@@ -26,6 +26,9 @@ class SqliteStateStore(SqlStateStore):
     REPLACE_NODE = "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?)"
     REPLACE_IMAGE = "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?)"
     REPLACE_LOG = "INSERT OR REPLACE INTO logs VALUES (?,?,?)"
+    # Without statistics (nothing runs ANALYZE), SQLite's planner picks the state index instead,
+    # and sorts the whole queue for each page: 20 ms a page at 50,000 waiting, against 1 ms.
+    QUEUE_TABLE = "episodes INDEXED BY episodes_queue"
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from orchestrator.domain import (
@@ -34,6 +34,8 @@ class StateStore(Protocol):
     def query(
         self, states: Collection[EpisodeState] = (), node: str = "", labels: Mapping[str, str] | None = None
     ) -> list[Episode]: ...
+    def on_nodes(self, node: str = "") -> list[Episode]: ...
+    def queue(self, now: float, page: int = 256) -> Iterator[Episode]: ...
     def transition(
         self,
         episode_id: str,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from orchestrator.control import scheduler
@@ -167,3 +169,31 @@ def test_autosave_period() -> None:
     assert isinstance(d, scheduler.Checkpoint) and d.leave_running and d.reason == Reason.AUTOSAVE
     e.last_autosave_at = NOW - 10
     assert scheduler.plan([e], [node("a")], NOW) == []
+
+
+def test_a_long_queue_is_read_only_as_far_as_a_decision_can_come_of_it() -> None:
+    read: list[str] = []
+
+    def queue(length: int, **kw: object) -> Iterator[Episode]:
+        for i in range(length):
+            read.append(f"q{i:05}")
+            yield episode(f"q{i:05}", queued_at=i, **kw)  # type: ignore[arg-type]
+
+    # Two free slots: two are placed, and the third is read to learn that it must wait.
+    decisions = scheduler.plan([], [node("a", slots=2)], NOW, queue=queue(10_000))
+    assert [(type(d).__name__, d.episode.id) for d in decisions] == [("Start", "q00000"), ("Start", "q00001")]
+    assert len(read) == 3
+    # Full, and nobody running has a lower priority or a slice to give up: the head only.
+    read.clear()
+    running = episode("r", EpisodeState.RUNNING, "a", ran_s=100)
+    assert scheduler.plan([running], [node("a")], NOW, queue=queue(10_000)) == []
+    assert read == ["q00000"]
+    # The first in line that outranks the run preempts it; nobody further back is read.
+    read.clear()
+    (preempt,) = scheduler.plan([running], [node("a")], NOW, queue=queue(10_000, priority=1))
+    assert isinstance(preempt, scheduler.Checkpoint) and preempt.reason == Reason.PRIORITY
+    assert read == ["q00000"]
+    # The queue is read apart from the episodes: one it holds in a state since left is not
+    # placed again.
+    stale = episode("r", EpisodeState.PREEMPTED, queued_at=-1)
+    assert scheduler.plan([running], [node("a", slots=2)], NOW, queue=iter([stale])) == []

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote
 
@@ -29,6 +30,7 @@ from orchestrator.domain import (
     NodeRecord,
     NodeState,
     NotFound,
+    Preemption,
     Resources,
     RewardSpec,
     Role,
@@ -349,6 +351,45 @@ def test_the_address_pool_runs_out_with_a_clear_error_and_a_finished_episode_fre
         store.submit(SPEC, "", POOL)
     store.transition(episodes[2].id, S.CANCELLED, "by user")
     assert store.submit(SPEC, "", POOL).address == episodes[2].address
+
+
+@pytest.mark.timeout(30)
+def test_the_queue_holds_who_may_be_placed_in_order_a_page_at_a_time_and_nodes_what_they_run(
+    store: StateStore,
+) -> None:
+    pool = ids.address_pool("10.9.0.0/24")
+    low, high = (replace(SPEC, preemption=Preemption(priority=p)) for p in (0, 5))
+    tied = [store.submit(low, "", pool) for _ in range(3)]
+    urgent = store.submit(high, "", pool)
+    for e in tied:  # the same moment: the id decides, across a page's end too
+        store.update(e.id, queued_at=tied[0].queued_at)
+    running = store.submit(high, "", pool)
+    store.transition(running.id, S.RUNNING, "started", node="node-1", run_started_at=1.0)
+    starting = store.submit(low, "", pool)
+    store.update(starting.id, node="node-1")
+    preempted, held = (store.submit(high, "", pool) for _ in range(2))
+    for e in (preempted, held):
+        store.transition(e.id, S.RUNNING, "started", node="node-1", run_started_at=1.0)
+    store.transition(preempted.id, S.PREEMPTED, "time slice", node="", queued_at=time.time() + 1)
+    store.transition(held.id, S.PREEMPTED, "by hand", node="", held=True)
+    backing_off = store.submit(high, "", pool)
+    store.update(backing_off.id, not_before=time.time() + 60)
+    cancelled = store.submit(high, "", pool)
+    store.transition(cancelled.id, S.CANCELLED, "by user")
+
+    now = time.time() + 2
+    in_order = [urgent.id, preempted.id, *sorted(e.id for e in tied)]
+    for page in (1, 2, 256):
+        assert [e.id for e in store.queue(now, page=page)] == in_order
+    # Its back-off over, it waits from when it was submitted: before the preempted one was requeued.
+    assert [e.id for e in store.queue(now + 60)] == [urgent.id, backing_off.id, *in_order[1:]]
+    # What is on a node is read apart, by node or all at once; the queue, the held and the
+    # finished are not.
+    assert [e.id for e in store.on_nodes()] == [running.id, starting.id]
+    assert [e.id for e in store.on_nodes("node-1")] == [running.id, starting.id]
+    assert store.on_nodes("node-2") == []
+    store.transition(running.id, S.SUCCEEDED, "exited 0")
+    assert [e.id for e in store.on_nodes()] == [starting.id]
 
 
 @pytest.mark.timeout(30)
