@@ -3,6 +3,8 @@ as they enter the system; errors map to status codes in `status`."""
 
 from __future__ import annotations
 
+import base64
+import json
 import tempfile
 import threading
 import time
@@ -76,8 +78,25 @@ def branch_to_pb(b: Branch) -> pb.TrajectoryBranch:
     )
 
 
+def _page_token(after: tuple[float, str] | None) -> str:
+    """Where a ListEpisodes page ended (the last episode read: its submitted_at and id)."""
+    return base64.urlsafe_b64encode(json.dumps(after).encode()).decode()
+
+
+def _page_start(token: str) -> tuple[float, str]:
+    try:
+        submitted_at, episode_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        if isinstance(submitted_at, (int, float)) and isinstance(episode_id, str):
+            return float(submitted_at), episode_id
+    except (ValueError, TypeError):
+        pass
+    raise InvalidArgument("page_token", f"{token[:40]!r} is no next_page_token of this server")
+
+
 MAX_SUBMITS = 1000
 """Episodes one SubmitEpisodes call may carry: a few rollout groups, and a commit that stays short."""
+MAX_PAGE = 10_000
+"""Episodes one ListEpisodes page holds at most: a few MB of answer, however large the specs."""
 DEFAULT_EVENTS = 1000
 """Events one ListEvents call returns when it names no limit."""
 MAX_EVENTS = 10000
@@ -183,9 +202,29 @@ class StasisService(pb_grpc.StasisServicer):
         self, request: pb.ListEpisodesRequest, context: grpc.ServicerContext
     ) -> pb.ListEpisodesResponse:
         states = [EpisodeState[n] for s in request.states if (n := wire.enum_name(_STATE, s))]
-        episodes = self.store.query(states=states, node=request.node, labels=dict(request.labels))
+        if request.page_size < 0:
+            raise InvalidArgument("page_size", f"{request.page_size} is negative")
+        size, labels = min(request.page_size, MAX_PAGE), dict(request.labels)
+        after = _page_start(request.page_token) if request.page_token else None
+        if not size:
+            page = self.store.query(states=states, node=request.node, labels=labels, after=after)
+        else:
+            # The labels are matched here, so that the next page starts after the last episode read.
+            page, more = [], True
+            while more and len(page) < size:
+                read = self.store.query(states=states, node=request.node, after=after, limit=size)
+                more = len(read) == size
+                for e in read:
+                    after = (e.submitted_at, e.id)
+                    if e.has_labels(labels):
+                        page.append(e)
+                        if len(page) == size:
+                            break
         now = time.time()
-        return pb.ListEpisodesResponse(episodes=[episode_to_pb(e, now) for e in episodes])
+        return pb.ListEpisodesResponse(
+            episodes=[episode_to_pb(e, now) for e in page],
+            next_page_token=_page_token(after) if size and len(page) == size else "",
+        )
 
     @rpc
     @bounded

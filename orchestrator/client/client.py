@@ -48,6 +48,8 @@ from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 
 DEFAULT_ADDR = "127.0.0.1:7070"
+LIST_PAGE = 1000
+"""Episodes per ListEpisodes page that `StasisClient.episodes` asks for."""
 T = TypeVar("T")
 
 
@@ -173,6 +175,7 @@ class StasisClient:
     def episodes(
         self, states: Collection[str] = (), node: str = "", labels: Mapping[str, str] | None = None
     ) -> list[EpisodeInfo]:
+        """Every matching episode, in submission order, read a page of `LIST_PAGE` at a time."""
         request = pb.ListEpisodesRequest(
             states=[
                 pb.EpisodeState.ValueType(wire.enum_number(pb.EpisodeState.DESCRIPTOR, _state(s)))
@@ -180,8 +183,15 @@ class StasisClient:
             ],
             node=node,
             labels=dict(labels or {}),
+            page_size=LIST_PAGE,
         )
-        return [_episode(e) for e in self._call(self._stub.ListEpisodes, request).episodes]
+        found: list[EpisodeInfo] = []
+        while True:
+            page = self._call(self._stub.ListEpisodes, request)
+            found += (_episode(e) for e in page.episodes)
+            if not page.next_page_token:
+                return found
+            request.page_token = page.next_page_token
 
     def watch(self, episode_ids: Collection[str] = (), since_seq: int = 0) -> Iterator[EventInfo]:
         """Every state change and decision from since_seq on, then live, until the caller stops."""

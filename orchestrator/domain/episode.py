@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.domain.spec import EpisodeSpec
@@ -108,6 +109,10 @@ class Episode:
     @property
     def priority(self) -> int:
         return self.spec.preemption.priority
+
+    def has_labels(self, labels: Mapping[str, str]) -> bool:
+        """Whether the spec carries every one of `labels`."""
+        return all(self.spec.labels.get(k) == v for k, v in labels.items())
 
     @property
     def queued(self) -> bool:

@@ -157,4 +157,4 @@ def with_labels(episodes: list[Episode], labels: Mapping[str, str] | None) -> li
     """The episodes whose spec carries every one of `labels`."""
     if not labels:
         return episodes
-    return [e for e in episodes if all(e.spec.labels.get(k) == v for k, v in labels.items())]
+    return [e for e in episodes if e.has_labels(labels)]

@@ -165,7 +165,13 @@ class SqlStateStore:
         return self._episode_from_row(row) if row else None
 
     def query(
-        self, states: Collection[EpisodeState] = (), node: str = "", labels: Mapping[str, str] | None = None
+        self,
+        states: Collection[EpisodeState] = (),
+        node: str = "",
+        labels: Mapping[str, str] | None = None,
+        *,
+        after: tuple[float, str] | None = None,
+        limit: int = 0,
     ) -> list[Episode]:
         query, args = "SELECT * FROM episodes WHERE 1=1", list[object]()
         if states:
@@ -175,8 +181,15 @@ class SqlStateStore:
         if node:
             query += " AND node = ?"
             args.append(node)
+        if after is not None:
+            query += " AND (submitted_at, id) > (?, ?)"
+            args += after
+        query += " ORDER BY submitted_at, id"
+        if limit:
+            query += " LIMIT ?"
+            args.append(limit)
         with self._read() as db:
-            rows = db.execute(query + " ORDER BY submitted_at, id", args).fetchall()
+            rows = db.execute(query, args).fetchall()
         return records.with_labels([self._episode_from_row(r) for r in rows], labels)
 
     def on_nodes(self, node: str = "") -> list[Episode]:

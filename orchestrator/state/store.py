@@ -32,8 +32,18 @@ class StateStore(Protocol):
     def get(self, episode_id: str) -> Episode: ...
     def by_token(self, token: str) -> Episode | None: ...
     def query(
-        self, states: Collection[EpisodeState] = (), node: str = "", labels: Mapping[str, str] | None = None
-    ) -> list[Episode]: ...
+        self,
+        states: Collection[EpisodeState] = (),
+        node: str = "",
+        labels: Mapping[str, str] | None = None,
+        *,
+        after: tuple[float, str] | None = None,
+        limit: int = 0,
+    ) -> list[Episode]:
+        """Episodes in submission order: in one of `states`, on `node`, past `after` (an episode's
+        submitted_at and id). `limit` bounds the rows read, before `labels` (all of which an
+        episode must carry) are matched."""
+
     def on_nodes(self, node: str = "") -> list[Episode]: ...
     def queue(self, now: float, page: int = 256) -> Iterator[Episode]: ...
     def transition(

@@ -128,6 +128,36 @@ def test_malformed_specs_name_the_field_and_store_nothing(
 
 
 @pytest.mark.timeout(90)
+def test_episodes_are_listed_a_page_at_a_time_in_submission_order(
+    api: tuple[pb_grpc.StasisStub, StasisClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stub, client = api
+    submitted = [
+        stub.SubmitEpisode(pb.SubmitEpisodeRequest(spec=_spec(labels={"team": "ab"[i % 2]}))).id
+        for i in range(7)
+    ]
+    pages, request = [], pb.ListEpisodesRequest(labels={"team": "a"}, page_size=2)
+    while True:
+        page = stub.ListEpisodes(request)
+        pages.append([e.id for e in page.episodes])
+        if not page.next_page_token:
+            break
+        request.page_token = page.next_page_token
+    team_a = submitted[::2]
+    assert pages == [team_a[:2], team_a[2:], []], "a full page may be followed by an empty last one"
+    assert [e.id for e in stub.ListEpisodes(pb.ListEpisodesRequest()).episodes] == submitted, "size 0: all"
+    monkeypatch.setattr("orchestrator.client.client.LIST_PAGE", 3)
+    assert [e.id for e in client.episodes()] == submitted
+    for bad, field in (
+        (pb.ListEpisodesRequest(page_token="bm90IGEgdG9rZW4="), "page_token"),
+        (pb.ListEpisodesRequest(page_token="#"), "page_token"),
+        (pb.ListEpisodesRequest(page_size=-1), "page_size"),
+    ):
+        code, details = _status(lambda bad=bad: stub.ListEpisodes(bad))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"{field}: "), details
+
+
+@pytest.mark.timeout(90)
 def test_a_batch_of_submits_is_accepted_whole_or_refused_whole(
     api: tuple[pb_grpc.StasisStub, StasisClient],
 ) -> None:

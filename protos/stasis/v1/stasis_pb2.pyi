@@ -229,7 +229,7 @@ class GetEpisodeRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ...) -> None: ...
 
 class ListEpisodesRequest(_message.Message):
-    __slots__ = ("states", "node", "labels")
+    __slots__ = ("states", "node", "labels", "page_size", "page_token")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -240,16 +240,22 @@ class ListEpisodesRequest(_message.Message):
     STATES_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[EpisodeState]
     node: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, states: _Optional[_Iterable[_Union[EpisodeState, str]]] = ..., node: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, states: _Optional[_Iterable[_Union[EpisodeState, str]]] = ..., node: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListEpisodesResponse(_message.Message):
-    __slots__ = ("episodes",)
+    __slots__ = ("episodes", "next_page_token")
     EPISODES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     episodes: _containers.RepeatedCompositeFieldContainer[Episode]
-    def __init__(self, episodes: _Optional[_Iterable[_Union[Episode, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, episodes: _Optional[_Iterable[_Union[Episode, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchEpisodesRequest(_message.Message):
     __slots__ = ("episode_ids", "since_seq")
