@@ -7,7 +7,6 @@ import logging
 import time
 
 from orchestrator.control.settings import ControlSettings
-from orchestrator.domain import TERMINAL
 from orchestrator.state import StateStore
 from snapshots import GcReport, RetentionPolicy, SnapshotError, SnapshotStore
 
@@ -18,12 +17,7 @@ def collect_snapshots(
     settings: ControlSettings, store: StateStore, snapshots: SnapshotStore
 ) -> GcReport | None:
     """One retention pass; None if the snapshot store could not run it (it runs again later)."""
-    now = time.time()
-    ended = [
-        e.id
-        for e in store.query(states=TERMINAL)
-        if e.finished_at and now - e.finished_at > settings.gc_grace_s
-    ]
+    ended = store.ended_before(time.time() - settings.gc_grace_s)
     try:
         report = snapshots.gc(RetentionPolicy(keep_last=settings.gc_keep_last), ended_episodes=ended)
     except SnapshotError as exc:

@@ -47,6 +47,7 @@ CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
 CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;
 CREATE INDEX IF NOT EXISTS episodes_queue ON episodes(priority DESC, queued_at, id) WHERE {QUEUED_SQL};
 CREATE INDEX IF NOT EXISTS episodes_on_node ON episodes(node) WHERE {ON_NODE_SQL};
+CREATE INDEX IF NOT EXISTS episodes_ended ON episodes(finished_at, id) WHERE finished_at > 0;
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     episode_id TEXT NOT NULL,

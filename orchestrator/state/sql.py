@@ -192,6 +192,15 @@ class SqlStateStore:
             rows = db.execute(query, args).fetchall()
         return records.with_labels([self._episode_from_row(r) for r in rows], labels)
 
+    def ended_before(self, moment: float) -> list[str]:
+        """The ids of the episodes that ended before `moment`, from the index `episodes_ended`
+        alone: their rows, specs and all, are not read."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id FROM episodes WHERE finished_at > 0 AND finished_at < ?", (moment,)
+            ).fetchall()
+        return [r["id"] for r in rows]
+
     def on_nodes(self, node: str = "") -> list[Episode]:
         """The live episodes on a node (on `node` if named), in submission order: placed there,
         running, or being checkpointed or restored. The index `episodes_on_node` holds them: the

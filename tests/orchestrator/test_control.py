@@ -260,6 +260,13 @@ def test_retention_keeps_the_last_snapshots_of_a_live_episode(loop: Loop) -> Non
     kept = [r.id for r in loop.store.snapshots(episode_id) if loop.snapshots.exists(r.id)]
     assert kept == [ids.snapshot_id(episode_id, 4), ids.snapshot_id(episode_id, 5)]
     assert len(loop.store.snapshots(episode_id)) == 5, "records stay as history"
+    # Ended: its snapshots stay for the grace period, then go.
+    loop.store.transition(episode_id, S.CANCELLED, "by hand")
+    collect_snapshots(replace(SETTINGS, gc_grace_s=600), loop.store, loop.snapshots)
+    assert all(loop.snapshots.exists(sid) for sid in kept)
+    loop.store.update(episode_id, finished_at=time.time() - 601)
+    collect_snapshots(replace(SETTINGS, gc_grace_s=600), loop.store, loop.snapshots)
+    assert not any(loop.snapshots.exists(sid) for sid in kept)
 
 
 @pytest.mark.timeout(30)

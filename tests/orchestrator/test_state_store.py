@@ -354,7 +354,7 @@ def test_the_address_pool_runs_out_with_a_clear_error_and_a_finished_episode_fre
 
 
 @pytest.mark.timeout(30)
-def test_the_queue_holds_who_may_be_placed_in_order_a_page_at_a_time_and_nodes_what_they_run(
+def test_the_queue_in_order_a_page_at_a_time_what_runs_on_nodes_and_what_ended_when(
     store: StateStore,
 ) -> None:
     pool = ids.address_pool("10.9.0.0/24")
@@ -388,8 +388,12 @@ def test_the_queue_holds_who_may_be_placed_in_order_a_page_at_a_time_and_nodes_w
     assert [e.id for e in store.on_nodes()] == [running.id, starting.id]
     assert [e.id for e in store.on_nodes("node-1")] == [running.id, starting.id]
     assert store.on_nodes("node-2") == []
+    before = time.time()
     store.transition(running.id, S.SUCCEEDED, "exited 0")
     assert [e.id for e in store.on_nodes()] == [starting.id]
+    # The ended, by when they ended: what retention asks.
+    assert set(store.ended_before(time.time() + 1)) == {cancelled.id, running.id}
+    assert store.ended_before(before) == [cancelled.id]
 
 
 @pytest.mark.timeout(30)
