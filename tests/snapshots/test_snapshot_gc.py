@@ -160,6 +160,9 @@ def test_gc_racing_writers_never_loses_a_referenced_chunk(scratch: Path) -> None
                 except BaseException as exc:
                     errors.append(exc)
                     return
+                # A gap between sweeps, as between a control loop's: back to back, the sweeps held
+                # the exclusive lock nearly all the time, and a slow run saw 8 puts in 25 s.
+                stop.wait(0.01)
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)] + [
         threading.Thread(target=collector)
