@@ -68,11 +68,11 @@ from control_plane import submit_throughput
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's own Docker Engine
 from sandbox_agent import AgentSettings, Node, Phase, PhaseHooks, Resources, SandboxSpec, criu_stats
 from sandbox_agent.node import SnapshotTarget
+from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from snapshots import set_aside_startup_objects
 from tests.dockerd import engine as docker_engine
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE_ROOTFS = Path("/var/cache/stasis/images/base/rootfs.tar")
 DOCKER_ROOT = Path("/var/lib/stasis-bench-docker")
 DOCKER_EXEC_ROOT = Path("/run/stasis-bench-docker")
 DOCKER_SOCKET = DOCKER_EXEC_ROOT.with_suffix(".sock")
@@ -375,7 +375,7 @@ def dockerd() -> Iterator[None]:
     """A Docker Engine in experimental mode on its own socket and roots, with the base image."""
     with docker_engine(DOCKER_SOCKET, DOCKER_ROOT, DOCKER_EXEC_ROOT, "stasis-bench", experimental=True):
         if not _docker("images", "-q", DOCKER_IMAGE):
-            _docker("import", str(BASE_ROOTFS), DOCKER_IMAGE)
+            _docker("import", str(DEFAULT_BASE_IMAGE_TAR), DOCKER_IMAGE)
         yield
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator import StasisClient
-from orchestrator.cli.local import LocalSettings, LocalStack
+from orchestrator.cli.local import LocalSettings, LocalStack, free_port
 from orchestrator.client import Context
 from orchestrator.control import scheduler
 from orchestrator.domain import EpisodeSpec, EpisodeState, NodeRecord, NodeState, Resources, ids
@@ -37,9 +36,7 @@ def submit_throughput(root: Path, submits: int, threads: int, batch: int = 1) ->
     in a process of its own, as deployed; the clients are in this one, as a trainer's are in its."""
     state_dir = root / f"submit-{batch}"
     state_dir.mkdir(parents=True)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"
     with open(state_dir / "server.log", "wb") as log:
         server = subprocess.Popen(
             [STASIS, "server", "--listen", address, "--state-dir", str(state_dir), "--insecure"],

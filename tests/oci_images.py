@@ -8,7 +8,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-BASE = Path("/var/cache/stasis/images/base/rootfs.tar")
+from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 
 
 def _run(*argv: str) -> None:
@@ -24,7 +24,7 @@ def harness_image(layout: Path, tag: str, files: dict[str, str], *, user: str = 
     _run("umoci", "new", "--image", f"{layout}:{tag}")
     _run("umoci", "unpack", "--image", f"{layout}:{tag}", str(work))
     rootfs = work / "rootfs"
-    _run("tar", "-xf", str(BASE), "--numeric-owner", "-C", str(rootfs))
+    _run("tar", "-xf", str(DEFAULT_BASE_IMAGE_TAR), "--numeric-owner", "-C", str(rootfs))
     with open(rootfs / "etc" / "passwd", "a") as f:
         f.write("agent:x:1000:1000:agent:/home/agent:/bin/sh\n")
     with open(rootfs / "etc" / "group", "a") as f:

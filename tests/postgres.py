@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -15,17 +14,13 @@ from urllib.parse import quote
 
 import psycopg
 
+from orchestrator.cli.local import free_port
+
 BIN = Path("/usr/lib/postgresql/15/bin")
 USER = "postgres"
 """The system user the Debian package creates; the server runs as it."""
 ROLE, PASSWORD = "stasis", "pw-Not/In:Logs@1"
 """The database role the stores connect as; the password has URL-special characters on purpose."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _as_postgres(argv: list[str]) -> list[str]:
@@ -61,7 +56,7 @@ class PostgresServer:
             ]),
             check=True, capture_output=True,
         )  # fmt: skip
-        self.port = _free_port()
+        self.port = free_port()
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 _as_postgres([

@@ -10,11 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
+from orchestrator.cli.local import free_port
 
 
 class Registry:
@@ -23,7 +19,7 @@ class Registry:
     def __init__(self, root: Path, user: str = "", password: str = "", address: str = "127.0.0.1") -> None:
         self.root = root
         self.address = address
-        self.port = _free_port(address)
+        self.port = free_port(address)
         self.host = f"{address}:{self.port}"
         self.user, self.password = user, password
         root.mkdir(parents=True, exist_ok=True)

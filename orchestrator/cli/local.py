@@ -135,7 +135,7 @@ class LocalRegistry:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.port = _free_port()
+        self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -240,7 +240,7 @@ class LocalStack:
             self.model = ReferenceModelServer(ReferenceModelSettings()).start()
             upstream = self.model.url
             progress(f"reference model serving {upstream}")
-        gateway_port = s.gateway_port or _free_port()
+        gateway_port = s.gateway_port or free_port()
         self.registry.start()
         progress(f"image registry at {self.registry.host} for `stasis image import`")
         auth = self._auth()
@@ -303,9 +303,10 @@ class LocalStack:
         self.registry.stop()
 
 
-def _free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port on `address` that nothing listens on now (the kernel's pick)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         return int(sock.getsockname()[1])
 
 

@@ -116,8 +116,8 @@ class Episode:
 
     @property
     def queued(self) -> bool:
-        """Waiting for a slot: preempted, or submitted and not placed on a node yet
-        (`sql.QUEUED` says the same to the state store)."""
+        """Waiting for a slot: preempted, or submitted and not placed on a node yet (the state
+        store's `QUEUED_SQL` says the same of those not held)."""
         return self.state == EpisodeState.PREEMPTED or (self.state == EpisodeState.PENDING and not self.node)
 
     def current_run_s(self, now: float) -> float:

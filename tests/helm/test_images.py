@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -30,6 +29,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from orchestrator.cli.local import free_port
 from tests import dockerd
 from tests.helm.chart import CHART, REPO, Chart, pod_spec
 
@@ -140,12 +140,6 @@ def container(url: str, name: str, *run_args: str) -> Iterator[str]:
         raise
     finally:
         docker(url, "rm", "-f", name)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, check: Callable[[], bool], url: str, name: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator import StasisClient
 from orchestrator.api import add_token
-from orchestrator.cli.local import AgentProcess, LocalSettings, LocalStack, agent_command
+from orchestrator.cli.local import AgentProcess, LocalSettings, LocalStack, agent_command, free_port
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.client import merge_context
 from orchestrator.domain import Role
@@ -30,12 +30,6 @@ from tests.postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
 STASIS = str(Path(sys.executable).with_name("stasis"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def remove_node_sandboxes(root: Path) -> None:

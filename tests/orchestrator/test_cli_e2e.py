@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.orchestrator.conftest import STASIS, cli, free_port, remove_sandboxes
+from orchestrator.cli.local import free_port
+from tests.orchestrator.conftest import STASIS, cli, remove_sandboxes
 
 PROGRAM = """\
 import hashlib, os, random, time

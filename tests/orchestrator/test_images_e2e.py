@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator import InvalidArgument
 from orchestrator.cli.local import LocalStack
-from tests.oci_images import BASE
+from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from tests.orchestrator.conftest import cli, wait_until
 from tests.registry import Registry
 
@@ -62,7 +62,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 @pytest.fixture(scope="module")
 def docker_base(dockerd: str) -> Iterator[str]:
     """The base image in the test's Docker engine, for Dockerfiles to start FROM."""
-    _docker(dockerd, "import", str(BASE), "stasis-test/base:1")
+    _docker(dockerd, "import", str(DEFAULT_BASE_IMAGE_TAR), "stasis-test/base:1")
     yield "stasis-test/base:1"
     subprocess.run(["docker", "-H", dockerd, "rmi", "-f", "stasis-test/base:1"], capture_output=True)
 

@@ -22,6 +22,7 @@ import pytest
 from cryptography import x509
 
 from orchestrator.api import AuthSettings, Orchestrator, OrchestratorSettings, add_token
+from orchestrator.cli.local import free_port
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.domain import NodeState, Role
 from protos import pki
@@ -33,7 +34,7 @@ from sandbox_agent import FailedPrecondition
 from sandbox_agent.joining import joined
 from sandbox_agent.settings import JoinSettings
 from tests.kubeapi import Pod, StandInApiServer
-from tests.orchestrator.conftest import free_port, wait_until
+from tests.orchestrator.conftest import wait_until
 
 AGENTS = "stasis:stasis-agent"
 

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from orchestrator.cli.local import free_port
 from sandbox_agent import SandboxSpec
 from sandbox_agent.forwarder import Forwarder, parse_target
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
@@ -29,9 +30,7 @@ def test_sandbox_reaches_a_remote_gateway_through_the_node(make_node: NodeFactor
             conn.sendall(conn.recv(64).upper())
 
     threading.Thread(target=echo_once, daemon=True).start()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     node = make_node("node-a", allowed_ports=(port,))
     relay = Forwarder(("169.254.1.1", port), gateway.getsockname()[:2]).start()
     try:
