@@ -35,7 +35,8 @@ Also: idle_sandbox_mib and density_64mib (the node memory one idle 64 MiB sandbo
 many fit in what the node has available), saved_in_30s_64mib (how many 64 MiB sandboxes a node saves
 within a 30 s spot notice, at the drain's measured pace), drain_64_s (stopping checkpoints of 64 idle 64 MiB sandboxes on one node, eight at a time
 as the orchestrator's workers do: until the node is free, and until all are durable) and
-submits_per_s (durable submits per second, in SubmitEpisodes calls of 64; single_submits_per_s
+submits_per_s (durable submits per second, in SubmitEpisodes calls of 64; submits_per_s_20k_waiting
+the same with 20,000 episodes waiting already; single_submits_per_s
 with one SubmitEpisode call each). Writes bench/results.json and
 bench/results.png, and prints a table.
 """
@@ -566,6 +567,10 @@ def main() -> None:
             # and one SubmitEpisode call per episode from 16 threads.
             report["submits_per_s"] = round(submit_throughput(work, args.submits, threads=4, batch=64), 1)
             report["single_submits_per_s"] = round(submit_throughput(work, args.submits, threads=16), 1)
+            # The same groups into a state where 20,000 episodes wait already.
+            report["submits_per_s_20k_waiting"] = round(
+                submit_throughput(work, args.submits, threads=4, batch=64, waiting=20_000), 1
+            )
     finally:
         for node in (a, b, c):
             node.delete_all()

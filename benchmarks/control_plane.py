@@ -30,12 +30,19 @@ STASIS = str(Path(sys.executable).with_name("stasis"))
 SPEC = {"image": "base", "command": ["sleep", "3600"], "resources": {"memory_mb": 256}}
 
 
-def submit_throughput(root: Path, submits: int, threads: int, batch: int = 1) -> float:
+def submit_throughput(root: Path, submits: int, threads: int, batch: int = 1, waiting: int = 0) -> float:
     """Episodes per second accepted (durable, fsynced) with no nodes to run them: by SubmitEpisode,
-    or with `batch` > 1 by SubmitEpisodes calls of that many. The orchestrator is `stasis server`
-    in a process of its own, as deployed; the clients are in this one, as a trainer's are in its."""
-    state_dir = root / f"submit-{batch}"
+    or with `batch` > 1 by SubmitEpisodes calls of that many, into a state that holds `waiting`
+    episodes already (a trainer's earlier batches). The orchestrator is `stasis server` in a
+    process of its own, as deployed; the clients are in this one, as a trainer's are in its."""
+    state_dir = root / f"submit-{batch}-{waiting}"
     state_dir.mkdir(parents=True)
+    if waiting:
+        store = SqliteStateStore(state_dir / "state.db")
+        spec = EpisodeSpec(image="base", command=("sleep", "3600"), resources=Resources(memory_mb=256))
+        for start in range(0, waiting, 1000):
+            store.submit_many([(spec, "")] * min(1000, waiting - start), ids.address_pool("10.200.0.0/16"))
+        store.close()
     address = f"127.0.0.1:{free_port()}"
     with open(state_dir / "server.log", "wb") as log:
         server = subprocess.Popen(
