@@ -22,12 +22,21 @@ from orchestrator import StasisClient
 from orchestrator.cli.local import LocalSettings, LocalStack, free_port
 from orchestrator.client import Context
 from orchestrator.control import scheduler
+from orchestrator.control.settings import ControlSettings
 from orchestrator.domain import EpisodeSpec, EpisodeState, NodeRecord, NodeState, Resources, ids
 from orchestrator.state import SqliteStateStore
 from sandbox_agent import AgentSettings, Node
 
 STASIS = str(Path(sys.executable).with_name("stasis"))
 SPEC = {"image": "base", "command": ["sleep", "3600"], "resources": {"memory_mb": 256}}
+EPISODE = EpisodeSpec(image="base", command=("sleep", "3600"), resources=Resources(memory_mb=256))
+"""SPEC as the state store takes it, to fill a state with waiting episodes."""
+
+
+def _fill(store: SqliteStateStore, count: int, pool: str) -> None:
+    """Submit `count` more EPISODEs to `store`, a thousand to a commit."""
+    for start in range(0, count, 1000):
+        store.submit_many([(EPISODE, "")] * min(1000, count - start), ids.address_pool(pool))
 
 
 def submit_throughput(root: Path, submits: int, threads: int, batch: int = 1, waiting: int = 0) -> float:
@@ -39,9 +48,7 @@ def submit_throughput(root: Path, submits: int, threads: int, batch: int = 1, wa
     state_dir.mkdir(parents=True)
     if waiting:
         store = SqliteStateStore(state_dir / "state.db")
-        spec = EpisodeSpec(image="base", command=("sleep", "3600"), resources=Resources(memory_mb=256))
-        for start in range(0, waiting, 1000):
-            store.submit_many([(spec, "")] * min(1000, waiting - start), ids.address_pool("10.200.0.0/16"))
+        _fill(store, waiting, ControlSettings().address_pool)  # the pool the server hands out
         store.close()
     address = f"127.0.0.1:{free_port()}"
     with open(state_dir / "server.log", "wb") as log:
@@ -107,21 +114,19 @@ def tick_cost(root: Path, queued: list[int], repeats: int = 5) -> list[tuple[int
     on nodes, and the queue's head; decisions), medians of `repeats`, on the embedded store. Two
     nodes of four slots run eight episodes; the rest wait, as a trainer's batch does."""
     store = SqliteStateStore(root / "tick" / "state.db")
-    spec = EpisodeSpec(image="base", command=("sleep", "3600"), resources=Resources(memory_mb=256))
-    pool = ids.address_pool("10.128.0.0/9")
+    pool = "10.128.0.0/9"
     nodes = [
         NodeRecord(name, "", NodeState.READY, "runc", 4, 8192, {"sha256:b": ["base"]}, {}, 0.0)
         for name in ("node-1", "node-2")
     ]
-    for i, e in enumerate(store.submit_many([(spec, "")] * 8, pool)):
+    for i, e in enumerate(store.submit_many([(EPISODE, "")] * 8, ids.address_pool(pool))):
         store.transition(
             e.id, EpisodeState.RUNNING, "started", node=nodes[i % 2].name, run_started_at=time.time()
         )
     rows = []
     try:
         for total in queued:
-            while (waiting := len(store.query(states=[EpisodeState.PENDING]))) < total:
-                store.submit_many([(spec, "")] * min(1000, total - waiting), pool)
+            _fill(store, total - len(store.query(states=[EpisodeState.PENDING])), pool)
             before, now_ms, decisions = [], [], 0
             for _ in range(repeats):
                 started = time.perf_counter()
