@@ -7,7 +7,8 @@ the medians are shown. Without --tree it builds a checkpoint-like directory: a m
 random pages, zero pages and repeated text (runs of pages, as heaps and
 mapped regions look), a few small CRIU image files and a layer tar. It then
 prints local-backend write and read(+verify) throughput beside tar+zstd, and
-the deduplication of a second snapshot after ~10% of the memory changed.
+the deduplication of a second snapshot after ~10% of the memory changed, and
+last how long puts wait while a GC runs beside them (--gc-snapshots).
 """
 
 from __future__ import annotations
@@ -15,19 +16,29 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from snapshots import ChunkingSettings, SnapshotMeta, SnapshotSizes, SnapshotStore, StoreSettings
+from snapshots import (
+    ChunkingSettings,
+    RetentionPolicy,
+    SnapshotMeta,
+    SnapshotSizes,
+    SnapshotStore,
+    StoreSettings,
+)
 
 PAGE = 4096
 MiB = 1 << 20
@@ -188,6 +199,59 @@ def meta(snapshot_id: str, seq: int, parent: str | None) -> SnapshotMeta:
     )
 
 
+def gc_beside_puts(scratch: Path, snapshots: int) -> None:
+    """A GC of a store that holds `snapshots` small snapshots (episodes of 4, a few with a 5th
+    that retention removes), while a writer puts one every 20 ms: how long the GC took, and how
+    long the slowest put meanwhile took, against a put's median."""
+    url = str(scratch / "store-gc")
+    tree = scratch / "gc-tree"
+    memory = tree / "criu" / "pages-1.img"
+    memory.parent.mkdir(parents=True)
+    (tree / "checkpoint.json").write_text("{}")
+    with SnapshotStore(StoreSettings(url=url)) as store:
+        for i in range(snapshots):
+            memory.write_bytes(os.urandom(16 << 10))
+            store.put(tree, dataclasses.replace(meta(f"s{i}", i % 4 + 1, None), episode_id=f"e{i // 4}"))
+        for i in range(0, snapshots // 4, 20):
+            memory.write_bytes(os.urandom(16 << 10))
+            store.put(tree, dataclasses.replace(meta(f"x{i}", 5, None), episode_id=f"e{i}"))
+        during: list[float] = []
+        outside: list[float] = []
+        collecting = threading.Event()
+        stop = threading.Event()
+
+        def writer() -> None:
+            with SnapshotStore(StoreSettings(url=url)) as own:
+                for n in itertools.count():
+                    if stop.is_set():
+                        return
+                    was_collecting = collecting.is_set()
+                    memory.write_bytes(os.urandom(16 << 10))
+                    start = time.perf_counter()
+                    own.put(tree, dataclasses.replace(meta(f"w{n}", n + 1, None), episode_id="writer"))
+                    took = time.perf_counter() - start
+                    (during if was_collecting or collecting.is_set() else outside).append(took)
+                    time.sleep(0.02)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        time.sleep(1.0)
+        collecting.set()
+        start = time.perf_counter()
+        report = store.gc(RetentionPolicy(keep_last=4))
+        gc_s = time.perf_counter() - start
+        collecting.clear()
+        time.sleep(1.0)
+        stop.set()
+        thread.join()
+    print(
+        f"GC of {report.kept_snapshots + len(report.deleted_snapshots)} snapshots beside a writer:"
+        f" {gc_s * 1000:.0f} ms (removed {len(report.deleted_snapshots)}); {len(during)} puts meanwhile,"
+        f" the slowest {max(during) * 1000:.0f} ms = {max(during) / gc_s:.2f}x the GC"
+        f" (a put's median outside GC {statistics.median(outside) * 1000:.1f} ms)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -201,6 +265,12 @@ def main() -> None:
     )
     parser.add_argument("--avg-kib", type=int, default=ChunkingSettings().avg_size // 1024)
     parser.add_argument("--threads", type=int, default=None, help="io_threads (default: the store default)")
+    parser.add_argument(
+        "--gc-snapshots",
+        type=int,
+        default=1000,
+        help="snapshots in the store of the GC measurement (0: none)",
+    )
     parser.add_argument(
         "--repeat",
         type=int,
@@ -283,6 +353,8 @@ def main() -> None:
                 f"dedup, 3rd snapshot after dirtying 2% of pages in 1-8 page clusters: new "
                 f"{c.sizes.new_bytes / MiB:.1f} MiB = {c.sizes.new_bytes / a.sizes.stored_bytes:.1%} of the first's"
             )
+        if args.gc_snapshots:
+            gc_beside_puts(scratch, args.gc_snapshots)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Retention and mark-and-sweep garbage collection; runs only under the exclusive store lock."""
+"""Retention and mark-and-sweep garbage collection: retention and the mark under a shared store
+lock, beside puts and restores; the sweep, which checks the mark again, under the exclusive one."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._backends import Backend, ObjectMissing
 from ._chunking import CHUNK_PREFIX, digest_of_key
@@ -61,92 +62,136 @@ class GcReport:
     unreadable: tuple[str, ...]
 
 
-def run(
+@dataclass
+class _Refs:
+    """The chunks manifests refer to: by hash, and where they lie (packs, loose objects)."""
+
+    hashes: set[str] = field(default_factory=set)
+    packs: set[str] = field(default_factory=set)
+    objects: set[str] = field(default_factory=set)
+
+    def add(self, manifest: Manifest) -> None:
+        for entry in manifest.files():
+            for ref in entry.chunks:
+                self.hashes.add(ref.hash)
+                if ref.pack:
+                    self.packs.add(ref.pack)
+                else:
+                    self.objects.add(ref.hash)
+                if ref.base is not None:  # a delta chunk decodes only with its base
+                    self.hashes.add(ref.base.hash)
+                    self.packs.add(ref.base.pack)
+
+
+@dataclass
+class Marked:
+    """What GC's mark found under a shared lock, for its sweep to check under the exclusive one."""
+
+    deleted_snapshots: tuple[str, ...]
+    removed_locks: int
+    readable: set[str]
+    """Snapshots whose manifests were read (their chunks are in `refs`)."""
+    unreadable: set[str]
+    refs: _Refs
+    loose: list[str]
+    """Keys of loose chunk objects no manifest read refers to."""
+    dead_packs: dict[str, list[str]]
+    """Keys of each pack no manifest read refers to, its index first."""
+
+
+def mark(
     backend: Backend,
     chunks: ChunkStore,
     locks: LockSettings,
-    lock: StoreLock,
     retention: RetentionPolicy,
     ended: frozenset[str],
     load: Callable[[str], Manifest | None],
-) -> GcReport:
-    """Retention first (manifests, then markers), then mark from all manifests, then sweep."""
+) -> Marked:
+    """Retention (manifests, then markers), then mark from every manifest, then list what no
+    manifest refers to. Under a shared lock: puts and restores go on meanwhile, so what was
+    garbage here may be referred to by the time of the `sweep`, which checks again."""
     removed_locks = remove_stale(backend, locks)
-
     by_episode: dict[str, list[str]] = defaultdict(list)
     for key in backend.list(EPISODE_PREFIX):
         if (marker := split_episode_key(key)) is not None:
             by_episode[marker[0]].append(marker[1])
     marked = [(episode, sid) for episode, sids in by_episode.items() for sid in sids]
-
-    def load_quietly(snapshot_id: str) -> Manifest | None:
-        try:
-            return load(snapshot_id)
-        except SnapshotCorrupt:
-            return None
-
-    loaded = chunks.map(load_quietly, [sid for _e, sid in marked])
     doomed: list[tuple[str, str]] = []
-    dangling: list[tuple[str, str]] = []
     live_by_episode: dict[str, list[Manifest]] = defaultdict(list)
-    for (episode, sid), manifest in zip(marked, loaded, strict=True):
+    # A marker without a readable manifest may be a put's, still under way: the sweep decides.
+    for (episode, sid), manifest in zip(
+        marked, _load_all(chunks, load, [s for _e, s in marked]), strict=True
+    ):
         if manifest is None:
-            # No manifest (or an unreadable one, which verify reports): only the marker goes here.
-            # No writer is active under the exclusive lock, so a marker without a manifest is debris.
-            if backend.size(manifest_key(sid)) is None:
-                dangling.append((episode, sid))
-        elif episode in ended:
+            continue
+        if episode in ended:
             doomed.append((episode, sid))
         else:
             live_by_episode[episode].append(manifest)
     for manifests in live_by_episode.values():
         manifests.sort(key=lambda m: (m.seq, m.created_at, m.snapshot_id))
         doomed.extend((m.episode_id, m.snapshot_id) for m in manifests[: -retention.keep_last])
-
     # Manifests before markers: a snapshot stops existing at the first delete.
     backend.delete(manifest_key(sid) for _e, sid in doomed)
-    backend.delete(episode_key(e, sid) for e, sid in doomed + dangling)
+    backend.delete(episode_key(e, sid) for e, sid in doomed)
 
     # Mark from every manifest, listed now, not only those reached through markers.
-    manifest_ids = [found for key in backend.list(MANIFEST_PREFIX) if (found := manifest_id(key))]
-    live: set[str] = set()
-    live_packs: set[str] = set()
-    live_objects: set[str] = set()
-    unreadable: list[str] = []
-    kept = 0
-    for sid, manifest in zip(manifest_ids, chunks.map(load_quietly, manifest_ids), strict=True):
-        if manifest is None:
-            if backend.size(manifest_key(sid)) is not None:
-                unreadable.append(sid)
-            continue
-        kept += 1
-        for entry in manifest.files():
-            for ref in entry.chunks:
-                live.add(ref.hash)
-                if ref.pack:
-                    live_packs.add(ref.pack)
-                else:
-                    live_objects.add(ref.hash)
-                if ref.base is not None:  # a delta chunk decodes only with its base
-                    live.add(ref.base.hash)
-                    live_packs.add(ref.base.pack)
+    refs = _Refs()
+    readable, unreadable = _read(backend, chunks, load, _manifest_ids(backend), refs)
+    # A pack goes once no snapshot refers to any chunk in it; its index goes first, so no
+    # later put can pick a chunk of it for reuse.
+    dead_packs: dict[str, list[str]] = defaultdict(list)
+    for key in backend.list(PACK_PREFIX):
+        if (parsed := split_pack_key(key)) is not None and parsed[0] not in refs.packs:
+            dead_packs[parsed[0]].append(key)
+    for keys in dead_packs.values():
+        keys.sort(key=lambda k: not k.endswith(".idx"))
+    loose = [
+        key
+        for key in backend.list(CHUNK_PREFIX)
+        if (d := digest_of_key(key)) is not None and d not in refs.objects
+    ]
+    return Marked(
+        deleted_snapshots=tuple(sorted(sid for _e, sid in doomed)),
+        removed_locks=removed_locks,
+        readable=readable,
+        unreadable=unreadable,
+        refs=refs,
+        loose=loose,
+        dead_packs=dict(dead_packs),
+    )
+
+
+def sweep(
+    backend: Backend,
+    chunks: ChunkStore,
+    locks: LockSettings,
+    lock: StoreLock,
+    marked: Marked,
+    load: Callable[[str], Manifest | None],
+) -> GcReport:
+    """Under the exclusive lock, where no put is under way: mark from the manifests published
+    since `mark` read, remove the markers of snapshots that have no manifest, and delete what no
+    manifest refers to still."""
+    listed = set(_manifest_ids(backend))
+    refs = marked.refs
+    readable, unreadable = _read(
+        backend, chunks, load, sorted(listed - marked.readable - marked.unreadable), refs
+    )
+    readable |= marked.readable & listed
+    unreadable |= marked.unreadable & listed
+    # No put is under way: a marker without a manifest is debris.
+    markers = (m for key in backend.list(EPISODE_PREFIX) if (m := split_episode_key(key)) is not None)
+    dangling = [(episode, sid) for episode, sid in markers if sid not in listed]
+    backend.delete(episode_key(e, sid) for e, sid in dangling)
 
     deleted = 0
     freed = 0
     swept = not unreadable
     if swept:
-        # A pack goes once no snapshot refers to any chunk in it; its index goes first, so no
-        # later put can pick a chunk of it for reuse.
-        dead_packs: dict[str, list[str]] = defaultdict(list)
-        for key in backend.list(PACK_PREFIX):
-            if (parsed := split_pack_key(key)) is not None and parsed[0] not in live_packs:
-                dead_packs[parsed[0]].append(key)
-        garbage = [
-            key
-            for key in backend.list(CHUNK_PREFIX)
-            if (d := digest_of_key(key)) is not None and d not in live_objects
-        ] + [
-            key for keys in dead_packs.values() for key in sorted(keys, key=lambda k: not k.endswith(".idx"))
+        dead_packs = {pack: keys for pack, keys in marked.dead_packs.items() if pack not in refs.packs}
+        garbage = [key for key in marked.loose if digest_of_key(key) not in refs.objects] + [
+            key for keys in dead_packs.values() for key in keys
         ]
         deleted = len(garbage) - sum(len(keys) for keys in dead_packs.values())
         deleted += sum(chunks.map(_chunks_in, [(backend, pack) for pack in dead_packs]))
@@ -162,17 +207,55 @@ def run(
             backend.delete(batch)
     partial = backend.discard_partial(locks.stale_after_s)
     return GcReport(
-        deleted_snapshots=tuple(sorted(sid for _e, sid in doomed)),
-        kept_snapshots=kept,
-        live_chunks=len(live),
+        deleted_snapshots=marked.deleted_snapshots,
+        kept_snapshots=len(readable),
+        live_chunks=len(refs.hashes),
         deleted_chunks=deleted,
         freed_bytes=freed,
         removed_markers=len(dangling),
-        removed_locks=removed_locks,
+        removed_locks=marked.removed_locks,
         removed_partial_files=partial,
         swept=swept,
         unreadable=tuple(sorted(unreadable)),
     )
+
+
+def _manifest_ids(backend: Backend) -> list[str]:
+    return [found for key in backend.list(MANIFEST_PREFIX) if (found := manifest_id(key))]
+
+
+def _load_all(
+    chunks: ChunkStore, load: Callable[[str], Manifest | None], snapshot_ids: list[str]
+) -> list[Manifest | None]:
+    """Each snapshot's manifest; None where it is gone or cannot be read."""
+
+    def load_quietly(snapshot_id: str) -> Manifest | None:
+        try:
+            return load(snapshot_id)
+        except SnapshotCorrupt:
+            return None
+
+    return chunks.map(load_quietly, snapshot_ids)
+
+
+def _read(
+    backend: Backend,
+    chunks: ChunkStore,
+    load: Callable[[str], Manifest | None],
+    snapshot_ids: list[str],
+    refs: _Refs,
+) -> tuple[set[str], set[str]]:
+    """Add what each snapshot's manifest refers to to `refs`; the snapshots read, and those whose
+    manifest is there but could not be read (their chunks cannot be told from garbage)."""
+    readable: set[str] = set()
+    unreadable: set[str] = set()
+    for sid, manifest in zip(snapshot_ids, _load_all(chunks, load, snapshot_ids), strict=True):
+        if manifest is not None:
+            readable.add(sid)
+            refs.add(manifest)
+        elif backend.size(manifest_key(sid)) is not None:
+            unreadable.add(sid)
+    return readable, unreadable
 
 
 def _chunks_in(item: tuple[Backend, str]) -> int:

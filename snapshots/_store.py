@@ -395,21 +395,26 @@ class SnapshotStore:
             return _verify.run(ids, self.manifest, self._chunks, single=snapshot_id is not None)
 
     def gc(self, retention: _gc.RetentionPolicy, ended_episodes: Collection[str] = ()) -> _gc.GcReport:
-        """Apply retention, then sweep chunks no manifest references, under the exclusive lock.
+        """Apply retention and mark the chunks snapshots refer to, beside puts and restores (a
+        shared lock); then sweep chunks no manifest refers to, under the exclusive lock, which
+        is held only for the sweep and its check of what was published since the mark.
 
         ended_episodes are episodes whose trajectories are persisted elsewhere;
         all their snapshots go. Raises StoreLocked if writers keep the store
-        busy for longer than LockSettings.gc_acquire_timeout_s.
+        busy for longer than LockSettings.gc_acquire_timeout_s; retention has been applied then.
         """
-        with self._lock(LockKind.EXCLUSIVE, "gc") as lock:
-            return _gc.run(
+        with self._lock(LockKind.SHARED, "gc mark"):
+            marked = _gc.mark(
                 self._backend,
                 self._chunks,
                 self._settings.locks,
-                lock,
                 retention,
                 frozenset(ended_episodes),
                 self._manifest_or_none,
+            )
+        with self._lock(LockKind.EXCLUSIVE, "gc sweep") as lock:
+            return _gc.sweep(
+                self._backend, self._chunks, self._settings.locks, lock, marked, self._manifest_or_none
             )
 
     # -- archives ----------------------------------------------------------------------------

@@ -189,6 +189,55 @@ def test_gc_racing_writers_never_loses_a_referenced_chunk(scratch: Path) -> None
             store.fetch(sid, scratch / f"check-{sid}")
 
 
+@pytest.mark.timeout(60)
+def test_a_put_during_the_mark_goes_on_and_keeps_the_garbage_it_reuses(
+    store: SnapshotStore, scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC marks under a shared lock: a put goes on meanwhile, and may reuse chunks the mark found
+    no manifest for (a snapshot retention just removed). The sweep marks again from the manifests
+    published since, so those chunks stay. The mark is held open here until the put is done."""
+    from snapshots import _gc
+
+    memory = os.urandom(512 * KiB)
+    store.put(write_memory(scratch / "old", memory), make_meta("old", seq=1))
+    unrelated = scratch / "new"  # shares no chunk with the old snapshot
+    unrelated.mkdir()
+    (unrelated / "memory.img").write_bytes(os.urandom(256 * KiB))
+    store.put(unrelated, make_meta("new", seq=2))
+    marks: list[_gc.Marked] = []
+    put_done = threading.Event()
+    real_mark = _gc.mark
+
+    def mark_then_wait(*args: object, **kwargs: object) -> _gc.Marked:
+        marks.append(real_mark(*args, **kwargs))  # type: ignore[arg-type]
+        assert put_done.wait(30), "the put waited for GC's mark"
+        return marks[0]
+
+    monkeypatch.setattr(_gc, "mark", mark_then_wait)  # Test seam: the pause between mark and sweep.
+    reports: list[_gc.GcReport] = []
+    gc = threading.Thread(target=lambda: reports.append(store.gc(RetentionPolicy(keep_last=1))))
+    gc.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not marks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not store.exists("old"), "retention removed the old snapshot before the mark"
+        # Another episode's first snapshot holds the old one's memory: its chunks are reused.
+        again = store.put(write_memory(scratch / "again", memory), make_meta("again", episode_id="ep-2"))
+    finally:
+        put_done.set()
+        gc.join(timeout=30)
+    reused = {ref.pack for entry in again.files() for ref in entry.chunks}
+    assert reused & set(marks[0].dead_packs), "the put reused chunks of a pack the mark found dead"
+    assert again.sizes.new_bytes < len(memory) // 4
+    (report,) = reports
+    assert report.swept and report.deleted_snapshots == ("old",) and report.kept_snapshots == 2
+    verify = store.verify()
+    assert verify.ok, [str(p) for p in verify.problems]
+    store.fetch("again", scratch / "out")
+    assert (scratch / "out" / "criu" / "pages-1.img").read_bytes() == memory
+
+
 def _foreign_lock(store: SnapshotStore, purpose: str, refreshed: float) -> str:
     """A shared lock as a live writer on another host writes it, dated `refreshed` by its clock."""
     key = f"locks/{uuid.uuid4().hex}.json"
