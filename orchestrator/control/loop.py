@@ -109,8 +109,8 @@ class Control:
     def tick(self) -> None:
         now = time.time()
         for name in self.members.lost_nodes(now):
-            for e in self.store.query(states=ON_NODE, node=name):
-                if e.id not in self.work.busy():
+            for e in self.store.on_nodes(name):
+                if e.state in ON_NODE and e.id not in self.work.busy():
                     self.outcomes.recover(e, f"node {name} was lost")
         nodes = {n.name: n for n in self.store.nodes()}
         # The queue is read apart, by the scheduler, as far as it can place or preempt: a tick's

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.state.postgres_database import EVENTS_CHANNEL, PostgresDatabase, PostgresLease
-from orchestrator.state.postgres_schema import SCHEMA
+from orchestrator.state.postgres_schema import ADDED_INDEXES, SCHEMA
 from orchestrator.state.sql import Connection, SqlStateStore
 
 
@@ -39,7 +39,7 @@ class PostgresStateStore(SqlStateStore):
     REPLACE_LOG = _replace("logs", ("episode_id", "start", "content"))
 
     def __init__(self, url: str) -> None:
-        self._database = PostgresDatabase(url, SCHEMA)
+        self._database = PostgresDatabase(url, SCHEMA, ADDED_INDEXES)
         super().__init__(self._database.tx, self._database.read, self._database.grouped)
         self.where = self._database.where
         """The database's URL without its password."""

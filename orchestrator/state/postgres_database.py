@@ -37,6 +37,8 @@ WRITER_LOCK = 0x5354_4153_4953  # "STASIS"
 on SQLite's single writer, so a transaction reads what all earlier ones wrote, and events commit
 in `seq` order: a watcher that has read up to some seq never misses a smaller one committed later.
 Within one process they queue on a threading lock before it, holding no connection meanwhile."""
+INDEX_LOCK = (0x5354_4153, 0x494E_4458)  # "STAS", "INDX"
+"""Key of the advisory lock a server holds while it builds indexes (`_build_indexes`)."""
 POOL_SIZE = 16
 """Connections for the API threads and the control loop. Reads are short and writes use one
 at a time, so more would only hold server memory; PostgreSQL allows 100 by default."""
@@ -88,13 +90,17 @@ def where(url: str) -> str:
 class PostgresDatabase:
     """One PostgreSQL database: reads on a pool, one writer at a time, watchers woken on NOTIFY."""
 
-    def __init__(self, url: str, schema: str) -> None:
+    def __init__(self, url: str, schema: str, indexes: Sequence[tuple[str, str]] = ()) -> None:
+        """Connect, and create what of `schema` does not exist yet, then the `indexes` (name, and
+        what follows ON) that are missing (`_build_indexes`)."""
         self.where = where(url)
         self._url = url
         self._password = str(conninfo_to_dict(url).get("password") or "")
-        with self._translated(), self._connect() as db, db.transaction():
-            db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))  # two servers starting at once
-            db.execute(schema)
+        with self._translated(), self._connect() as db:
+            with db.transaction():
+                db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))  # two servers starting at once
+                db.execute(schema)
+            _build_indexes(db, indexes)
         self._pool = ConnectionPool(
             url,
             connection_class=_Pooled,
@@ -239,6 +245,28 @@ class PostgresDatabase:
                     "lost the event listener of the state database %s: %s", self.where, self._told(exc)
                 )
                 self._closing.wait(RELISTEN_S)
+
+
+def _build_indexes(db: _Pooled, indexes: Sequence[tuple[str, str]]) -> None:
+    """Build each index that is missing, or that a build cut short left invalid, CONCURRENTLY: an
+    orchestrator serving the database meanwhile goes on writing, where a plain CREATE INDEX would
+    hold its writes until the index is built (minutes on millions of episodes). One server builds
+    at a time (INDEX_LOCK), so none takes an index another is building for one left invalid."""
+    db.execute("SELECT pg_advisory_lock(%s, %s)", INDEX_LOCK)
+    try:
+        for name, definition in indexes:
+            found = db.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (name,)
+            ).fetchone()
+            if found is not None and found["indisvalid"]:
+                continue
+            if found is not None:
+                log.warning("index %s was left invalid by a build cut short; building it again", name)
+                db.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+            log.info("building index %s of the state database", name)
+            db.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {definition}")
+    finally:
+        db.execute("SELECT pg_advisory_unlock(%s, %s)", INDEX_LOCK)
 
 
 def _durable(db: _Pooled) -> None:

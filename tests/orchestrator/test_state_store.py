@@ -485,3 +485,36 @@ def test_the_postgres_store_carries_on_after_the_server_drops_its_connections(
     finally:
         store.close()
         postgres.drop(url)
+
+
+@pytest.mark.timeout(60)
+def test_a_postgres_database_of_an_earlier_release_gets_the_indexes_added_since(
+    postgres: PostgresServer,
+) -> None:
+    """An earlier release made the tables without the indexes added since (`ADDED_INDEXES`), and
+    another's build of one was cut short (PostgreSQL leaves such an index invalid, and never reads
+    it). Opening the store builds the missing one and builds the invalid one again."""
+    from orchestrator.state.postgres_schema import ADDED_INDEXES
+
+    url = postgres.database()
+    try:
+        store = PostgresStateStore(url)
+        waiting = [store.submit(SPEC, "", POOL) for _ in range(3)]
+        store.close()
+        with psycopg.connect(postgres.url(url.rsplit("/", 1)[1]), autocommit=True) as db:
+            db.execute("DROP INDEX episodes_queue")
+            db.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'episodes_ended'::regclass")
+        store = PostgresStateStore(url)
+        try:
+            assert [e.id for e in store.queue(time.time())] == [e.id for e in waiting]
+        finally:
+            store.close()
+        with psycopg.connect(postgres.url(url.rsplit("/", 1)[1]), autocommit=True) as db:
+            rows = db.execute(
+                "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE c.relname = ANY(%s)",
+                ([name for name, _ in ADDED_INDEXES],),
+            ).fetchall()
+        assert sorted(rows) == sorted((name, True) for name, _ in ADDED_INDEXES)
+    finally:
+        postgres.drop(url)
