@@ -24,6 +24,8 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
+import os
+import signal
 import socket
 import struct
 import subprocess
@@ -341,6 +343,7 @@ class Daemon:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            process_group=0,  # a group of its own, which `stop` kills whole
         )  # fmt: skip
         server.theirs.close()  # the daemon holds its end now
 
@@ -361,8 +364,11 @@ class Daemon:
             return "(no log)"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
+        """Kill the daemon and what it forked. CRIU probes the kernel as it starts, in children
+        that stop themselves under its ptrace: killed then, it left one stopped for good."""
+        if self.process.returncode is None:  # not reaped: its pid still names its group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
 

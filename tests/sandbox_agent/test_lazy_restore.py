@@ -4,6 +4,7 @@ restore, removes the sandbox and leaves the snapshot intact for another try."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -182,6 +183,42 @@ if [ "$1" = swrk ] && [ ! -e "$0.calls" ]; then
 fi
 exec criu "$@"
 """
+
+
+@pytest.mark.timeout(30)
+def test_a_stopped_daemon_takes_what_it_forked_with_it(tmp_path: Path) -> None:
+    """CRIU forks probes of the kernel as it starts, which stop themselves under its ptrace; a
+    daemon killed then (a restore that failed at once) left one stopped for good. A shell stands
+    in for CRIU here, as that start cannot be timed: it forks a child that stops itself, then
+    waits. Stopping the daemon kills both."""
+    probe, criu, work = tmp_path / "probe", tmp_path / "criu", tmp_path / "work"
+    criu.write_text(f"#!/bin/sh\nsh -c 'echo $$ > {probe}; kill -STOP $$' &\nexec sleep 600\n")
+    criu.chmod(0o755)
+    work.mkdir()
+    memory: Future[dict[int, lazy.Memory]] = Future()
+    server = lazy.PageServer(memory, lambda name: None, lambda message: None)  # type: ignore[arg-type,return-value]
+    daemon = lazy.Daemon(str(criu), tmp_path, work, server)
+    pid = 0
+    try:
+        deadline = time.monotonic() + 10
+        while not (probe.exists() and probe.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pid = int(probe.read_text())
+        while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+            assert time.monotonic() < deadline, "the probe did not stop itself"
+            time.sleep(0.01)
+        daemon.stop()
+        server.stop()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not Path(f"/proc/{pid}").exists(), "the stopped child outlived the daemon"
+    finally:
+        daemon.process.kill()
+        daemon.process.wait()
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.timeout(180)
