@@ -147,7 +147,7 @@ def _judged(backend: Backend, settings: LockSettings, here: Holder) -> list[tupl
 
 def remove_stale(backend: Backend, settings: LockSettings) -> int:
     """Delete locks nobody may honour any more; returns how many. The caller holds a lock of
-    its own (GC's exclusive one), which dates the listing (`_judged`)."""
+    its own (GC's, for its mark), which dates the listing (`_judged`)."""
     stale = [lock.key for lock, stale in _judged(backend, settings, Holder.current()) if stale]
     backend.delete(stale)
     return len(stale)
