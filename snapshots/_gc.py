@@ -1,11 +1,12 @@
 """Retention and mark-and-sweep garbage collection: retention and the mark under a shared store
-lock, beside puts and restores; the sweep, which checks the mark again, under the exclusive one."""
+lock, beside puts and restores; the sweep, which checks the mark again and deletes what no put
+could find any more, under the exclusive one; the rest of the deleting under a shared lock again."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ._backends import Backend, ObjectMissing
 from ._chunking import CHUNK_PREFIX, digest_of_key
@@ -96,7 +97,19 @@ class Marked:
     loose: list[str]
     """Keys of loose chunk objects no manifest read refers to."""
     dead_packs: dict[str, list[str]]
-    """Keys of each pack no manifest read refers to, its index first."""
+    """Keys of each pack no manifest read refers to (its data, its index, or both)."""
+    chunks_in: dict[str, int]
+    """How many chunks each of `dead_packs` holds, by its index."""
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What GC's sweep decided under the exclusive lock, for `remove` to finish after it."""
+
+    report: GcReport
+    """The run's report, but for what `remove` frees."""
+    pack_data: list[str]
+    """Keys of the data of packs whose indexes the sweep deleted."""
 
 
 def mark(
@@ -144,8 +157,6 @@ def mark(
     for key in backend.list(PACK_PREFIX):
         if (parsed := split_pack_key(key)) is not None and parsed[0] not in refs.packs:
             dead_packs[parsed[0]].append(key)
-    for keys in dead_packs.values():
-        keys.sort(key=lambda k: not k.endswith(".idx"))
     loose = [
         key
         for key in backend.list(CHUNK_PREFIX)
@@ -159,20 +170,24 @@ def mark(
         refs=refs,
         loose=loose,
         dead_packs=dict(dead_packs),
+        chunks_in=dict(
+            zip(dead_packs, chunks.map(_chunks_in, [(backend, p) for p in dead_packs]), strict=True)
+        ),
     )
 
 
 def sweep(
     backend: Backend,
     chunks: ChunkStore,
-    locks: LockSettings,
     lock: StoreLock,
     marked: Marked,
     load: Callable[[str], Manifest | None],
-) -> GcReport:
+) -> Swept:
     """Under the exclusive lock, where no put is under way: mark from the manifests published
-    since `mark` read, remove the markers of snapshots that have no manifest, and delete what no
-    manifest refers to still."""
+    since `mark` read, remove the markers of snapshots that have no manifest, and delete the
+    indexes of the packs no manifest refers to still, and the loose chunks. A pack's data waits
+    for `remove`: with its index gone no put can find a chunk in it (`PackIndex.refresh` forgets
+    it), and no manifest refers to it."""
     listed = set(_manifest_ids(backend))
     refs = marked.refs
     readable, unreadable = _read(
@@ -185,39 +200,52 @@ def sweep(
     dangling = [(episode, sid) for episode, sid in markers if sid not in listed]
     backend.delete(episode_key(e, sid) for e, sid in dangling)
 
-    deleted = 0
-    freed = 0
     swept = not unreadable
-    if swept:
-        dead_packs = {pack: keys for pack, keys in marked.dead_packs.items() if pack not in refs.packs}
-        garbage = [key for key in marked.loose if digest_of_key(key) not in refs.objects] + [
-            key for keys in dead_packs.values() for key in keys
-        ]
-        deleted = len(garbage) - sum(len(keys) for keys in dead_packs.values())
-        deleted += sum(chunks.map(_chunks_in, [(backend, pack) for pack in dead_packs]))
-        for start in range(0, len(garbage), _SWEEP_BATCH):
-            batch = garbage[start : start + _SWEEP_BATCH]
-            freed += sum(
-                size or 0
-                for key, size in zip(batch, chunks.map(backend.size, batch), strict=True)
-                if not key.endswith(".idx")
-            )
-            # Re-checked before every batch: if our lock went stale a writer may be live again.
-            lock.ensure_held()
-            backend.delete(batch)
-    partial = backend.discard_partial(locks.stale_after_s)
-    return GcReport(
+    dead_packs = {p: keys for p, keys in marked.dead_packs.items() if p not in refs.packs} if swept else {}
+    loose = [key for key in marked.loose if digest_of_key(key) not in refs.objects] if swept else []
+    indexes = [key for keys in dead_packs.values() for key in keys if key.endswith(".idx")]
+    freed = _delete(backend, chunks, lock, loose + indexes)
+    report = GcReport(
         deleted_snapshots=marked.deleted_snapshots,
         kept_snapshots=len(readable),
         live_chunks=len(refs.hashes),
-        deleted_chunks=deleted,
+        deleted_chunks=len(loose) + sum(marked.chunks_in[p] for p in dead_packs),
         freed_bytes=freed,
         removed_markers=len(dangling),
         removed_locks=marked.removed_locks,
-        removed_partial_files=partial,
+        removed_partial_files=0,
         swept=swept,
         unreadable=tuple(sorted(unreadable)),
     )
+    pack_data = [key for keys in dead_packs.values() for key in keys if not key.endswith(".idx")]
+    return Swept(report, pack_data)
+
+
+def remove(
+    backend: Backend, chunks: ChunkStore, locks: LockSettings, lock: StoreLock, swept: Swept
+) -> GcReport:
+    """After the sweep, under a shared lock again: delete the data of the packs whose indexes it
+    deleted, and temp files of interrupted writes. A GC cut short before this leaves those packs'
+    data behind, which the next one finds without an index and deletes."""
+    freed = _delete(backend, chunks, lock, swept.pack_data)
+    partial = backend.discard_partial(locks.stale_after_s)
+    return replace(swept.report, freed_bytes=swept.report.freed_bytes + freed, removed_partial_files=partial)
+
+
+def _delete(backend: Backend, chunks: ChunkStore, lock: StoreLock, keys: list[str]) -> int:
+    """Delete `keys` in batches, checking before each that `lock` is held still (if it went
+    stale, a writer may be live again); the bytes freed (indexes not counted)."""
+    freed = 0
+    for start in range(0, len(keys), _SWEEP_BATCH):
+        batch = keys[start : start + _SWEEP_BATCH]
+        freed += sum(
+            size or 0
+            for key, size in zip(batch, chunks.map(backend.size, batch), strict=True)
+            if not key.endswith(".idx")
+        )
+        lock.ensure_held()
+        backend.delete(batch)
+    return freed
 
 
 def _manifest_ids(backend: Backend) -> list[str]:

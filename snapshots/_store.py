@@ -397,7 +397,9 @@ class SnapshotStore:
     def gc(self, retention: _gc.RetentionPolicy, ended_episodes: Collection[str] = ()) -> _gc.GcReport:
         """Apply retention and mark the chunks snapshots refer to, beside puts and restores (a
         shared lock); then sweep chunks no manifest refers to, under the exclusive lock, which
-        is held only for the sweep and its check of what was published since the mark.
+        is held only to check what was published since the mark and to delete what a put could
+        find (loose chunks, the indexes of dead packs); then delete the dead packs' data under a
+        shared lock again.
 
         ended_episodes are episodes whose trajectories are persisted elsewhere;
         all their snapshots go. Raises StoreLocked if writers keep the store
@@ -413,9 +415,9 @@ class SnapshotStore:
                 self._manifest_or_none,
             )
         with self._lock(LockKind.EXCLUSIVE, "gc sweep") as lock:
-            return _gc.sweep(
-                self._backend, self._chunks, self._settings.locks, lock, marked, self._manifest_or_none
-            )
+            swept = _gc.sweep(self._backend, self._chunks, lock, marked, self._manifest_or_none)
+        with self._lock(LockKind.SHARED, "gc remove") as lock:
+            return _gc.remove(self._backend, self._chunks, self._settings.locks, lock, swept)
 
     # -- archives ----------------------------------------------------------------------------
 
