@@ -151,8 +151,8 @@ def mark(
     # Mark from every manifest, listed now, not only those reached through markers.
     refs = _Refs()
     readable, unreadable = _read(backend, chunks, load, _manifest_ids(backend), refs)
-    # A pack goes once no snapshot refers to any chunk in it; its index goes first, so no
-    # later put can pick a chunk of it for reuse.
+    # A pack goes once no snapshot refers to any chunk in it: its index in the sweep, after
+    # which no put can pick a chunk of it for reuse, its data after that.
     dead_packs: dict[str, list[str]] = defaultdict(list)
     for key in backend.list(PACK_PREFIX):
         if (parsed := split_pack_key(key)) is not None and parsed[0] not in refs.packs:
