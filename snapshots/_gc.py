@@ -5,7 +5,7 @@ could find any more, under the exclusive one; the rest of the deleting under a s
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ._backends import Backend, ObjectMissing
@@ -131,12 +131,14 @@ def mark(
     marked = [(episode, sid) for episode, sids in by_episode.items() for sid in sids]
     doomed: list[tuple[str, str]] = []
     live_by_episode: dict[str, list[Manifest]] = defaultdict(list)
+    loaded: dict[str, Manifest] = {}
     # A marker without a readable manifest may be a put's, still under way: the sweep decides.
     for (episode, sid), manifest in zip(
         marked, _load_all(chunks, load, [s for _e, s in marked]), strict=True
     ):
         if manifest is None:
             continue
+        loaded[sid] = manifest
         if episode in ended:
             doomed.append((episode, sid))
         else:
@@ -148,9 +150,10 @@ def mark(
     backend.delete(manifest_key(sid) for _e, sid in doomed)
     backend.delete(episode_key(e, sid) for e, sid in doomed)
 
-    # Mark from every manifest, listed now, not only those reached through markers.
+    # Mark from every manifest, listed now, not only those reached through markers; those the
+    # retention read are not read again (a manifest never changes).
     refs = _Refs()
-    readable, unreadable = _read(backend, chunks, load, _manifest_ids(backend), refs)
+    readable, unreadable = _read(backend, chunks, load, _manifest_ids(backend), refs, loaded)
     # A pack goes once no snapshot refers to any chunk in it: its index in the sweep, after
     # which no put can pick a chunk of it for reuse, its data after that.
     dead_packs: dict[str, list[str]] = defaultdict(list)
@@ -272,12 +275,18 @@ def _read(
     load: Callable[[str], Manifest | None],
     snapshot_ids: list[str],
     refs: _Refs,
+    loaded: Mapping[str, Manifest] | None = None,
 ) -> tuple[set[str], set[str]]:
-    """Add what each snapshot's manifest refers to to `refs`; the snapshots read, and those whose
-    manifest is there but could not be read (their chunks cannot be told from garbage)."""
+    """Add what each snapshot's manifest refers to to `refs`, reading those not `loaded` already;
+    the snapshots read, and those whose manifest is there but could not be read (their chunks
+    cannot be told from garbage)."""
+    loaded = loaded or {}
+    unread = [sid for sid in snapshot_ids if sid not in loaded]
+    read = dict(zip(unread, _load_all(chunks, load, unread), strict=True))
     readable: set[str] = set()
     unreadable: set[str] = set()
-    for sid, manifest in zip(snapshot_ids, _load_all(chunks, load, snapshot_ids), strict=True):
+    for sid in snapshot_ids:
+        manifest = loaded.get(sid) or read[sid]
         if manifest is not None:
             readable.add(sid)
             refs.add(manifest)
