@@ -67,7 +67,8 @@ from typing import Any
 from control_plane import submit_throughput
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's own Docker Engine
-from sandbox_agent import AgentSettings, Node, Phase, PhaseHooks, Resources, SandboxSpec, criu_stats
+from sandbox_agent import AgentSettings, Node, Phase, PhaseHooks, Resources, SandboxSpec
+from sandbox_agent.criu import stats
 from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from snapshots import set_aside_startup_objects
@@ -232,7 +233,7 @@ def run_criu(size: int, memory: str, work: Path) -> dict[str, Any]:
             started = time.perf_counter()
             images, dump_ms = dump(f"s{3 + k}")
             # As for Stasis, CRIU's own measure of the freeze (its work dir is the images dir here).
-            frozen.append(criu_stats.frozen_ms(images) or dump_ms)
+            frozen.append(stats.frozen_ms(images) or dump_ms)
             free.append(dump_ms)
             _fsync_tree(images)
             durable.append(_ms(started))

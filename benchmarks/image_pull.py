@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from orchestrator.cli.local import LocalRegistry
-from sandbox_agent.images import ImageCache
-from sandbox_agent.oci import RegistryAccess
+from sandbox_agent.images.cache import ImageCache
+from sandbox_agent.images.oci import RegistryAccess
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 
 

@@ -16,7 +16,7 @@ from sandbox_agent.errors import (
 )
 from sandbox_agent.node import Node
 from sandbox_agent.phases import Phase, PhaseHooks
-from sandbox_agent.service import serve
+from sandbox_agent.server.service import serve
 from sandbox_agent.settings import AgentSettings
 from sandbox_agent.spec import Resources, SandboxSpec, SandboxState, SandboxStatus
 

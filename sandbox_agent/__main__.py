@@ -13,12 +13,12 @@ from pathlib import Path
 
 from protos.tls import TlsFiles
 from sandbox_agent.errors import AgentError
-from sandbox_agent.forwarder import Forwarder, parse_target
-from sandbox_agent.joining import joined
-from sandbox_agent.network import GATEWAY_IP
+from sandbox_agent.host.network import GATEWAY_IP
 from sandbox_agent.node import Node
-from sandbox_agent.registration import Registration
-from sandbox_agent.service import serve
+from sandbox_agent.server.forwarder import Forwarder, parse_target
+from sandbox_agent.server.joining import joined
+from sandbox_agent.server.registration import Registration
+from sandbox_agent.server.service import serve
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR, AgentSettings, JoinSettings
 from snapshots import set_aside_startup_objects
 

@@ -23,9 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from sandbox_agent import _command, cgroups, confined, launch, lazy, network, oci, overlay
 from sandbox_agent import checkpoint as ckpt
-from sandbox_agent.backend import EXIT_CODE, HARNESS_LOG, Backend, SandboxLayout
+from sandbox_agent.criu import lazy
 from sandbox_agent.errors import (
     AlreadyExists,
     Busy,
@@ -34,10 +33,14 @@ from sandbox_agent.errors import (
     InvalidSpec,
     NotFound,
 )
-from sandbox_agent.images import Image, ImageCache
-from sandbox_agent.layer_disks import LayerDisks
+from sandbox_agent.host import cgroups, confined, network, overlay, tools
+from sandbox_agent.host.layer_disks import LayerDisks
+from sandbox_agent.images import oci
+from sandbox_agent.images.cache import Image, ImageCache
 from sandbox_agent.phases import Phase, PhaseHooks, Timeline
-from sandbox_agent.runc import RuncBackend
+from sandbox_agent.runtime import launch
+from sandbox_agent.runtime.backend import EXIT_CODE, HARNESS_LOG, Backend, SandboxLayout
+from sandbox_agent.runtime.runc import RuncBackend
 from sandbox_agent.settings import MEMORY_STAGING_MAX_BYTES, AgentSettings
 from sandbox_agent.spec import (
     SandboxRecord,
@@ -86,7 +89,7 @@ def _ms(seconds: float) -> float:
 
 
 def criu_version(criu: str) -> str:
-    out = _command.run([criu, "--version"], what="criu --version").stdout.decode()
+    out = tools.run([criu, "--version"], what="criu --version").stdout.decode()
     for line in out.splitlines():
         if line.startswith("Version:"):
             return line.split(":", 1)[1].strip()
@@ -108,7 +111,7 @@ def keep_criu_cache() -> None:
     """Give CRIU its tmpfs: without it every dump and restore probes the kernel again (~40 ms)."""
     CRIU_RUNDIR.mkdir(parents=True, exist_ok=True)
     if not overlay.is_mounted(CRIU_RUNDIR):
-        _command.run(
+        tools.run(
             [
                 "mount",
                 "-t",
@@ -139,7 +142,7 @@ def make_backend(settings: AgentSettings) -> Backend:
         cgroups.favor_moves()  # every restore moves CRIU into the sandbox's cgroups
         return RuncBackend(settings.node, settings.root / "runc", conf, disks, criu=settings.criu)
     if settings.backend == "docker":
-        from sandbox_agent.docker_backend import DockerBackend
+        from sandbox_agent.runtime.docker_backend import DockerBackend
 
         return DockerBackend(settings.node, settings.docker_url)
     raise InvalidSpec("backend", f"{settings.backend!r} is not a backend; use runc or docker")

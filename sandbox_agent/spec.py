@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import idmap, network
 from sandbox_agent.errors import InvalidSpec
-from sandbox_agent.overlay import sandbox_path
+from sandbox_agent.host import idmap, network
+from sandbox_agent.host.overlay import sandbox_path
 
 _ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")

@@ -13,7 +13,7 @@ from typing import IO
 
 import pytest
 
-from sandbox_agent import network
+from sandbox_agent.host import network
 from tests import hostcheck
 from tests.dockerd import engine as dockerd_engine
 from tests.s3server import MotoServer

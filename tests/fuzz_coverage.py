@@ -28,7 +28,7 @@ with atheris.instrument_imports(include=["orchestrator", "sandbox_agent", "snaps
     from orchestrator.client import spec_from_mapping
     from orchestrator.domain import InvalidArgument
     from orchestrator.gateway import PROTOCOLS, GatewayError
-    from sandbox_agent.oci import ImageConfig
+    from sandbox_agent.images.oci import ImageConfig
     from snapshots import InvalidCheckpoint, SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
 
 _KEYS = ["image", "command", "entrypoint", "env", "files", "resources", "limits", "preemption", "labels",

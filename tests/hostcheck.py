@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandbox_agent import network
+from sandbox_agent.host import network
 
 
 def _mounts() -> list[str]:

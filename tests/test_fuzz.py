@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from orchestrator.client import spec_from_mapping
 from orchestrator.domain import InvalidArgument
 from orchestrator.gateway import PROTOCOLS, GatewayError
-from sandbox_agent.oci import ImageConfig
+from sandbox_agent.images.oci import ImageConfig
 from snapshots import InvalidCheckpoint, SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
 from tests.snapshots.conftest import make_meta, make_tree
 

@@ -23,7 +23,7 @@ from orchestrator.client import merge_context
 from orchestrator.domain import Role
 from protos.tls import node_identity
 from sandbox_agent import AgentSettings, Node
-from sandbox_agent.images import ImageCache
+from sandbox_agent.images.cache import ImageCache
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from snapshots import SnapshotStore
 from tests.postgres import PostgresServer

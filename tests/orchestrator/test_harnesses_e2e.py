@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.cli.local import LocalStack
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
-from sandbox_agent.images import ImageCache
+from sandbox_agent.images.cache import ImageCache
 from tests.orchestrator.conftest import link_base_tree, link_tree, wait_until
 
 HARNESSES = Path("/var/cache/stasis/harnesses")

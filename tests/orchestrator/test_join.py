@@ -31,7 +31,7 @@ from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 from protos.tls import ORCHESTRATOR, anonymous_channel, node_identity
 from sandbox_agent import FailedPrecondition
-from sandbox_agent.joining import joined
+from sandbox_agent.server.joining import joined
 from sandbox_agent.settings import JoinSettings
 from tests.kubeapi import Pod, StandInApiServer
 from tests.orchestrator.conftest import wait_until

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import cgroups
+from sandbox_agent.host import cgroups
 from tests.sandbox_agent.conftest import NodeFactory
 
 V1 = "30 25 0:27 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset"

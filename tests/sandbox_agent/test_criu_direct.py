@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from protos.criu import rpc_pb2 as rpc
-from sandbox_agent import Node, SandboxSpec, SandboxState, cgroups, criu_rpc
+from sandbox_agent import Node, SandboxSpec, SandboxState
+from sandbox_agent.criu import swrk
 from sandbox_agent.errors import CommandFailed
-from sandbox_agent.runc import RuncBackend
+from sandbox_agent.host import cgroups
+from sandbox_agent.runtime.runc import RuncBackend
 from sandbox_agent.spec import Resources
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
@@ -95,7 +97,7 @@ def _fake_criu(tmp_path: Path, body: str) -> str:
 def test_criu_that_exits_without_answering_is_an_error(tmp_path: Path) -> None:
     criu = _fake_criu(tmp_path, "exit 3")
     with pytest.raises(CommandFailed, match=r"CRIU dump of x \(exit 3\).*\n.*exited without answering"):
-        criu_rpc.call(criu, rpc.criu_req(type=rpc.DUMP), what="CRIU dump of x", timeout_s=10)
+        swrk.call(criu, rpc.criu_req(type=rpc.DUMP), what="CRIU dump of x", timeout_s=10)
 
 
 @pytest.mark.timeout(30)
@@ -104,7 +106,7 @@ def test_criu_that_does_not_answer_in_time_is_killed(tmp_path: Path) -> None:
     placed: list[int] = []
     started = time.monotonic()
     with pytest.raises(CommandFailed, match=r"killed, timed out after 0.5 s"):
-        criu_rpc.call(criu, rpc.criu_req(type=rpc.DUMP), what="x", timeout_s=0.5, placed=placed.append)
+        swrk.call(criu, rpc.criu_req(type=rpc.DUMP), what="x", timeout_s=0.5, placed=placed.append)
     assert time.monotonic() - started < 5
     pid = int((tmp_path / "pid").read_text())
     assert placed == [pid], "the caller placed CRIU before its request"
@@ -117,7 +119,7 @@ def test_criu_refusing_a_request_is_an_error_with_its_reason(tmp_path: Path) -> 
     try:
         opts = rpc.criu_opts(images_dir_fd=images, pid=(1 << 22) - 1, log_file="dump.log", log_level=4)
         with pytest.raises(CommandFailed, match="CRIU dump of nothing"):
-            criu_rpc.call("criu", rpc.criu_req(type=rpc.DUMP, opts=opts), what="CRIU dump of nothing",
+            swrk.call("criu", rpc.criu_req(type=rpc.DUMP, opts=opts), what="CRIU dump of nothing",
                           timeout_s=20, pass_fds=(images,))  # fmt: skip
     finally:
         os.close(images)

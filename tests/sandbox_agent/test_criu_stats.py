@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import criu_stats
+from sandbox_agent.criu import stats
 
 
 def _varint(value: int) -> bytes:
@@ -26,8 +26,8 @@ def _field(number: int, value: int | bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(value)) + value
 
 
-def _image(entry: bytes, magic: int = criu_stats.STATS_MAGIC) -> bytes:
-    return struct.pack("<III", criu_stats.IMG_SERVICE_MAGIC, magic, len(entry)) + entry
+def _image(entry: bytes, magic: int = stats.STATS_MAGIC) -> bytes:
+    return struct.pack("<III", stats.IMG_SERVICE_MAGIC, magic, len(entry)) + entry
 
 
 DUMP = b"".join(
@@ -39,17 +39,17 @@ DUMP = b"".join(
 @pytest.mark.timeout(10)
 def test_the_frozen_time_is_the_freeze_and_what_followed_it(tmp_path: Path) -> None:
     (tmp_path / "stats-dump").write_bytes(_image(_field(1, DUMP)))
-    assert criu_stats.frozen_ms(tmp_path) == 49.5
+    assert stats.frozen_ms(tmp_path) == 49.5
     # Fields it does not know, fixed-size ones among them, are passed over.
     fixed = _varint(15 << 3 | 1) + bytes(8) + _varint(16 << 3 | 5) + bytes(4)
     (tmp_path / "stats-dump").write_bytes(_image(_field(1, DUMP + fixed) + _field(3, b"later")))
-    assert criu_stats.frozen_ms(tmp_path) == 49.5
+    assert stats.frozen_ms(tmp_path) == 49.5
 
 
 @pytest.mark.timeout(10)
 def test_a_missing_or_damaged_stats_image_says_nothing(tmp_path: Path) -> None:
     image = tmp_path / "stats-dump"
-    assert criu_stats.frozen_ms(tmp_path) is None
+    assert stats.frozen_ms(tmp_path) is None
     for raw in (
         b"",
         _image(_field(1, DUMP), magic=0x12345678),  # another image's magic
@@ -60,4 +60,4 @@ def test_a_missing_or_damaged_stats_image_says_nothing(tmp_path: Path) -> None:
         _image(_field(1, DUMP + _varint(7 << 3 | 3))),  # a group, which CRIU never writes
     ):
         image.write_bytes(raw)
-        assert criu_stats.frozen_ms(tmp_path) is None, raw
+        assert stats.frozen_ms(tmp_path) is None, raw

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.cli.local import free_port
 from sandbox_agent import SandboxSpec
-from sandbox_agent.forwarder import Forwarder, parse_target
+from sandbox_agent.server.forwarder import Forwarder, parse_target
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
 
 CLIENT = r"""

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import SandboxSpec, SandboxState, freezer
+from sandbox_agent import SandboxSpec, SandboxState
 from sandbox_agent.errors import FailedPrecondition
-from sandbox_agent.runc import RuncBackend
+from sandbox_agent.host import freezer
+from sandbox_agent.runtime.runc import RuncBackend
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
 
 COUNTER = "import time\ni = 0\nwhile True:\n    i += 1\n    print(i, flush=True)\n    time.sleep(0.01)"

@@ -9,7 +9,7 @@ import docker
 import pytest
 
 from sandbox_agent import InvalidSpec, SandboxSpec
-from sandbox_agent.docker_backend import import_docker_image
+from sandbox_agent.runtime.docker_backend import import_docker_image
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import overlay
 from sandbox_agent.errors import FailedPrecondition
-from sandbox_agent.layer_disks import LayerDisks
+from sandbox_agent.host import overlay
+from sandbox_agent.host.layer_disks import LayerDisks
 
 SMALL = (16, 1024)
 OTHER = (32, 2048)

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import Node, SandboxSpec, lazy, overlay
+from sandbox_agent import Node, SandboxSpec
+from sandbox_agent.criu import lazy
 from sandbox_agent.errors import CommandFailed
+from sandbox_agent.host import overlay
 from sandbox_agent.node import SnapshotTarget
-from sandbox_agent.runc import RuncBackend
+from sandbox_agent.runtime.runc import RuncBackend
 from snapshots import Alignment, Segment, SnapshotStore, StoredFile, StoreUnavailable
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, lazy_daemons, remove_node_dirs, staged, wait_for_log
@@ -298,7 +300,7 @@ def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
 def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
     """The page server answers only from the snapshot; asked for memory it lacks, it stops the
     sandbox before the daemon hears of it."""
-    from sandbox_agent import lazy
+    from sandbox_agent.criu import lazy
 
     stopped: list[str] = []
     memory: Future[dict[int, lazy.Memory]] = Future()

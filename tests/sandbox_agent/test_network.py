@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import network
 from sandbox_agent.errors import AlreadyExists, FailedPrecondition
+from sandbox_agent.host import network
 from tests import hostcheck
 
 

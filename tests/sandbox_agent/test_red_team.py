@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent import InvalidSpec, Resources, SandboxSpec, SandboxState, confined, network
+from sandbox_agent import InvalidSpec, Resources, SandboxSpec, SandboxState
+from sandbox_agent.host import confined, network
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
 
 # Runs as root in the base image; it leaves a wrong answer and tries to make any grader print 1000.

@@ -16,7 +16,7 @@ import pytest
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
 from sandbox_agent import ImageRejected, NotFound, SandboxSpec, SandboxState, serve
-from sandbox_agent.oci import Reference, RegistryAccess, resolve
+from sandbox_agent.images.oci import Reference, RegistryAccess, resolve
 from tests.oci_images import harness_image, member, with_layer
 from tests.registry import Registry
 from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log

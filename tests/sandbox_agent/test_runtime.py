@@ -19,7 +19,7 @@ import pytest
 
 from sandbox_agent import Node, SandboxSpec, SandboxState, SandboxStatus
 from sandbox_agent.node import SnapshotTarget
-from sandbox_agent.runc import ended
+from sandbox_agent.runtime.runc import ended
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
 

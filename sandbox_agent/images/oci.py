@@ -32,8 +32,8 @@ from typing import Any
 
 import zstandard
 
-from sandbox_agent import _command
 from sandbox_agent.errors import CommandFailed, ImageRejected, InvalidSpec
+from sandbox_agent.host import tools
 
 _REFERENCE = re.compile(
     r"^(?P<host>[a-zA-Z0-9.-]+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/"
@@ -190,9 +190,7 @@ def resolve(ref: str, access: RegistryAccess) -> str:
         return parsed.digest
     argv = ["skopeo", "inspect", "--format", "{{.Digest}}", *_flags(parsed, access, "--")]
     try:
-        out = (
-            _command.run([*argv, source], what=f"resolving image {ref}", timeout=120).stdout.decode().strip()
-        )
+        out = tools.run([*argv, source], what=f"resolving image {ref}", timeout=120).stdout.decode().strip()
     except CommandFailed as exc:
         raise _refused(ref, exc) from None
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", out):
@@ -220,7 +218,7 @@ def _blob_sizes(source: str, parsed: Reference | None, access: RegistryAccess) -
     or the manifest cannot be read (the copy then reports the registry's error)."""
     argv = ["skopeo", "inspect", "--raw", *_flags(parsed, access, "--"), source]
     try:
-        manifest = json.loads(_command.run(argv, what="reading a manifest", timeout=120).stdout)
+        manifest = json.loads(tools.run(argv, what="reading a manifest", timeout=120).stdout)
         blobs = [manifest["config"], *manifest["layers"]]
         return {str(b["digest"]): int(b["size"]) for b in blobs}
     except (CommandFailed, ValueError, KeyError, TypeError):
@@ -316,7 +314,7 @@ def fetch(ref: str, layout: Path, access: RegistryAccess, progress: Progress | N
     )
     try:
         with watch:
-            _command.run(
+            tools.run(
                 [
                     "skopeo",
                     "copy",
@@ -349,7 +347,7 @@ def fetch(ref: str, layout: Path, access: RegistryAccess, progress: Progress | N
 
 def unpack(fetched: Fetched, rootfs: Path) -> None:
     """Unpack a fetched image's layers in order, whiteouts applied, ownership kept."""
-    _command.run(
+    tools.run(
         ["umoci", "raw", "unpack", "--image", f"{fetched.layout}:{fetched.tag}", str(rootfs)],
         what=f"unpacking image layers into {rootfs}",
         timeout=3600,
@@ -358,7 +356,7 @@ def unpack(fetched: Fetched, rootfs: Path) -> None:
 
 def forget(fetched: Fetched) -> None:
     """Drop the layout's tag for a pull; its blobs stay, so the next pull of a layer is free."""
-    _command.run(
+    tools.run(
         ["umoci", "rm", "--image", f"{fetched.layout}:{fetched.tag}"], check=False, what="untagging a pull"
     )
 

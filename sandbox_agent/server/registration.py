@@ -17,7 +17,7 @@ from protos.stasis.v1 import stasis_pb2 as spb
 from protos.stasis.v1 import stasis_pb2_grpc as spb_grpc
 from protos.tls import ORCHESTRATOR
 from sandbox_agent.node import Node
-from sandbox_agent.service import image_to_pb, node_info_pb, sandbox_to_pb
+from sandbox_agent.server.service import image_to_pb, node_info_pb, sandbox_to_pb
 
 log = logging.getLogger(__name__)
 

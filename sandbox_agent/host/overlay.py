@@ -11,9 +11,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from sandbox_agent import _command, confined
-from sandbox_agent._libc import check, libc
 from sandbox_agent.errors import CheckpointCorrupt, FailedPrecondition, InvalidSpec
+from sandbox_agent.host import confined, tools
+from sandbox_agent.host._libc import check, libc
 
 # These xattrs name the source node's lower filesystem (file handles, fs uuid); a layer
 # carrying them confuses overlay on another node, so they never leave the node.
@@ -35,7 +35,7 @@ def mount(lowers: Sequence[Path], upper: Path, work: Path, target: Path) -> None
     """Mount an overlay; the first lower dir is the topmost."""
     for d in (upper, work, target):
         d.mkdir(parents=True, exist_ok=True)
-    _command.run(
+    tools.run(
         [
             "mount",
             "-t",
@@ -52,7 +52,7 @@ def mount(lowers: Sequence[Path], upper: Path, work: Path, target: Path) -> None
 def mount_read_only(lowers: Sequence[Path], target: Path) -> None:
     """Mount lower dirs (the first topmost) as one read-only tree: an overlay without an upper."""
     target.mkdir(parents=True, exist_ok=True)
-    _command.run(
+    tools.run(
         ["mount", "-t", "overlay", "overlay", "-o",
          f"ro,lowerdir={':'.join(str(p) for p in lowers)}", str(target)],
         what=f"mounting a read-only overlay at {target}",
@@ -65,7 +65,7 @@ def make_layer_fs(image: Path, size_mb: int, inodes: int, *, nice: bool = False)
     priority, for work ahead of need."""
     with open(image, "wb") as f:
         f.truncate(size_mb << 20)
-    _command.run(
+    tools.run(
         [*(["nice", "-n", "19"] if nice else []), "mkfs.ext4", "-q", "-F", "-m", "0", "-N", str(inodes), "-O", "^has_journal",
          "-E", "lazy_itable_init=1,lazy_journal_init=1", str(image)],
         what=f"making the writable layer's filesystem in {image}",
@@ -153,7 +153,7 @@ def _unmount(target: bytes) -> None:
 def export_layer(upper: Path, dest: Path) -> int:
     """Write the writable layer as an overlay-native tar; returns its size in bytes."""
     excludes = [f"--xattrs-exclude={x}" for x in NODE_BOUND_XATTRS]
-    _command.run(
+    tools.run(
         ["tar", "-C", str(upper), *_TAR_COMMON, *excludes, "--sparse", "-cf", str(dest), "."],
         what=f"archiving writable layer {upper}",
     )
@@ -166,7 +166,7 @@ def import_layer(layer: Path, upper: Path) -> None:
         raise CheckpointCorrupt(f"writable layer {layer} is missing")
     upper.mkdir(parents=True, exist_ok=True)
     try:
-        _command.run(
+        tools.run(
             ["tar", "-C", str(upper), *_TAR_COMMON, "--same-permissions", "-xf", str(layer)],
             what=f"unpacking writable layer {layer}",
         )

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sandbox_agent import _command
-from sandbox_agent._libc import check, libc
 from sandbox_agent.errors import FailedPrecondition
+from sandbox_agent.host import tools
+from sandbox_agent.host._libc import check, libc
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class IdMap:
         return self._userns
 
     def _new_userns(self) -> int:
-        with _command.held(["unshare", "--user", "sleep", "60"], what="user namespace holder") as holder:
+        with tools.held(["unshare", "--user", "sleep", "60"], what="user namespace holder") as holder:
             own = os.readlink("/proc/self/ns/user")
             deadline = time.monotonic() + 10
             while os.readlink(f"/proc/{holder.pid}/ns/user") == own:

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 
-from sandbox_agent import _command, netlink
-from sandbox_agent._libc import check, libc
 from sandbox_agent.errors import AlreadyExists, FailedPrecondition, InvalidSpec
+from sandbox_agent.host import netlink, tools
+from sandbox_agent.host._libc import check, libc
 
 GATEWAY_IP = "169.254.1.1"
 VETH_PREFIX = "stx"
@@ -67,12 +67,12 @@ def veth_name(node: str, sandbox_id: str) -> str:
     return f"{VETH_PREFIX}{_short(node, sandbox_id)}"
 
 
-def _ip(*args: str, check: bool = True) -> _command.Completed:
-    return _command.run(["ip", *args], check=check, what=f"ip {' '.join(args[:3])}")
+def _ip(*args: str, check: bool = True) -> tools.Completed:
+    return tools.run(["ip", *args], check=check, what=f"ip {' '.join(args[:3])}")
 
 
-def _iptables(*args: str, check: bool = True) -> _command.Completed:
-    return _command.run(["iptables", "-w", *args], check=check, what=f"iptables {' '.join(args[:3])}")
+def _iptables(*args: str, check: bool = True) -> tools.Completed:
+    return tools.run(["iptables", "-w", *args], check=check, what=f"iptables {' '.join(args[:3])}")
 
 
 def _allowance(node: str, port: int) -> tuple[str, ...]:

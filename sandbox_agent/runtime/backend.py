@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sandbox_agent.checkpoint import Checkpoint
-from sandbox_agent.images import Image
-from sandbox_agent.lazy import Transfer
+from sandbox_agent.criu.lazy import Transfer
+from sandbox_agent.images.cache import Image
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
 STATE_DIR = "/.stasis"

@@ -24,12 +24,12 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
-from sandbox_agent import _command, overlay
-from sandbox_agent.backend import STATE_DIR, STOP_TIMEOUT_S, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.criu.lazy import Transfer
 from sandbox_agent.errors import AgentError, CommandFailed, FailedPrecondition, NotFound, ToolUnavailable
-from sandbox_agent.images import Image, ImageCache
-from sandbox_agent.lazy import Transfer
+from sandbox_agent.host import overlay, tools
+from sandbox_agent.images.cache import Image, ImageCache
+from sandbox_agent.runtime.backend import STATE_DIR, STOP_TIMEOUT_S, SandboxLayout, wrapped_command
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
 CHECKPOINT_NAME = "stasis"
@@ -119,7 +119,7 @@ class DockerBackend:
             except docker.errors.ImageNotFound:
                 with tempfile.TemporaryDirectory() as tmp:
                     tar = Path(tmp) / "rootfs.tar"
-                    _command.run(
+                    tools.run(
                         [
                             "tar",
                             "-C",

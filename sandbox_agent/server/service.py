@@ -22,7 +22,6 @@ from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
 from protos.status import guarded, snapshot_status
 from protos.tls import ORCHESTRATOR, TlsFiles, bind, peer_identity
-from sandbox_agent import oci
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import (
     AgentError,
@@ -34,7 +33,8 @@ from sandbox_agent.errors import (
     NotFound,
     ToolUnavailable,
 )
-from sandbox_agent.images import Image
+from sandbox_agent.images import oci
+from sandbox_agent.images.cache import Image
 from sandbox_agent.node import Node, SnapshotTarget
 from sandbox_agent.spec import Resources, SandboxSpec, SandboxState, SandboxStatus
 from snapshots import SnapshotError
@@ -291,7 +291,7 @@ class AgentService(pb_grpc.SandboxAgentServicer):
         elif source == "directory":
             image = self.node.images.import_directory(_path("directory", request.directory), request.name)
         elif source == "docker_image":
-            from sandbox_agent.docker_backend import import_docker_image
+            from sandbox_agent.runtime.docker_backend import import_docker_image
 
             docker_url = self.node.settings.docker_url
             image = import_docker_image(self.node.images, request.docker_image, request.name, docker_url)

@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox_agent import _command, oci
 from sandbox_agent.errors import InvalidSpec, NotFound
-from sandbox_agent.oci import ImageConfig, RegistryAccess
+from sandbox_agent.host import tools
+from sandbox_agent.images import oci
+from sandbox_agent.images.oci import ImageConfig, RegistryAccess
 
 DIGEST_PREFIX = "sha256:"
 _CHUNK = 1 << 20
@@ -163,7 +164,7 @@ class ImageCache:
         if not directory.is_dir():
             raise InvalidSpec("directory", f"{directory} is not a directory")
         return self._import(
-            lambda dest: _command.run(
+            lambda dest: tools.run(
                 ["cp", "-a", "--", f"{directory}/.", str(dest)], what="copying image directory"
             ),
             name,
@@ -238,7 +239,7 @@ class ImageCache:
 
 
 def _extract(tarball: Path, dest: Path) -> None:
-    _command.run(
+    tools.run(
         ["tar", "-xf", str(tarball), "-C", str(dest), "--numeric-owner", "--xattrs", "--xattrs-include=*"],
         what=f"extracting image tarball {tarball}",
     )

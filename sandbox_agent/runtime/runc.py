@@ -1,4 +1,4 @@
-"""The default backend: runc over an overlay rootfs, with CRIU over its RPC (`criu_rpc`).
+"""The default backend: runc over an overlay rootfs, with CRIU over its RPC (`criu.swrk`).
 
 runc starts a sandbox. Dumps and restores go to CRIU straight, with the options runc would give
 it, where `runc checkpoint` and `runc restore` spent 12-25 ms of their own on each (runc's start,
@@ -24,24 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from protos.criu import rpc_pb2 as rpc
-from sandbox_agent import (
-    _command,
-    cgroups,
-    confined,
-    criu_rpc,
-    criu_stats,
-    freezer,
-    idmap,
-    lazy,
-    network,
-    overlay,
-    seccomp,
-)
-from sandbox_agent.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.criu import lazy, stats, swrk
 from sandbox_agent.errors import CommandFailed, FailedPrecondition, InvalidSpec
-from sandbox_agent.images import Image
-from sandbox_agent.layer_disks import LayerDisks
+from sandbox_agent.host import cgroups, confined, freezer, idmap, network, overlay, seccomp, tools
+from sandbox_agent.host.layer_disks import LayerDisks
+from sandbox_agent.images.cache import Image
+from sandbox_agent.runtime.backend import GRADED_MOUNT, STATE_DIR, SandboxLayout, wrapped_command
 from sandbox_agent.spec import Resources, SandboxRecord, SandboxState
 
 log = logging.getLogger(__name__)
@@ -124,13 +113,11 @@ class RuncBackend:
                 self._idmaps[userns_base] = idmap.IdMap(userns_base)
             return self._idmaps[userns_base]
 
-    def _runc(
-        self, *args: str, check: bool = True, what: str = "", timeout: float = 600
-    ) -> _command.Completed:
-        return _command.run(
+    def _runc(self, *args: str, check: bool = True, what: str = "", timeout: float = 600) -> tools.Completed:
+        return tools.run(
             ["runc", "--root", str(self.state_root), "--criu", self.criu, *args],
             check=check,
-            stdin=_command.DEVNULL,
+            stdin=tools.DEVNULL,
             what=what or f"runc {args[0]}",
             timeout=timeout,
         )
@@ -312,7 +299,7 @@ class RuncBackend:
             with suppress(OSError, FailedPrecondition):
                 self.thaw(record, layout)
             raise
-        return criu_stats.frozen_ms(work)
+        return stats.frozen_ms(work)
 
     def _checkpoint(
         self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path, *extra: str
@@ -321,7 +308,7 @@ class RuncBackend:
         where its log and its stats of this dump are."""
         work = layout.criu_work / "dump"
         work.mkdir(parents=True, exist_ok=True)
-        (work / criu_stats.STATS_DUMP).unlink(missing_ok=True)  # an earlier dump's
+        (work / stats.STATS_DUMP).unlink(missing_ok=True)  # an earlier dump's
         try:
             if self.direct:
                 self._criu_dump(record, layout, images_dir, work, leave_running=bool(extra))
@@ -358,7 +345,7 @@ class RuncBackend:
         opts.external.append(f"net[{netns.stat().st_ino}]:{EXTERNAL_NETNS}")
         with _open_dirs(images_dir, work) as (images_fd, work_fd):
             opts.images_dir_fd, opts.work_dir_fd = images_fd, work_fd
-            criu_rpc.call(
+            swrk.call(
                 self.criu, rpc.criu_req(type=rpc.DUMP, opts=opts), what=f"CRIU dump of sandbox {record.id}",
                 timeout_s=600, pass_fds=(images_fd, work_fd),
             )  # fmt: skip
@@ -499,7 +486,7 @@ class RuncBackend:
             opts.inherit_fd.append(rpc.inherit_fd(key=EXTERNAL_NETNS, fd=netns))
             with _open_dirs(images_dir, work) as (images_fd, work_fd):
                 opts.images_dir_fd, opts.work_dir_fd = images_fd, work_fd
-                answer = criu_rpc.call(
+                answer = swrk.call(
                     self.criu, rpc.criu_req(type=rpc.RESTORE, opts=opts),
                     what=f"CRIU restore of sandbox {record.id}", timeout_s=self.restore_timeout_s,
                     pass_fds=(images_fd, work_fd, netns), placed=lambda pid: cgroups.enter(cgroup, pid),

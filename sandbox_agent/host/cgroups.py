@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sandbox_agent import _command
-from sandbox_agent.freezer import CGROUP_ROOT as ROOT
+from sandbox_agent.host import tools
+from sandbox_agent.host.freezer import CGROUP_ROOT as ROOT
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def favor_moves(mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
     point, options = mounts[0]
     # A remount sets every flag of the superblock anew: the ones it has are named again.
     kept = [o for o in options if o not in ("rw", "ro")]
-    result = _command.run(
+    result = tools.run(
         ["mount", "-o", ",".join(["remount", *kept, OPTION]), str(point)],
         check=False,
         what=f"remounting {point} with {OPTION}",

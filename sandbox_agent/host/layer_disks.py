@@ -11,7 +11,7 @@ import uuid
 from collections import OrderedDict
 from pathlib import Path
 
-from sandbox_agent import overlay
+from sandbox_agent.host import overlay
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sandbox_agent import confined
 from sandbox_agent.errors import InvalidSpec
-from sandbox_agent.images import Image
+from sandbox_agent.host import confined
+from sandbox_agent.images.cache import Image
 from sandbox_agent.spec import SandboxSpec
 
 MAX_ACCOUNT_FILE = 1 << 20
