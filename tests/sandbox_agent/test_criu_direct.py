@@ -29,7 +29,7 @@ def _cgroup_view(node: Node, sandbox_id: str) -> tuple[dict[str, str], list[str]
     """The sandbox's cgroup settings, and its init's cgroups with the node and id taken out."""
     inner = f"stasis/{node.name}/{sandbox_id}"
     settings = {f: (cgroups.ROOT / f.split("/")[0] / inner / f.split("/")[1]).read_text() for f in SETTINGS}
-    _, pid = node.backend.status(node._record(sandbox_id), node._layout(sandbox_id))
+    _, pid = node.backend.status(node.sandboxes.record(sandbox_id), node.sandboxes.layout(sandbox_id))
     own = Path(f"/proc/{pid}/cgroup").read_text().replace(f"/{inner}", "/SANDBOX").splitlines()
     return settings, sorted(own)
 
@@ -59,7 +59,7 @@ def test_a_restored_sandbox_has_the_cgroups_runc_gives_a_started_one(
     # Known without runc: paused while frozen, and killed through its cgroup.
     before = b.harness_log("s").count(b"sha ")
     wait_for_log(b, "s", lambda t: t.count("sha ") > before)
-    record, layout = b._record("s"), b._layout("s")
+    record, layout = b.sandboxes.record("s"), b.sandboxes.layout("s")
     b.backend.freeze(record, layout)
     assert b.backend.status(record, layout)[0] == SandboxState.PAUSED
     b.backend.thaw(record, layout)
@@ -76,7 +76,7 @@ def test_a_restored_sandbox_has_the_cgroups_runc_gives_a_started_one(
 def test_a_pid_file_naming_a_process_outside_the_sandbox_is_not_the_sandbox(make_node: NodeFactory) -> None:
     a = make_node("node-a")
     a.create("s", SandboxSpec(image="base", command=("sleep", "600")))
-    record, layout = a._record("s"), a._layout("s")
+    record, layout = a.sandboxes.record("s"), a.sandboxes.layout("s")
     state, pid = a.backend.status(record, layout)
     assert state == SandboxState.RUNNING and pid > 0
     pid_file = layout.dir / "init.pid"

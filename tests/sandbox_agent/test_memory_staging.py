@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent.node import _private_dir
+from sandbox_agent.node.staging import private_dir
 
 
 @pytest.mark.timeout(10)
 def test_the_dir_is_made_for_this_user_alone(tmp_path: Path) -> None:
-    made = _private_dir(tmp_path, "stasis-node-a")
+    made = private_dir(tmp_path, "stasis-node-a")
     assert made == tmp_path / "stasis-node-a"
     assert made.stat().st_mode & 0o777 == 0o700 and made.stat().st_uid == os.geteuid()
-    assert _private_dir(tmp_path, "stasis-node-a") == made, "found again by the next agent"
-    assert _private_dir(None, "stasis-node-a") is None
+    assert private_dir(tmp_path, "stasis-node-a") == made, "found again by the next agent"
+    assert private_dir(None, "stasis-node-a") is None
 
 
 @pytest.mark.timeout(10)
@@ -29,4 +29,4 @@ def test_a_dir_others_may_enter_or_own_or_a_symlink_is_not_used(tmp_path: Path) 
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "file").write_text("")
     for name in ("open", "theirs", "link", "file"):
-        assert _private_dir(tmp_path, name) is None, name
+        assert private_dir(tmp_path, name) is None, name

@@ -305,7 +305,7 @@ def test_restarted_agent_thaws_a_sandbox_an_interrupted_checkpoint_froze(make_no
     node = make_node("node-a")
     node.create("frozen", SandboxSpec(image="base", command=("sleep", "600")))
     record = node.get("frozen").record
-    layout = node._layout("frozen")
+    layout = node.sandboxes.layout("frozen")
     node.backend.freeze(record, layout)
     # It died inside a stopping dump: the sandbox is marked as stopped, but CRIU never got to
     # kill it. Reviving it from images that were never finished would lose it.

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import _thread
-import json
 import logging
 import os
-import re
 import shutil
 import signal as signals
-import stat
-import tarfile
 import tempfile
 import threading
 import time
@@ -21,27 +17,22 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
 
 from sandbox_agent import checkpoint as ckpt
 from sandbox_agent.criu import lazy
-from sandbox_agent.errors import (
-    AlreadyExists,
-    Busy,
-    FailedPrecondition,
-    ImageMismatch,
-    InvalidSpec,
-    NotFound,
-)
-from sandbox_agent.host import cgroups, confined, network, overlay, tools
-from sandbox_agent.host.layer_disks import LayerDisks
+from sandbox_agent.errors import AlreadyExists, FailedPrecondition, ImageMismatch, InvalidSpec, NotFound
+from sandbox_agent.host import network, overlay
 from sandbox_agent.images import oci
 from sandbox_agent.images.cache import Image, ImageCache
+from sandbox_agent.node import logs
+from sandbox_agent.node.backends import criu_version, make_backend
+from sandbox_agent.node.sandboxes import Sandboxes, in_thread, partial
+from sandbox_agent.node.staging import PAGES, checkpoint_shaped, private_dir, staging_for
 from sandbox_agent.phases import Phase, PhaseHooks, Timeline
 from sandbox_agent.runtime import launch
-from sandbox_agent.runtime.backend import EXIT_CODE, HARNESS_LOG, Backend, SandboxLayout
+from sandbox_agent.runtime.backend import Backend, SandboxLayout
 from sandbox_agent.runtime.runc import RuncBackend
-from sandbox_agent.settings import MEMORY_STAGING_MAX_BYTES, AgentSettings
+from sandbox_agent.settings import AgentSettings
 from sandbox_agent.spec import (
     SandboxRecord,
     SandboxSpec,
@@ -51,7 +42,6 @@ from sandbox_agent.spec import (
     validate_id,
 )
 from snapshots import (
-    EntryKind,
     Manifest,
     SnapshotCorrupt,
     SnapshotMeta,
@@ -63,89 +53,13 @@ from snapshots import (
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-
-def _private_dir(base: Path | None, name: str) -> Path | None:
-    """<base>/<name>, made if missing, when it is a directory only this process's user may enter
-    (base may be a world-writable tmpfs such as /dev/shm); else None, with a warning."""
-    if base is None:
-        return None
-    path = base / name
-    try:
-        path.mkdir(mode=0o700, exist_ok=True)
-        info = os.lstat(path)
-    except OSError as exc:
-        log.warning("not staging restores in %s: %s", path, exc)
-        return None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        log.warning("not staging restores in %s: not a directory of this user's alone", path)
-        return None
-    return path
-
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
 
 
-def criu_version(criu: str) -> str:
-    out = tools.run([criu, "--version"], what="criu --version").stdout.decode()
-    for line in out.splitlines():
-        if line.startswith("Version:"):
-            return line.split(":", 1)[1].strip()
-    return out.strip()
-
-
-IRMAP_SCAN_PATHS = ("/root", "/home", "/tmp", "/work", "/workspace")
-"""Where CRIU looks for the files a harness watches (inotify, fanotify), inside the sandbox."""
-
-
-CRIU_RUNDIR = Path("/run/criu")
-"""Where CRIU (built by scripts/host-setup.sh with RUNDIR=/run/criu) caches what it probed of
-the kernel. It keeps the cache only on a tmpfs, so that a reboot drops it; the node mounts one."""
 CLOSE_REMOVE_S = 10.0
 """How long `close` waits for a sandbox to be removed once it stopped the sandbox's memory."""
-
-
-def keep_criu_cache() -> None:
-    """Give CRIU its tmpfs: without it every dump and restore probes the kernel again (~40 ms)."""
-    CRIU_RUNDIR.mkdir(parents=True, exist_ok=True)
-    if not overlay.is_mounted(CRIU_RUNDIR):
-        tools.run(
-            [
-                "mount",
-                "-t",
-                "tmpfs",
-                "-o",
-                "size=1m,mode=0755,nosuid,nodev,noexec",
-                "tmpfs",
-                str(CRIU_RUNDIR),
-            ],
-            what=f"mounting CRIU's cache at {CRIU_RUNDIR}",
-        )
-
-
-def make_backend(settings: AgentSettings) -> Backend:
-    keep_criu_cache()
-    if settings.backend == "runc":
-        conf = settings.root / "criu-runc.conf"
-        # TCP connections come back closed, so the harness's HTTP client reconnects. runc makes
-        # and fills the sandbox's cgroups and restores CRIU into them, so CRIU leaves cgroups
-        # alone (dumping them took 15 ms of each freeze). A watched file's path is found by
-        # scanning: harnesses watch their home and work dirs (Claude Code watches ~/.claude with
-        # inotify), which CRIU's default scan misses. A task leaving CRIU's parasite or restorer
-        # code is stopped by tracing its syscalls: a hardware breakpoint cost some 10 ms of every
-        # freeze on the VMs measured (scripts/criu-patches/breakpoints-option.patch).
-        scans = "".join(f"irmap-scan-path {p}\n" for p in IRMAP_SCAN_PATHS)
-        conf.write_text("tcp-close\nnetwork-lock skip\nmanage-cgroups=ignore\nno-breakpoints\n" + scans)
-        disks = LayerDisks(settings.root / "layer-disks")
-        cgroups.favor_moves()  # every restore moves CRIU into the sandbox's cgroups
-        return RuncBackend(settings.node, settings.root / "runc", conf, disks, criu=settings.criu)
-    if settings.backend == "docker":
-        from sandbox_agent.runtime.docker_backend import DockerBackend
-
-        return DockerBackend(settings.node, settings.docker_url)
-    raise InvalidSpec("backend", f"{settings.backend!r} is not a backend; use runc or docker")
 
 
 @dataclass(frozen=True)
@@ -190,11 +104,9 @@ class Node:
         self.backend = backend or make_backend(settings)
         self.criu_version = criu_version(settings.criu)
         self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
-        self._sandboxes_dir = settings.root / "sandboxes"
-        self._sandboxes_dir.mkdir(exist_ok=True)
-        # Harnesses' layers lie there as the sandboxes see them: no other user of the node reaches them.
-        self._sandboxes_dir.chmod(0o700)
-        self._reachable_dir = _reachable(settings.run_dir / self.name)
+        self.sandboxes = Sandboxes(
+            self.name, self.backend, settings.root / "sandboxes", settings.run_dir / self.name
+        )
         self._userns_base = settings.userns_base if isinstance(self.backend, RuncBackend) else 0
         """Where new sandboxes' ids start on the host; the docker backend has no user namespaces."""
         self._lazy = settings.lazy_restore and self.backend.lazy_restore
@@ -212,9 +124,9 @@ class Node:
         whole, so it fails outright, as the control plane expects of a damaged snapshot."""
         self._staging = settings.root / "staging"
         self._staging.mkdir(exist_ok=True)
-        self._memory_staging = _private_dir(settings.memory_dir, f"stasis-{self.name}")
+        self._memory_staging = private_dir(settings.memory_dir, f"stasis-{self.name}")
         self._lock = threading.Lock()
-        self._busy: set[str] = set()
+        """Guards `_arriving` and `_eager_next`."""
         network.prepare_node(self.name, settings.allowed_ports)
         self._import_base_image()
         self._recover()
@@ -239,20 +151,13 @@ class Node:
                     log.info("node %s imported base image %s", self.name, image.digest)
 
     def _recover(self) -> None:
-        """Drop half-made sandboxes and containers that have no record after a crash."""
-        known = set()
-        for d in self._sandboxes_dir.iterdir():
-            if d.name.startswith(".") or not (d / "sandbox.json").exists():
-                _remove(self._layout(d.name))
-                continue
-            known.add(d.name)
-        for d in self._reachable_dir.iterdir():
-            if d.name not in known:
-                _remove(self._layout(d.name))
+        """After a crash: drop half-made sandboxes and containers that have no record, and finish
+        or undo what an operation left half done."""
+        known = self.sandboxes.recover()
         for leftover in self.backend.remove_leftovers(known):
             log.warning("node %s removed container %s that had no record", self.name, leftover)
         for sandbox_id in known:
-            record, layout = self._record(sandbox_id), self._layout(sandbox_id)
+            record, layout = self.sandboxes.record(sandbox_id), self.sandboxes.layout(sandbox_id)
             if layout.arriving.exists():
                 # Its agent died while the sandbox's memory was still arriving: pages it never
                 # got would read as zeros. Its snapshot is intact; the control plane restores
@@ -269,7 +174,7 @@ class Node:
                 # Its agent died between the kill and the commit: the snapshot never landed.
                 images = Path(layout.stopped.read_text())
                 self._revive(record, layout, images)
-                if images.name == ckpt.CRIU_DIR and images.parent.name.startswith(_partial(sandbox_id)):
+                if images.name == ckpt.CRIU_DIR and images.parent.name.startswith(partial(sandbox_id)):
                     shutil.rmtree(images.parent, ignore_errors=True)
                 continue
             # A stopping dump that never finished: the sandbox runs on, and its mark goes.
@@ -283,107 +188,13 @@ class Node:
                     sandbox_id,
                 )
 
-    # -- bookkeeping ------------------------------------------------------------------------
-
-    def _layout(self, sandbox_id: str) -> SandboxLayout:
-        # Every request names its sandbox by id: one like '../x' or 'a/layer/upper' would reach
-        # outside the sandboxes' directory, into a tree a harness controls.
-        validate_id("sandbox_id", sandbox_id)
-        return SandboxLayout(self._sandboxes_dir / sandbox_id, self._reachable_dir / sandbox_id)
-
-    def _record(self, sandbox_id: str) -> SandboxRecord:
-        path = self._layout(sandbox_id).record
-        try:
-            return SandboxRecord.from_json(json.loads(path.read_text()))
-        except FileNotFoundError:
-            raise NotFound(f"sandbox {sandbox_id!r} does not exist on node {self.name}") from None
-
-    @contextmanager
-    def _exclusive(self, sandbox_id: str) -> Iterator[None]:
-        """One operation at a time per sandbox; a concurrent one is refused, not queued."""
-        with self._lock:
-            if sandbox_id in self._busy:
-                raise Busy(f"sandbox {sandbox_id!r} on node {self.name} is busy with another operation")
-            self._busy.add(sandbox_id)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._busy.discard(sandbox_id)
-
-    @contextmanager
-    def _new_sandbox(
-        self,
-        sandbox_id: str,
-        record: SandboxRecord,
-        *,
-        keep_busy: bool = False,
-        alongside: Callable[[SandboxLayout], None] | None = None,
-    ) -> Iterator[SandboxLayout]:
-        """Reserve the id, make the sandbox's network (and run `alongside` meanwhile, in another
-        thread), and undo everything if building the sandbox fails. With `keep_busy`, the
-        sandbox stays busy when built, until the caller calls `_done`."""
-        layout = self._layout(sandbox_id)
-        with self._lock:
-            if layout.dir.exists() or sandbox_id in self._busy:
-                raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
-            layout.dir.mkdir(parents=True)
-            _reachable(layout.reachable)
-            self._busy.add(sandbox_id)
-        try:
-            record.save(layout.record)
-            meanwhile = _in_thread(lambda: alongside(layout), f"build-{sandbox_id}") if alongside else None
-            try:
-                if self.backend.wants_netns:
-                    network.create(self.name, sandbox_id, record.spec.address)
-            finally:
-                if meanwhile is not None:
-                    wait([meanwhile])  # nothing is undone under it
-            if meanwhile is not None:
-                meanwhile.result()
-            yield layout
-        except BaseException:
-            self._teardown(record, layout)
-            self._done(sandbox_id)
-            raise
-        if not keep_busy:
-            self._done(sandbox_id)
-
-    def _done(self, sandbox_id: str) -> None:
-        with self._lock:
-            self._busy.discard(sandbox_id)
-
-    def _teardown(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        try:
-            self.backend.destroy(record, layout)
-        finally:
-            network.destroy(self.name, record.id)
-            _remove(layout)
-
-    def _status(self, record: SandboxRecord) -> SandboxStatus:
-        layout = self._layout(record.id)
-        state, pid = self.backend.status(record, layout)
-        exit_code = None
-        if state == SandboxState.EXITED:
-            # The harness owns this file: it may be a symlink, a fifo or endless; read a few bytes.
-            code = confined.read(self.backend.upper_dir(record, layout), EXIT_CODE, limit=16)[0]
-            try:
-                exit_code = int(code.strip())
-            except ValueError:
-                exit_code = None
-            if exit_code is not None and not 0 <= exit_code <= 255:
-                exit_code = None  # not what the wrapper's `echo $?` writes: the harness wrote it
-        with self._lock:
-            busy = record.id in self._busy
-        return SandboxStatus(record=record, state=state, pid=pid, exit_code=exit_code, busy=busy)
-
     # -- operations -------------------------------------------------------------------------
 
     def create(
         self, sandbox_id: str, spec: SandboxSpec, files: dict[str, bytes] | None = None
     ) -> SandboxStatus:
         validate_id("sandbox_id", sandbox_id)
-        return self._status(self._start(sandbox_id, spec, files or {}))
+        return self.sandboxes.status(self._start(sandbox_id, spec, files or {}))
 
     def _start(
         self,
@@ -407,7 +218,7 @@ class Node:
             created_at=time.time(),
             timings_ms=timeline.timings_ms(),
         )
-        with self._new_sandbox(sandbox_id, record) as layout:
+        with self.sandboxes.new(sandbox_id, record) as layout:
             self.backend.create(record, layout, image, files, graded)
             self.backend.start(record, layout)
         return record
@@ -485,16 +296,16 @@ class Node:
         before the slow part (layer, hashing, upload); it is removed once the body has committed.
         If anything fails, the sandbox keeps running: thawed, or revived from the images.
         """
-        record = self._record(sandbox_id)
-        with self._exclusive(sandbox_id):
-            layout = self._layout(sandbox_id)
+        record = self.sandboxes.record(sandbox_id)
+        with self.sandboxes.exclusive(sandbox_id):
+            layout = self.sandboxes.layout(sandbox_id)
             state, _ = self.backend.status(record, layout)
             if state != SandboxState.RUNNING:
                 raise FailedPrecondition(
                     f"sandbox {sandbox_id!r} on node {self.name} is {state}, not running"
                 )
             parent.mkdir(parents=True, exist_ok=True)
-            staging = parent / f"{_partial(sandbox_id)}{uuid.uuid4().hex[:8]}"
+            staging = parent / f"{partial(sandbox_id)}{uuid.uuid4().hex[:8]}"
             staging.mkdir()
             images = staging / ckpt.CRIU_DIR
             frozen = False
@@ -528,7 +339,7 @@ class Node:
                 with timeline.phase(Phase.LAYER):
                     upper = self.backend.upper_dir(record, layout)
                     layer_bytes = overlay.export_layer(upper, staging / ckpt.LAYER)
-                    log_bytes = _read_log(upper, 0, None)[1]
+                    log_bytes = logs.read(upper, 0, None)[1]
                 if leave_running:
                     self.backend.thaw(record, layout)
                     frozen = False
@@ -566,7 +377,7 @@ class Node:
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
             if not leave_running:
-                self._teardown(record, layout)
+                self.sandboxes.teardown(record, layout)
 
     def _revive(self, record: SandboxRecord, layout: SandboxLayout, images: Path) -> None:
         """Bring back a sandbox stopped for a checkpoint that then failed. If that fails too, the
@@ -575,7 +386,7 @@ class Node:
             self.backend.revive(record, layout, images)
         except Exception:
             log.exception("node %s could not revive sandbox %s; removing it", self.name, record.id)
-            self._teardown(record, layout)
+            self.sandboxes.teardown(record, layout)
             return
         layout.stopped.unlink(missing_ok=True)
         log.warning("node %s revived sandbox %s after its checkpoint failed", self.name, record.id)
@@ -603,13 +414,13 @@ class Node:
 
     def _restore_from_store(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxStatus:
         store = self._require_store()
-        if self._layout(sandbox_id).dir.exists():  # _layout checks the id
+        if self.sandboxes.layout(sandbox_id).dir.exists():  # _layout checks the id
             raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
         staged_as = f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
         staging = self._staging / staged_as
         timeline = Timeline(sandbox_id, self.hooks)
         lazily = self._lazy and snapshot_id not in self._eager_next
-        leave_out: Callable[[str], object] = _PAGES.fullmatch if lazily else lambda path: False
+        leave_out: Callable[[str], object] = PAGES.fullmatch if lazily else lambda path: False
         reader = store.reader(snapshot_id)
 
         def images(name: str) -> StoredFile:
@@ -624,11 +435,14 @@ class Node:
             nonlocal staging
             try:
                 with timeline.phase(Phase.FETCH):
-                    _checkpoint_shaped(reader.manifest)
+                    checkpoint_shaped(reader.manifest)
                     metadata = reader.open(ckpt.METADATA)
                     raw = metadata.read(0, metadata.size)
                     head.set_result(ckpt.parse(raw, f"{snapshot_id}:{ckpt.METADATA}"))
-                    staging = self._staging_for(reader.manifest, leave_out) / staged_as
+                    staging = (
+                        staging_for(reader.manifest, leave_out, self._staging, self._memory_staging)
+                        / staged_as
+                    )
                     reader.fetch(staging, leave_out=leave_out)
                     tree.set_result(None)
                     return lazy.prepare(staging / ckpt.CRIU_DIR, images) if lazily else {}
@@ -638,7 +452,7 @@ class Node:
                         future.set_exception(exc)
                 raise
 
-        fetching = _in_thread(fetch, f"fetch-{sandbox_id}")
+        fetching = in_thread(fetch, f"fetch-{sandbox_id}")
 
         def fetched() -> tuple[ckpt.Checkpoint, lazy.Transfer | None]:
             tree.result()
@@ -665,7 +479,7 @@ class Node:
         if transfer is None:
             release()
             return status
-        layout = self._layout(sandbox_id)
+        layout = self.sandboxes.layout(sandbox_id)
         if transfer.failure is not None:  # failed while the restore was finishing
             self._memory_arrives(sandbox_id, snapshot_id, layout, transfer, timeline, release)
             raise transfer.failure
@@ -678,16 +492,6 @@ class Node:
             self._memory_arrives, (sandbox_id, snapshot_id, layout, transfer, timeline, release)
         )
         return status
-
-    def _staging_for(self, manifest: Manifest, leave_out: Callable[[str], object]) -> Path:
-        """Where a restore puts the snapshot's files that it fetches: in memory if they are few
-        (`AgentSettings.memory_dir`), else on disk."""
-        if self._memory_staging is None:
-            return self._staging
-        size = sum(e.size for e in manifest.entries if e.kind is EntryKind.FILE and not leave_out(e.path))
-        if size > MEMORY_STAGING_MAX_BYTES or 2 * size > shutil.disk_usage(self._memory_staging).free:
-            return self._staging
-        return self._memory_staging
 
     def _memory_arrives(
         self,
@@ -711,10 +515,10 @@ class Node:
                     with self._lock:
                         self._eager_next.add(snapshot_id)
                 with suppress(NotFound):
-                    self._remove_now(self._record(sandbox_id), layout)
+                    self._remove_now(self.sandboxes.record(sandbox_id), layout)
             else:
                 try:
-                    record = self._record(sandbox_id)
+                    record = self.sandboxes.record(sandbox_id)
                     resident = timeline.record(Phase.RESIDENT, timeline.started)
                     record.timings_ms = {**record.timings_ms, Phase.RESIDENT.key: resident}
                     record.save(layout.record)
@@ -724,7 +528,7 @@ class Node:
             layout.arriving.unlink(missing_ok=True)
             with self._lock:
                 arriving = self._arriving.pop(sandbox_id, None)
-            self._done(sandbox_id)
+            self.sandboxes.done(sandbox_id)
             if arriving is not None:
                 arriving[0].set()
 
@@ -733,7 +537,7 @@ class Node:
         in the sandbox's turn; a sandbox that lacks memory it cannot get is removed so whatever
         it is busy with, and the control plane, finding it gone, restores it again."""
         self.backend.kill(record, layout, signals.SIGKILL)
-        self._teardown(record, layout)
+        self.sandboxes.teardown(record, layout)
 
     def warm(self) -> None:
         """Make ahead, in the background, what the first sandboxes will need (`Backend.warm`)."""
@@ -757,7 +561,7 @@ class Node:
         for sandbox_id, (arrived, _) in late.items():
             if not arrived.wait(max(0.0, deadline - time.monotonic())):
                 with suppress(NotFound):
-                    self._remove_now(self._record(sandbox_id), self._layout(sandbox_id))
+                    self._remove_now(self.sandboxes.record(sandbox_id), self.sandboxes.layout(sandbox_id))
         self.backend.close()
         if self._memory_staging is not None:
             with suppress(OSError):  # still holds a restore's files
@@ -766,10 +570,10 @@ class Node:
     def _stop_quietly(self, sandbox_id: str) -> None:
         """Kill a sandbox's processes at once, whatever it is busy with (a lazy restore's fault)."""
         try:
-            record = self._record(sandbox_id)
+            record = self.sandboxes.record(sandbox_id)
         except NotFound:
             return
-        self.backend.kill(record, self._layout(sandbox_id), signals.SIGKILL)
+        self.backend.kill(record, self.sandboxes.layout(sandbox_id), signals.SIGKILL)
 
     def _stop_arriving(self, sandbox_id: str, transfer: lazy.Transfer) -> None:
         """Kill a running sandbox whose memory is still arriving, then stop its transfer (CRIU's
@@ -820,7 +624,7 @@ class Node:
             created_at=time.time(),
             restored_from=source,
         )
-        with self._new_sandbox(
+        with self.sandboxes.new(
             sandbox_id,
             record,
             keep_busy=keep_busy,
@@ -837,7 +641,7 @@ class Node:
                 # run. (Checkpoints older than `log_bytes` are measured now, a little late.)
                 record.log_start = (
                     checkpoint.sizes.log_bytes
-                    or _read_log(self.backend.upper_dir(record, layout), 0, None)[1]
+                    or logs.read(self.backend.upper_dir(record, layout), 0, None)[1]
                 )
                 record.save(layout.record)
             except BaseException:
@@ -880,7 +684,7 @@ class Node:
         verifier's own files (hidden tests, reference answers) never existed in the graded
         sandbox, and it has no network.
         """
-        record = self._record(sandbox_id)
+        record = self.sandboxes.record(sandbox_id)
         if not isinstance(self.backend, RuncBackend):
             raise FailedPrecondition(
                 f"node {self.name} runs {self.backend.name}; verifiers need the runc backend"
@@ -888,8 +692,8 @@ class Node:
         if not 0 < timeout_s <= MAX_VERIFIER_S:  # NaN fails too
             raise InvalidSpec("timeout_s", f"{timeout_s} must be > 0 and <= {MAX_VERIFIER_S}")
         verifier_id = f"{sandbox_id}-verify"
-        with self._exclusive(sandbox_id):
-            layout = self._layout(sandbox_id)
+        with self.sandboxes.exclusive(sandbox_id):
+            layout = self.sandboxes.layout(sandbox_id)
             state, _ = self.backend.status(record, layout)
             if state != SandboxState.EXITED:
                 raise FailedPrecondition(
@@ -912,15 +716,15 @@ class Node:
                 cleanup.callback(overlay.unmount_below, layout.mapped)
                 cleanup.callback(overlay.unmount, graded)
                 vrecord = self._start(verifier_id, spec, files, graded=graded)
-                cleanup.callback(self._teardown, vrecord, self._layout(verifier_id))
-                status = self._status(vrecord)
+                cleanup.callback(self.sandboxes.teardown, vrecord, self.sandboxes.layout(verifier_id))
+                status = self.sandboxes.status(vrecord)
                 while status.state != SandboxState.EXITED and time.monotonic() - started < timeout_s:
                     time.sleep(0.1)
-                    status = self._status(vrecord)
+                    status = self.sandboxes.status(vrecord)
                 timed_out = status.state != SandboxState.EXITED
                 if timed_out:
-                    self.backend.kill(vrecord, self._layout(verifier_id), signals.SIGKILL)
-                    status = self._status(vrecord)
+                    self.backend.kill(vrecord, self.sandboxes.layout(verifier_id), signals.SIGKILL)
+                    status = self.sandboxes.status(vrecord)
                 return VerifierResult(
                     exit_code=status.exit_code,
                     timed_out=timed_out,
@@ -931,24 +735,24 @@ class Node:
     def kill(self, sandbox_id: str, signal: int = signals.SIGKILL) -> SandboxStatus:
         if signal not in signals.valid_signals() or signal == 0:
             raise InvalidSpec("signal", f"{signal} is not a signal number")
-        record = self._record(sandbox_id)
-        with self._exclusive(sandbox_id):
-            self.backend.kill(record, self._layout(sandbox_id), signal)
-        return self._status(record)
+        record = self.sandboxes.record(sandbox_id)
+        with self.sandboxes.exclusive(sandbox_id):
+            self.backend.kill(record, self.sandboxes.layout(sandbox_id), signal)
+        return self.sandboxes.status(record)
 
     def delete(self, sandbox_id: str) -> None:
-        record = self._record(sandbox_id)
-        with self._exclusive(sandbox_id):
-            self._remove_now(record, self._layout(sandbox_id))
+        record = self.sandboxes.record(sandbox_id)
+        with self.sandboxes.exclusive(sandbox_id):
+            self._remove_now(record, self.sandboxes.layout(sandbox_id))
 
     def get(self, sandbox_id: str) -> SandboxStatus:
-        return self._status(self._record(sandbox_id))
+        return self.sandboxes.status(self.sandboxes.record(sandbox_id))
 
     def list(self) -> list[SandboxStatus]:
         out = []
-        for d in sorted(self._sandboxes_dir.iterdir()):
+        for sandbox_id in self.sandboxes.ids():
             try:
-                out.append(self._status(self._record(d.name)))
+                out.append(self.sandboxes.status(self.sandboxes.record(sandbox_id)))
             except NotFound:
                 continue  # created or deleted concurrently
         return out
@@ -961,8 +765,10 @@ class Node:
         self, sandbox_id: str, tail_bytes: int = 65536, offset: int | None = None
     ) -> tuple[bytes, int]:
         """The last `tail_bytes` of the harness's log, or up to MAX_LOG_READ from `offset`; and its size."""
-        record = self._record(sandbox_id)
-        return _read_log(self.backend.upper_dir(record, self._layout(sandbox_id)), tail_bytes, offset)
+        record = self.sandboxes.record(sandbox_id)
+        return logs.read(
+            self.backend.upper_dir(record, self.sandboxes.layout(sandbox_id)), tail_bytes, offset
+        )
 
     def snapshot_log(
         self, snapshot_id: str, tail_bytes: int = 65536, offset: int | None = None
@@ -977,17 +783,7 @@ class Node:
                 raise NotFound(f"snapshot {snapshot_id} does not exist") from None
             except FileNotFoundError:
                 return b"", 0
-            with tarfile.open(layer) as tar:
-                member = next((m for m in tar if m.name.removeprefix("./") == HARNESS_LOG.lstrip("/")), None)
-                if member is None or not member.isreg():
-                    return b"", 0
-                # Only the window asked for: the harness may have made its log a sparse file of
-                # terabytes, which the layer holds in a few bytes.
-                source = tar.extractfile(member)
-                assert source is not None
-                start, limit = _log_window(member.size, tail_bytes, offset)
-                source.seek(start)
-                return source.read(limit), member.size
+            return logs.read_archived(layer, tail_bytes, offset)
 
     def delete_all(self) -> None:
         """Delete every sandbox of this node: for tests and decommissioning."""
@@ -996,89 +792,5 @@ class Node:
             self.delete(status.record.id)
 
 
-_PAGES = re.compile(rf"{ckpt.CRIU_DIR}/pages-\d+\.img")
-"""The CRIU images that hold memory, which a lazy restore leaves in the store."""
-
-
-MAX_METADATA_BYTES = 64 << 20
-"""A checkpoint's metadata is its spec and inventory: a few KiB, up to the spec's 16 MiB of files."""
-
-
-def _checkpoint_shaped(manifest: Manifest) -> None:
-    """Refuse a snapshot no node could have written: a node stores directories and regular files
-    only, and a restore, run as root, must not follow a symlink out to the node's own files
-    (chmod the images, unpack the layer); nor read a metadata file beyond any spec's size."""
-    for e in manifest.entries:
-        if e.kind is EntryKind.SYMLINK:
-            raise SnapshotCorrupt(
-                manifest.snapshot_id,
-                e.path,
-                None,
-                "is a symlink; a checkpoint holds only directories and files",
-            )
-        if e.path == ckpt.METADATA and e.size > MAX_METADATA_BYTES:
-            raise SnapshotCorrupt(
-                manifest.snapshot_id, e.path, None, f"holds {e.size} bytes; the limit is {MAX_METADATA_BYTES}"
-            )
-
-
-def _in_thread(fn: Callable[[], T], name: str) -> Future[T]:
-    """Run fn in a thread of its own; its result, or what it raised, in the future returned."""
-    future: Future[T] = Future()
-
-    def run() -> None:
-        future.set_running_or_notify_cancel()
-        try:
-            future.set_result(fn())
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future
-
-
-def _partial(sandbox_id: str) -> str:
-    """How the name of a checkpoint's staging directory begins, before its random suffix."""
-    return f".{sandbox_id}.partial-"
-
-
-def _remove(layout: SandboxLayout) -> None:
-    """A sandbox's directories gone, everything mounted in them unmounted first: a verifier's view
-    of it, its id-mapped trees, its layer's filesystem (the loop device goes with it)."""
-    overlay.unmount_below(layout.reachable, layout.dir)
-    shutil.rmtree(layout.reachable, ignore_errors=True)
-    shutil.rmtree(layout.dir, ignore_errors=True)
-
-
-def _reachable(path: Path) -> Path:
-    """Make a directory that anyone may pass through but not list: where sandboxes, whose ids are
-    unprivileged on the host, find their root filesystems."""
-    for d in reversed([path, *path.parents]):
-        if not d.exists():
-            d.mkdir(exist_ok=True)
-            d.chmod(0o711)
-        elif not d.stat().st_mode & 0o001:
-            raise FailedPrecondition(
-                f"{d} is not searchable by others, so sandboxes (unprivileged host ids) could not "
-                f"reach their root filesystems under {path}: choose another --run-dir, or chmod o+x {d}"
-            )
-    return path
-
-
 MAX_VERIFIER_S = 30 * 86400
 """The longest a verifier may be given: an infinite one would hold the sandbox and a worker forever."""
-MAX_LOG_READ = 4 << 20
-"""The most one log read returns; a reader pages on with the offset."""
-
-
-def _log_window(size: int, tail_bytes: int, offset: int | None) -> tuple[int, int]:
-    """Where a log read of a `size`-byte log starts and how much it reads: its last `tail_bytes`,
-    or from `offset` on, at most MAX_LOG_READ either way."""
-    if offset is None:
-        return max(0, size - tail_bytes), max(0, min(tail_bytes, MAX_LOG_READ))
-    return min(max(0, offset), size), MAX_LOG_READ
-
-
-def _read_log(root: Path, tail_bytes: int, offset: int | None) -> tuple[bytes, int]:
-    _, size = confined.read(root, HARNESS_LOG, limit=0)
-    return confined.read(root, HARNESS_LOG, *_log_window(size, tail_bytes, offset))
