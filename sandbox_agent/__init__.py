@@ -1,4 +1,10 @@
-"""Stasis node agent: sandboxes on one node, checkpointed with CRIU and restored anywhere."""
+"""Stasis node agent: sandboxes on one node, checkpointed with CRIU and restored anywhere.
+
+Its rooms, each importing only those below it (import-linter checks): `server` (the gRPC
+service and cluster membership) > `node` (the `Node` and its operations) > `runtime` (runc or
+Docker) > `criu` | `images` > `checkpoint` > `spec` > `host` (the kernel) > `errors`, `settings`,
+`phases`. A request is followed from `server/service.py` into `node/node.py`.
+"""
 
 from sandbox_agent.checkpoint import Checkpoint, Sizes
 from sandbox_agent.errors import (
