@@ -414,7 +414,7 @@ class Node:
 
     def _restore_from_store(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxStatus:
         store = self._require_store()
-        if self.sandboxes.layout(sandbox_id).dir.exists():  # _layout checks the id
+        if self.sandboxes.layout(sandbox_id).dir.exists():  # layout() checks the id
             raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
         staged_as = f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
         staging = self._staging / staged_as
