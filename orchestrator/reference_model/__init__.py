@@ -1,8 +1,12 @@
 """The reference model: a small, exact, seeded sampler behind an OpenAI-compatible API.
 
-It stands in for vLLM/SGLang in tests and in `stasis up`: a fixed vocabulary,
-seeded logits, grammar-valid tool calls, and log-probs that are exactly those
-of the distribution each token was sampled from. See docs/reference-model.md.
+It stands in for vLLM/SGLang in tests and in `stasis up`: a language model over
+tokens (its next-token distribution a function of the token prefix, the policy
+version and the sampling parameters alone), a fixed vocabulary shipped as a
+Hugging Face tokenizer with Qwen3's chat template, grammar-valid tool calls, and
+log-probs that are exactly those of the distribution each token was sampled
+from, which `ReferenceModel.logprobs` (a teacher-forced pass) reproduces. See
+docs/reference-model.md.
 
 Run it with ``python -m orchestrator.reference_model --port 0``, or in-process::
 
@@ -18,10 +22,18 @@ from orchestrator.reference_model._model import ReferenceModel
 from orchestrator.reference_model._protocol import ApiError
 from orchestrator.reference_model._server import POLICY_VERSION_HEADER, ReferenceModelServer
 from orchestrator.reference_model._settings import ReferenceModelSettings
-from orchestrator.reference_model._vocabulary import VOCABULARY, Vocabulary, decode, tokenize
+from orchestrator.reference_model._vocabulary import (
+    TOKENIZER_DIR,
+    VOCABULARY,
+    Vocabulary,
+    decode,
+    tokenize,
+    write_tokenizer_dir,
+)
 
 __all__ = [
     "POLICY_VERSION_HEADER",
+    "TOKENIZER_DIR",
     "VOCABULARY",
     "ApiError",
     "ReferenceModel",
@@ -31,4 +43,5 @@ __all__ = [
     "Vocabulary",
     "decode",
     "tokenize",
+    "write_tokenizer_dir",
 ]

@@ -44,6 +44,19 @@ def _parser() -> argparse.ArgumentParser:
         help="answer length at which ending beats continuing (default %(default)s)",
     )
     parser.add_argument(
+        "--think-probability",
+        type=float,
+        default=defaults.think_probability,
+        help="chance a turn opens with reasoning (default %(default)s)",
+    )
+    parser.add_argument(
+        "--logprobs-mode",
+        choices=("processed", "raw"),
+        default=defaults.logprobs_mode,
+        help="log-probs of the sampling distribution (processed) or before temperature and top-p (raw), "
+        "as vLLM's --logprobs-mode (default %(default)s)",
+    )
+    parser.add_argument(
         "--default-max-tokens",
         type=int,
         default=defaults.default_max_tokens,
@@ -65,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             model_name=args.model_name,
             mean_tool_turns=args.mean_tool_turns,
             mean_answer_tokens=args.mean_answer_tokens,
+            think_probability=args.think_probability,
+            logprobs_mode=args.logprobs_mode,
             default_max_tokens=args.default_max_tokens,
             access_log=args.access_log,
         )

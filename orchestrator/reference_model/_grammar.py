@@ -1,7 +1,7 @@
 """The tool-call grammar: a character automaton that token sampling is constrained to.
 
-A call is the text ``{"name": "<tool>", "arguments": {<args>}}`` between the
-``<tool_call>`` and ``</tool_call>`` special tokens. Each tool contributes a
+A call is the text ``\n{"name": "<tool>", "arguments": {<args>}}\n`` between the
+``<tool_call>`` and ``</tool_call>`` tokens, as Qwen3's chat format writes it. Each tool contributes a
 pattern: a sequence of parts, each a finite set of strings held in a trie.
 Literal parts (keys, punctuation) have one string; value parts have the
 JSON-encoded candidates from ``arguments``. A state is the set of live
@@ -12,6 +12,7 @@ continuing (``1`` vs ``12``) is tracked exactly.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 from orchestrator.reference_model._arguments import argument_properties, value_candidates
 from orchestrator.reference_model._vocabulary import Vocabulary
 
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+"""A tool name the model can call: what OpenAI's API allows."""
 Position = tuple[int, int, int]
 State = frozenset[Position]
 
@@ -60,15 +63,23 @@ class CallPattern:
         """The call text before the arguments object, which the arguments string is cut after."""
         return call_prefix(self.tool_name)
 
+    def arguments(self, call_text: str) -> str:
+        """The arguments of a complete call text of this tool, verbatim."""
+        return call_text[len(self.prefix) : -len(CALL_SUFFIX)]
+
+
+CALL_SUFFIX = "}\n"
+"""The call text after the arguments object."""
+
 
 def call_prefix(tool_name: str) -> str:
     """The call text up to the arguments object."""
-    return f'{{"name": {json.dumps(tool_name)}, "arguments": '
+    return f'\n{{"name": {json.dumps(tool_name)}, "arguments": '
 
 
 def call_text(tool_name: str, arguments: str) -> str:
     """The text between <tool_call> and </tool_call> for one call, arguments verbatim."""
-    return call_prefix(tool_name) + arguments + "}"
+    return call_prefix(tool_name) + arguments + CALL_SUFFIX
 
 
 def call_pattern(tool_name: str, parameters: Mapping[str, Any], tries: TrieCache) -> CallPattern:
@@ -76,7 +87,7 @@ def call_pattern(tool_name: str, parameters: Mapping[str, Any], tries: TrieCache
     head = call_prefix(tool_name)
     properties = argument_properties(parameters)
     if not properties:
-        return CallPattern(tool_name, (Trie([head + "{}}"]),))
+        return CallPattern(tool_name, (Trie([head + "{}" + CALL_SUFFIX]),))
     parts: list[Trie] = []
     literal = head + "{"
     for i, (name, schema) in enumerate(properties):
@@ -84,7 +95,7 @@ def call_pattern(tool_name: str, parameters: Mapping[str, Any], tries: TrieCache
         parts.append(Trie([literal]))
         parts.append(tries.get(value_candidates(tool_name, name, schema)))
         literal = ""
-    parts.append(Trie(["}}"]))
+    parts.append(Trie(["}" + CALL_SUFFIX]))
     return CallPattern(tool_name, tuple(parts))
 
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.reference_model._decoding import SamplingParams
+from orchestrator.reference_model._grammar import TOOL_NAME
 
-TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
 
@@ -53,6 +53,8 @@ class ChatMessage:
     role: str
     content: str
     tool_calls: tuple[ToolCallRecord, ...] = ()
+    reasoning: str | None = None
+    """An assistant message's reasoning (`reasoning_content`), which the template may show."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class FunctionTool:
     name: str
     description: str | None
     parameters: Mapping[str, Any]
+    declaration: Mapping[str, Any]
+    """The tool object as the request gave it, which the template lists verbatim."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class ChatRequest:
     top_logprobs: int
     return_token_ids: bool
     return_tokens_as_token_ids: bool
+    template_options: Mapping[str, Any]
+    """`chat_template_kwargs` the template understands (`enable_thinking`)."""
 
 
 @dataclass(frozen=True)
@@ -173,8 +179,20 @@ def _common(
         top_p=1.0 if top_p is None else top_p,
         max_tokens=max_tokens or default_max_tokens,
         stop=stops,
+        stop_token_ids=_token_ids(body.get("stop_token_ids"), "stop_token_ids"),
     )
     return model, params, seed
+
+
+def _token_ids(value: Any, param: str, vocabulary_size: int | None = None) -> tuple[int, ...]:
+    """A list of token ids (none if absent)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise invalid(param, "must be a list of token ids")
+    if vocabulary_size is not None and not all(0 <= t < vocabulary_size for t in value):
+        raise invalid(param, f"token ids must lie in [0, {vocabulary_size})")
+    return tuple(value)
 
 
 def _content(value: Any, param: str, *, optional: bool = False) -> str:
@@ -239,11 +257,11 @@ def _messages(value: Any) -> tuple[ChatMessage, ...]:
             )
         elif role == "assistant":
             calls = _tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
-            out.append(
-                ChatMessage(
-                    "assistant", _content(message.get("content"), f"{where}.content", optional=True), calls
-                )
-            )
+            reasoning = message.get("reasoning_content", message.get("reasoning"))
+            if reasoning is not None and not isinstance(reasoning, str):
+                raise invalid(f"{where}.reasoning_content", "must be a string")
+            content = _content(message.get("content"), f"{where}.content", optional=True)
+            out.append(ChatMessage("assistant", content, calls, reasoning))
         elif role == "tool":
             if not isinstance(message.get("tool_call_id"), str):
                 raise invalid(f"{where}.tool_call_id", "is required for tool messages")
@@ -281,7 +299,7 @@ def _tools(value: Any) -> tuple[FunctionTool, ...]:
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise invalid(f"{where}.function.description", "must be a string")
-        tools.append(FunctionTool(name, description, parameters))
+        tools.append(FunctionTool(name, description, parameters, tool))
     return tuple(tools)
 
 
@@ -317,6 +335,11 @@ def parse_chat(body: Mapping[str, Any], default_max_tokens: int) -> ChatRequest:
     response_format = body.get("response_format")
     if isinstance(response_format, Mapping) and response_format.get("type", "text") != "text":
         raise invalid("response_format", "only type=text is supported")
+    options = body.get("chat_template_kwargs") or {}
+    if not isinstance(options, Mapping) or set(options) - {"enable_thinking"}:
+        raise invalid("chat_template_kwargs", "only {enable_thinking: true|false} is understood")
+    if not isinstance(options.get("enable_thinking", True), bool):
+        raise invalid("chat_template_kwargs", "enable_thinking must be a boolean")
     return ChatRequest(
         model=model,
         messages=messages,
@@ -329,6 +352,7 @@ def parse_chat(body: Mapping[str, Any], default_max_tokens: int) -> ChatRequest:
         top_logprobs=top_logprobs,
         return_token_ids=_bool(body, "return_token_ids", False),
         return_tokens_as_token_ids=_bool(body, "return_tokens_as_token_ids", False),
+        template_options=dict(options),
     )
 
 
@@ -338,20 +362,19 @@ def parse_completion(
     """Validate a legacy completion request body (OpenAI's default max_tokens of 16 applies)."""
     model, params, seed = _common(body, default_max_tokens, chat=False)
     if body.get("max_tokens") is None:
-        params = SamplingParams(params.temperature, params.top_p, 16, params.stop)
+        params = dataclasses.replace(params, max_tokens=16)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, list):
-        if not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocabulary_size for t in prompt
-        ):
-            raise invalid("prompt", f"a token-id prompt must hold ids in [0, {vocabulary_size})")
-        prompt = tuple(prompt)
+        if not prompt:
+            raise invalid("prompt", "a token-id prompt must hold at least one id")
+        prompt = _token_ids(prompt, "prompt", vocabulary_size)
     elif not isinstance(prompt, str):
         raise invalid("prompt", "must be a string, a list of one string, or a list of token ids")
     if body.get("suffix"):
         raise invalid("suffix", "suffix is not supported")
+    _token_ids(list(params.stop_token_ids), "stop_token_ids", vocabulary_size)
     return CompletionRequest(
         model=model,
         prompt=prompt,
@@ -360,4 +383,53 @@ def parse_completion(
         logprobs=_int(body, "logprobs", 0, MAX_TOP_LOGPROBS),
         return_token_ids=_bool(body, "return_token_ids", False),
         return_tokens_as_token_ids=_bool(body, "return_tokens_as_token_ids", False),
+    )
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A validated SGLang-style /generate request: token ids in, token ids and log-probs out."""
+
+    input_ids: tuple[int, ...]
+    params: SamplingParams
+    seed: int | None
+    return_logprob: bool
+    top_logprobs: int
+    stream: bool
+
+
+def parse_generate(body: Mapping[str, Any], default_max_tokens: int, vocabulary_size: int) -> GenerateRequest:
+    """Validate a /generate body (`input_ids`, `sampling_params`, `return_logprob`, `stream`)."""
+    if "text" in body and "input_ids" not in body:
+        raise invalid("input_ids", "this server takes token ids; send input_ids, not text")
+    ids = _token_ids(body.get("input_ids"), "input_ids", vocabulary_size)
+    if not ids:
+        raise invalid("input_ids", "is required: a non-empty list of token ids")
+    sampling = body.get("sampling_params") or {}
+    if not isinstance(sampling, Mapping):
+        raise invalid("sampling_params", "must be an object")
+    renamed = {"max_tokens" if k == "max_new_tokens" else k: v for k, v in sampling.items()}
+    unknown = set(renamed) - {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "stop_token_ids",
+        "n",
+        "seed",
+        "skip_special_tokens",
+    }
+    if unknown:
+        raise invalid(f"sampling_params.{sorted(unknown)[0]}", "is not supported by the reference model")
+    try:
+        _, params, seed = _common({"model": "generate", **renamed}, default_max_tokens, chat=False)
+    except ApiError as exc:
+        raise invalid(f"sampling_params.{exc.param}", exc.message.split(": ", 1)[-1]) from None
+    return GenerateRequest(
+        input_ids=ids,
+        params=params,
+        seed=seed,
+        return_logprob=_bool(body, "return_logprob", False),
+        top_logprobs=_int(body, "top_logprobs_num", 0, MAX_TOP_LOGPROBS) or 0,
+        stream=_bool(body, "stream", False),
     )

@@ -15,10 +15,10 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from orchestrator.reference_model._model import ReferenceModel
+from orchestrator.reference_model._model import ChatAnswer, ReferenceModel
 from orchestrator.reference_model._protocol import ApiError
 from orchestrator.reference_model._settings import ReferenceModelSettings
-from orchestrator.reference_model._streaming import chat_chunks, completion_chunks
+from orchestrator.reference_model._streaming import chat_chunks, completion_chunks, generate_chunks
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Long agent conversations are large, but a body beyond this is a client bug, not a prompt."""
@@ -100,9 +100,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = urlsplit(self.path).path.rstrip("/")
         model = self.server.model
-        routes: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-            "/v1/chat/completions": model.chat_completion,
+        routes: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+            "/v1/chat/completions": model.chat_answer,
             "/v1/completions": model.completion,
+            "/generate": model.generate,
             "/tokenize": model.tokenize,
         }
         route = routes.get(path)
@@ -115,7 +116,9 @@ class _Handler(BaseHTTPRequestHandler):
                 # Generated whole (sampling is cheap here), then sent token by token.
                 body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
                 body["return_token_ids"] = True
-            response = route(body)
+                if path == "/generate":
+                    body["return_logprob"] = True
+            answer = route(body)
         except ApiError as error:
             self._send_error(error)
             return
@@ -123,14 +126,19 @@ class _Handler(BaseHTTPRequestHandler):
             traceback.print_exc()
             self._send_error(ApiError(500, f"reference model failed: {error!r}", None, "server_error"))
             return
+        response = answer.response if isinstance(answer, ChatAnswer) else answer
+        version = response.get("system_fingerprint") or response.get("meta_info", {}).get("weight_version")
         if not stream:
-            self._send_json(200, response, response.get("system_fingerprint"))
-            return
-        chunks = chat_chunks if path == "/v1/chat/completions" else completion_chunks
-        self._send_stream(
-            chunks(model.vocabulary, response, token_ids=token_ids, include_usage=include_usage),
-            response.get("system_fingerprint"),
-        )
+            self._send_json(200, response, version)
+        elif isinstance(answer, ChatAnswer):
+            self._send_stream(chat_chunks(answer, token_ids=token_ids, include_usage=include_usage), version)
+        elif path == "/generate":
+            self._send_stream(generate_chunks(response, body), version)
+        else:
+            chunks = completion_chunks(
+                model.vocabulary, response, token_ids=token_ids, include_usage=include_usage
+            )
+            self._send_stream(chunks, version)
 
     def _send_stream(self, chunks: Iterator[dict[str, Any]], policy_version: str | None) -> None:
         """Server-sent events in chunked transfer encoding, so the connection stays reusable."""
@@ -180,7 +188,11 @@ def _streaming_options(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "stream_options: must be an object", "stream_options")
-    return stream, bool(options.get("include_usage")), bool(body.get("return_token_ids"))
+    return (
+        stream,
+        bool(options.get("include_usage")),
+        bool(body.get("return_token_ids") or body.get("return_logprob")),
+    )
 
 
 class ReferenceModelServer:

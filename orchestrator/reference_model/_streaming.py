@@ -1,7 +1,8 @@
 """Streamed answers: a finished completion laid out as the server-sent chunks vLLM sends.
 
-Each sampled token gets its own chunk, carrying its text delta, its log-prob entry and (with
-`return_token_ids`) its id; the first chunk carries the role and the prompt token ids. A tool call
+Each sampled token gets its own chunk, carrying its share of the reasoning or the content, its
+log-prob entry and (with `return_token_ids`) its id; the first chunk carries the role and the
+prompt token ids. A tool call
 is sent whole, in one chunk after its tokens, as vLLM's tool parsers do once a call is complete.
 With `stream_options.include_usage` a last chunk carries the usage. The stream ends `data: [DONE]`.
 """
@@ -13,6 +14,7 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from orchestrator.reference_model._model import ChatAnswer
 from orchestrator.reference_model._vocabulary import Vocabulary
 
 
@@ -30,10 +32,10 @@ def _pieces(vocabulary: Vocabulary, token_ids: list[int], limit: int | None) -> 
     return pieces
 
 
-def chat_chunks(
-    vocabulary: Vocabulary, response: Mapping[str, Any], *, token_ids: bool, include_usage: bool
-) -> Iterator[dict[str, Any]]:
-    """The chunks of a chat completion that was generated with token ids."""
+def chat_chunks(answer: ChatAnswer, *, token_ids: bool, include_usage: bool) -> Iterator[dict[str, Any]]:
+    """The chunks of a chat completion that was generated with token ids: each token's share of
+    the reasoning or the content, then the tool calls whole."""
+    response = answer.response
     choice = response["choices"][0]
     message = choice["message"]
     ids: list[int] = choice["token_ids"]
@@ -49,15 +51,13 @@ def chat_chunks(
     if token_ids:
         first["prompt_token_ids"] = response["prompt_token_ids"]
     yield first
-    content = message.get("content")
-    pieces = _pieces(vocabulary, ids, len(content)) if content is not None else [""] * len(ids)
-    for token_id, piece, entry in zip(ids, pieces, entries, strict=True):
+    for token_id, delta, entry in zip(ids, answer.deltas, entries, strict=True):
         extra: dict[str, Any] = {}
         if entry is not None:
             extra["logprobs"] = {"content": [entry], "refusal": None}
         if token_ids:
             extra["token_ids"] = [token_id]
-        yield chunk({"content": piece} if content is not None else {}, **extra)
+        yield chunk(dict(delta), **extra)
     calls = message.get("tool_calls") or []
     if calls:
         yield chunk({"tool_calls": [{"index": i, **copy.deepcopy(c)} for i, c in enumerate(calls)]})
@@ -92,3 +92,21 @@ def completion_chunks(
     }
     if include_usage:
         yield {**head, "choices": [], "usage": response["usage"]}
+
+
+def generate_chunks(response: Mapping[str, Any], body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """SGLang's streamed /generate: each chunk holds everything so far (text, output_ids and the
+    log-probs), the last one the finish reason."""
+    ids: list[int] = response["output_ids"]
+    meta = response["meta_info"]
+    logprobs = meta.get("output_token_logprobs") if body.get("return_logprob") else None
+    for n in range(1, len(ids) + 1):
+        chunk_meta = {
+            **meta,
+            "finish_reason": meta["finish_reason"] if n == len(ids) else None,
+            "completion_tokens": n,
+        }
+        if logprobs is not None:
+            chunk_meta["output_token_logprobs"] = logprobs[:n]
+        chunk_meta.pop("output_top_logprobs", None)
+        yield {"text": "", "output_ids": ids[:n], "meta_info": chunk_meta}

@@ -1,70 +1,80 @@
-"""The chat template: messages and tools rendered into prompt token ids (ChatML with Hermes-style calls).
+"""The chat template: `tokenizer/chat_template.jinja` (Qwen3's format), rendered the way a model
+server renders a Hugging Face chat template, then tokenised.
 
-    <|im_start|>system\\n{system}\\n\\n# Tools\\n\\nYou may call these functions:\\n{one JSON per tool}<|im_end|>\\n
+    <|im_start|>system\\n{system}\\n\\n# Tools\\n...<tools>\\n{tool JSON per line}\\n</tools>...<|im_end|>\\n
     <|im_start|>user\\n{content}<|im_end|>\\n
-    <|im_start|>assistant\\n{content}<tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>\\n
-    <|im_start|>tool\\n{content}<|im_end|>\\n
+    <|im_start|>assistant\\n{content}\\n<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n{tool result}\\n</tool_response><|im_end|>\\n
     <|im_start|>assistant\\n                       <- generation starts here
 
-Special tokens are inserted by id; message text never turns into a special
-token, whatever it contains.
+The environment is the one Hugging Face's `apply_chat_template` gives a template: a sandbox,
+`trim_blocks` and `lstrip_blocks`, loop controls, `tojson` without ASCII escapes and
+`raise_exception`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import Any, NoReturn
 
-from orchestrator.reference_model._grammar import call_text
-from orchestrator.reference_model._protocol import ChatMessage, FunctionTool
-from orchestrator.reference_model._vocabulary import (
-    IM_END,
-    IM_START,
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    Vocabulary,
-)
+from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-TOOLS_HEADER = "# Tools\n\nYou may call these functions:\n"
+from orchestrator.reference_model._protocol import ChatMessage, FunctionTool, invalid
+from orchestrator.reference_model._vocabulary import TOKENIZER_DIR, Vocabulary
+
+CHAT_TEMPLATE = TOKENIZER_DIR / "chat_template.jinja"
 
 
-def tools_text(tools: Sequence[FunctionTool]) -> str:
-    """The tool listing: one canonical (sorted-key) JSON object per function."""
-    lines = []
-    for tool in tools:
-        function: dict[str, object] = {"name": tool.name, "parameters": dict(tool.parameters)}
-        if tool.description is not None:
-            function["description"] = tool.description
-        lines.append(json.dumps(function, sort_keys=True))
-    return TOOLS_HEADER + "\n".join(lines)
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _raise(message: str) -> NoReturn:
+    raise TemplateError(message)
+
+
+@cache
+def _template() -> Any:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    return env.from_string(CHAT_TEMPLATE.read_text())
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.reasoning is not None:
+        out["reasoning_content"] = message.reasoning
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    return out
+
+
+def chat_text(messages: Sequence[ChatMessage], tools: Sequence[FunctionTool], **options: Any) -> str:
+    """The prompt text for a conversation, ending with the open assistant turn."""
+    listed: list[Mapping[str, Any]] = [t.declaration for t in tools]
+    try:
+        return str(
+            _template().render(
+                messages=[_message(m) for m in messages],
+                tools=listed or None,
+                add_generation_prompt=True,
+                **options,
+            )
+        )
+    except TemplateError as exc:
+        raise invalid("messages", f"the chat template refused them: {exc}") from None
 
 
 def render_chat(
-    vocabulary: Vocabulary, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool]
+    vocabulary: Vocabulary, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool], **options: Any
 ) -> list[int]:
     """Prompt token ids for a conversation, ending with the open assistant turn."""
-    ids: list[int] = []
-    im_start, im_end = vocabulary.id_of(IM_START), vocabulary.id_of(IM_END)
-    call_open, call_close = vocabulary.id_of(TOOL_CALL_OPEN), vocabulary.id_of(TOOL_CALL_CLOSE)
-
-    def block(role: str, content: str, calls: Sequence[tuple[str, str]] = ()) -> None:
-        ids.append(im_start)
-        ids.extend(vocabulary.tokenize(f"{role}\n{content}"))
-        for name, arguments in calls:
-            ids.append(call_open)
-            ids.extend(vocabulary.tokenize(call_text(name, arguments)))
-            ids.append(call_close)
-        ids.append(im_end)
-        ids.extend(vocabulary.tokenize("\n"))
-
-    rest = list(messages)
-    if tools:
-        listing = tools_text(tools)
-        if rest and rest[0].role == "system":
-            listing = f"{rest.pop(0).content}\n\n{listing}"
-        block("system", listing)
-    for message in rest:
-        block(message.role, message.content, [(c.name, c.arguments) for c in message.tool_calls])
-    ids.append(im_start)
-    ids.extend(vocabulary.tokenize("assistant\n"))
-    return ids
+    return vocabulary.tokenize(chat_text(messages, tools, **options))

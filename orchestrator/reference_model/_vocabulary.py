@@ -1,20 +1,50 @@
-"""The reference model's fixed vocabulary and its greedy longest-match tokenizer.
+"""The reference model's fixed vocabulary and its tokenizer, shipped as a Hugging Face
+`tokenizer.json` (in `tokenizer/`, beside the chat template) that any stock tool loads.
 
-Token id = index into ``TOKENS``. The order is part of the contract (recorded
-token ids must mean the same thing on every run) so only ever append.
+Token id = index into `standard_tokens()`: the specials Qwen3's chat format uses, single
+characters, fragments, then one byte-fallback token per byte value. The tokenizer is a Unigram
+model with byte fallback in which every token scores alike, so it picks the fewest tokens that
+spell a text; characters with no token of their own become their UTF-8 bytes. The model and the
+gateway both tokenise through that file, so they always agree; the checked-in file is what
+`build_tokenizer()` makes (a test holds them equal).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
 from types import MappingProxyType
+
+from tokenizers import AddedToken, Tokenizer, decoders, models
+
+TOKENIZER_DIR = Path(__file__).with_name("tokenizer")
+"""The reference model's tokenizer directory: `tokenizer.json`, `tokenizer_config.json` and
+`chat_template.jinja`, in Hugging Face's layout."""
 
 END_OF_TEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+TOOL_RESPONSE_OPEN = "<tool_response>"
+TOOL_RESPONSE_CLOSE = "</tool_response>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+UNKNOWN = "<unk>"
+CONTROL_TOKENS = (END_OF_TEXT, IM_START, IM_END)
+"""Special tokens proper: decoding with `skip_special` leaves them out, as servers do for text."""
+MARKUP_TOKENS = (
+    TOOL_CALL_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    TOOL_RESPONSE_CLOSE,
+    THINK_OPEN,
+    THINK_CLOSE,
+)
+"""Tokens of their own that stay in decoded text, as in Qwen3's tokenizer."""
+SPECIAL_TOKENS = (*CONTROL_TOKENS, *MARKUP_TOKENS, UNKNOWN)
 
 CHARACTER_TOKENS = ("\t", "\n", *(chr(c) for c in range(32, 127)))
 
@@ -24,6 +54,9 @@ CHARACTER_TOKENS = ("\t", "\n", *(chr(c) for c in range(32, 127)))
 FRAGMENT_TOKENS = (
     # chat template and tool listing
     "system", "user", "assistant", "tool", "# Tools", "\n\n", "You may call", " these", " functions",
+    " one", " more", " function", " call", " assist", " user", " query", " provided", " signatures",
+    " within", "<tools>", "</tools>", " XML", " tags", "For", " return", " json", " object", " arguments",
+    '{"type": "function", "function": {"name": "', '", "description": "', '", "parameters": {',
     # JSON punctuation and keys
     '{"', '"}', '": "', '", "', '": ', ', "', '["', '"]', "{}", "[]", "}}", '"}}', "\\n", '\\"', "\\\\",
     '{"name": "', '", "arguments": ', '"name"', '"arguments"', '"type"', '"string"', '"object"',
@@ -64,39 +97,48 @@ FRAGMENT_TOKENS = (
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
 
 
-class _TrieNode:
-    __slots__ = ("children", "token_id")
-
-    def __init__(self) -> None:
-        self.children: dict[str, _TrieNode] = {}
-        self.token_id = -1
+def standard_tokens() -> tuple[str, ...]:
+    """The token list: specials, characters, fragments, byte fallbacks, in id order."""
+    fragments = tuple(dict.fromkeys(f for f in FRAGMENT_TOKENS if f not in CHARACTER_TOKENS))
+    return (*SPECIAL_TOKENS, *CHARACTER_TOKENS, *fragments, *BYTE_TOKENS)
 
 
-def _build_trie(ids: Mapping[str, int]) -> _TrieNode:
-    root = _TrieNode()
-    for text, token_id in ids.items():
-        node = root
-        for ch in text:
-            node = node.children.setdefault(ch, _TrieNode())
-        node.token_id = token_id
-    return root
+def build_tokenizer(tokens: Sequence[str] | None = None) -> Tokenizer:
+    """The Hugging Face tokenizer of a token list (the standard one by default)."""
+    tokens = tuple(tokens or standard_tokens())
+    special = set(SPECIAL_TOKENS)
+    # Every piece scores alike: the Viterbi path is the one with the fewest tokens.
+    model = models.Unigram(
+        [(t, 0.0 if t in special else -1.0) for t in tokens], unk_id=tokens.index(UNKNOWN), byte_fallback=True
+    )
+    tokenizer = Tokenizer(model)
+    tokenizer.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in (*CONTROL_TOKENS, UNKNOWN)]
+    )
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
+    return tokenizer
 
 
 class Vocabulary:
-    """Token strings and their bytes, the text-token trie and the generation alphabet."""
+    """Token strings and their bytes, the tokenizer, and the generation alphabet."""
 
-    def __init__(self, tokens: Sequence[str]) -> None:
-        self.tokens: tuple[str, ...] = tuple(tokens)
-        if len(set(self.tokens)) != len(self.tokens):
-            raise ValueError("vocabulary has duplicate tokens")
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        tokens = [tokenizer.id_to_token(i) for i in range(size)]
+        if any(t is None for t in tokens) or len(set(tokens)) != size:
+            raise ValueError("the tokenizer's ids must run from 0 without gaps or duplicates")
+        self.tokens: tuple[str, ...] = tuple(t for t in tokens if t is not None)
+        self._tokenizer = tokenizer
         self.byte_base = self.tokens.index(BYTE_TOKENS[0])
         self.token_bytes: tuple[bytes, ...] = tuple(
             bytes([i - self.byte_base]) if i >= self.byte_base else t.encode()
             for i, t in enumerate(self.tokens)
         )
-        special = {self.tokens.index(s) for s in SPECIAL_TOKENS}
-        self.special_ids: frozenset[int] = frozenset(special)
-        text_ids = {t: i for i, t in enumerate(self.tokens) if i not in special and i < self.byte_base}
+        self.special_ids: frozenset[int] = frozenset(self.tokens.index(s) for s in (*CONTROL_TOKENS, UNKNOWN))
+        self.markup_ids: frozenset[int] = frozenset(self.tokens.index(s) for s in MARKUP_TOKENS)
+        reserved = self.special_ids | self.markup_ids
+        text_ids = {t: i for i, t in enumerate(self.tokens) if i not in reserved and i < self.byte_base}
         self.text_ids: Mapping[str, int] = MappingProxyType(text_ids)
         # The generation alphabet: what free text and tool-call JSON are sampled from.
         self.generation_ids: tuple[int, ...] = tuple(sorted(text_ids.values()))
@@ -107,7 +149,11 @@ class Vocabulary:
         self.ids_by_first_char: Mapping[str, tuple[int, ...]] = MappingProxyType(
             {ch: tuple(sorted(ids)) for ch, ids in by_first.items()}
         )
-        self._trie = _build_trie(text_ids)
+
+    @classmethod
+    def load(cls, directory: Path = TOKENIZER_DIR) -> Vocabulary:
+        """The vocabulary of a tokenizer directory's `tokenizer.json`."""
+        return cls(Tokenizer.from_file(str(directory / "tokenizer.json")))
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -118,26 +164,14 @@ class Vocabulary:
             return self.text_ids[token]
         return self.tokens.index(token)
 
+    @cached_property
+    def newline_id(self) -> int:
+        return self.id_of("\n")
+
     def tokenize(self, text: str) -> list[int]:
-        """Greedy longest match over text tokens; characters outside them fall back to UTF-8 byte tokens."""
-        out: list[int] = []
-        i, n = 0, len(text)
-        root = self._trie
-        while i < n:
-            node: _TrieNode | None = root
-            best, best_end, j = -1, i, i
-            while j < n and node is not None:
-                node = node.children.get(text[j])
-                j += 1
-                if node is not None and node.token_id >= 0:
-                    best, best_end = node.token_id, j
-            if best < 0:
-                out.extend(self.byte_base + b for b in text[i].encode())
-                i += 1
-            else:
-                out.append(best)
-                i = best_end
-        return out
+        """Token ids of text; specials spelled in it become those tokens, as in any Hugging Face
+        tokenizer."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids) if text else []
 
     def decode(self, token_ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Concatenate the tokens' bytes and decode them as UTF-8 (invalid sequences become U+FFFD)."""
@@ -145,14 +179,37 @@ class Vocabulary:
         return b"".join(parts).decode("utf-8", errors="replace")
 
 
-def standard_tokens() -> tuple[str, ...]:
-    """The documented token list: specials, characters, fragments, byte fallbacks, in id order."""
-    fragments = tuple(dict.fromkeys(f for f in FRAGMENT_TOKENS if f not in CHARACTER_TOKENS))
-    return (*SPECIAL_TOKENS, *CHARACTER_TOKENS, *fragments, *BYTE_TOKENS)
+def tokenizer_config() -> dict[str, object]:
+    """`tokenizer_config.json` of the tokenizer directory, in Hugging Face's shape."""
+    tokens = standard_tokens()
+    added = {
+        str(tokens.index(t)): {
+            "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": t not in MARKUP_TOKENS,
+        }
+        for t in SPECIAL_TOKENS
+    }  # fmt: skip
+    return {
+        "added_tokens_decoder": added,
+        "bos_token": None,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": IM_END,
+        "pad_token": END_OF_TEXT,
+        "unk_token": UNKNOWN,
+        "model_max_length": 1 << 20,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+
+
+def write_tokenizer_dir(directory: Path) -> None:
+    """Write `tokenizer.json` and `tokenizer_config.json` (the chat template is a file of its own)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tokenizer.json").write_text(build_tokenizer().to_str(pretty=True) + "\n")
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n")
 
 
 # An immutable constant shared by every model instance; nothing ever mutates it.
-VOCABULARY = Vocabulary(standard_tokens())
+VOCABULARY = Vocabulary.load()
 
 
 def tokenize(text: str) -> list[int]:

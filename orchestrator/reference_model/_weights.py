@@ -35,12 +35,6 @@ def mix(h: int, value: int) -> int:
     return (h ^ ((value & _MASK64) + 0x9E3779B97F4A7C15 + ((h << 6) & _MASK64) + (h >> 2))) & _MASK64
 
 
-def digest(token_ids: Sequence[int]) -> int:
-    """A stable 64-bit digest of a token sequence."""
-    data = b"".join(t.to_bytes(4, "little") for t in token_ids)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
 def _prior(token: str, token_id: int, special: frozenset[int]) -> float:
     if token_id in special:
         return 0.0
@@ -73,6 +67,10 @@ class PolicyWeights:
         for token_id in context[-CONTEXT_WINDOW:]:
             h = mix(h, token_id)
         return h % BUCKETS
+
+    def logit(self, bucket: int, token_id: int) -> float:
+        """The raw logit of one token in the given context bucket."""
+        return self.prior[token_id] + GAUSSIAN[self.table[bucket][token_id]]
 
     def logits(self, bucket: int, token_ids: Sequence[int]) -> list[float]:
         """Raw logits of the given tokens in the given context bucket."""

@@ -125,7 +125,7 @@ def _delivered(world: World, index: int = -1) -> Any:
 def _count(world: World, delay_s: float = 0.0) -> None:
     """Count (and optionally slow) the reference model's generations: the upstream boundary."""
     model = world.model.model
-    for name in ("chat_completion", "completion"):
+    for name in ("chat_answer", "completion", "generate"):
         method = getattr(type(model), name)
 
         def counted(body: Any, method: Any = method) -> Any:

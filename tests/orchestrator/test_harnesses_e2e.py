@@ -60,14 +60,15 @@ class CountingModel:
         self.started = 0
         self._lock = threading.Lock()
         model = self.server.model
-        chat = type(model).chat_completion
+        for name in ("chat_answer", "completion", "generate"):
+            method = getattr(type(model), name)
 
-        def counted(body: Any) -> Any:
-            with self._lock:
-                self.started += 1
-            return chat(model, body)
+            def counted(body: Any, method: Any = method) -> Any:
+                with self._lock:
+                    self.started += 1
+                return method(model, body)
 
-        model.chat_completion = counted  # type: ignore[method-assign]
+            setattr(model, name, counted)
 
     @property
     def url(self) -> str:

@@ -16,15 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer
 
 from orchestrator.reference_model import (
     POLICY_VERSION_HEADER,
+    TOKENIZER_DIR,
     VOCABULARY,
     ReferenceModel,
     ReferenceModelServer,
     ReferenceModelSettings,
     decode,
     tokenize,
+    write_tokenizer_dir,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,13 +123,30 @@ def test_vocabulary_and_tokenizer() -> None:
     for text in ["", "echo step 3 >> notes.txt", '{"name": "shell"}', "héllo ✓ 日本\r\n\x00", "<|im_end|>"]:
         ids = tokenize(text)
         assert decode(ids) == text
-        # Message text never becomes a special token, whatever it spells.
-        assert not set(ids) & VOCABULARY.special_ids
+    # A special spelled in text becomes that token, as in every Hugging Face tokenizer.
+    assert tokenize("a<|im_end|>") == [VOCABULARY.id_of("a"), VOCABULARY.id_of("<|im_end|>")]
     assert tokenize('{"name": "') == [VOCABULARY.id_of('{"name": "')]
     assert tokenize("echo") == [VOCABULARY.id_of("echo")]
-    assert tokenize(" notes.txt") == [VOCABULARY.id_of(" notes.txt")]
-    # Greedy longest match: " notes" + ".txt" loses to the single token " notes.txt".
+    # The fewest tokens: " notes" + ".txt" loses to the single token " notes.txt".
     assert tokenize(" notes.txt!") == [VOCABULARY.id_of(" notes.txt"), VOCABULARY.id_of("!")]
+    # Characters without a token of their own are their UTF-8 bytes.
+    assert [VOCABULARY.tokens[t] for t in tokenize("é")] == ["<0xC3>", "<0xA9>"]
+
+
+@pytest.mark.timeout(30)
+def test_the_shipped_tokenizer_directory_is_what_the_vocabulary_builds(tmp_path: Path) -> None:
+    """tokenizer/ holds what `write_tokenizer_dir` makes of the token list, which a stock
+    Hugging Face `tokenizers` load reads back as the same tokenizer."""
+    write_tokenizer_dir(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (TOKENIZER_DIR / name).read_text() == (tmp_path / name).read_text(), f"regenerate {name}"
+    loaded = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
+    text = "<|im_start|>user\nhello wörld<|im_end|>\n<tool_call>"
+    assert loaded.encode(text, add_special_tokens=False).ids == tokenize(text)
+    assert loaded.decode(tokenize(text), skip_special_tokens=False) == text
+    config = json.loads((TOKENIZER_DIR / "tokenizer_config.json").read_text())
+    assert config["eos_token"] == "<|im_end|>"
+    assert "<tool_response>" in (TOKENIZER_DIR / "chat_template.jinja").read_text()
 
 
 @pytest.mark.timeout(30)
@@ -174,6 +194,14 @@ def test_logprobs_are_exactly_the_sampling_distribution(
         assert len(entries) == len(choice["token_ids"]) == response["usage"]["completion_tokens"]
         assert response["prompt_token_ids"] == server.model.chat_prompt_ids(body)
         steps = server.model.score_chat(body, choice["token_ids"])
+        if "tool_choice" not in sampling:
+            # A trainer's teacher-forced pass over prompt and answer gives the very same floats.
+            forced = server.model.logprobs(
+                response["prompt_token_ids"] + choice["token_ids"],
+                temperature=sampling.get("temperature", 1.0),
+                top_p=sampling.get("top_p", 1.0),
+            )
+            assert forced[len(response["prompt_token_ids"]) :] == [e["logprob"] for e in entries]
         for token_id, entry, step in zip(choice["token_ids"], entries, steps, strict=True):
             assert entry["token"] == VOCABULARY.tokens[token_id]
             assert entry["bytes"] == list(VOCABULARY.token_bytes[token_id])
@@ -188,7 +216,7 @@ def test_logprobs_are_exactly_the_sampling_distribution(
 @pytest.mark.timeout(60)
 def test_sampling_frequencies_match_reported_probabilities() -> None:
     """The tool-vs-answer decision is 50/50 once the tool results reach --mean-tool-turns."""
-    model = ReferenceModel(ReferenceModelSettings(seed=5, mean_tool_turns=2))
+    model = ReferenceModel(ReferenceModelSettings(seed=5, mean_tool_turns=2, think_probability=0))
     messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
     for i in range(2):
         call = {
@@ -222,7 +250,9 @@ def test_tool_calls_are_json_cut_verbatim_from_the_generated_tokens(server: Refe
         generated = "".join(e["token"] for e in choice["logprobs"]["content"])
         assert generated == decode(choice["token_ids"])
         assert choice["message"]["content"] is None
-        expected = ""
+        reasoning = choice["message"].get("reasoning_content")
+        expected = [] if reasoning is None else [f"<think>\n{reasoning}\n</think>\n\n"]
+        calls = []
         for call in choice["message"]["tool_calls"]:
             name, arguments = call["function"]["name"], call["function"]["arguments"]
             seen.add(name)
@@ -230,8 +260,8 @@ def test_tool_calls_are_json_cut_verbatim_from_the_generated_tokens(server: Refe
             assert set(parsed) == ({"command"} if name == "shell" else {"path", "content"})
             assert all(isinstance(v, str) and v for v in parsed.values())
             assert call["type"] == "function" and call["id"].startswith("call_")
-            expected += f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
-        assert generated == expected + "<|im_end|>"
+            calls.append(f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+        assert generated == "".join(expected) + "\n".join(calls) + "<|im_end|>"
     assert seen == {"shell", "write_file"}
 
 
@@ -296,12 +326,28 @@ def test_episodes_finish_after_a_few_tool_turns() -> None:
         ("chat/completions", chat_body(presence_penalty=0.5), "presence_penalty"),
         ("completions", {"model": "m"}, "prompt"),
         ("completions", {"model": "m", "prompt": "x", "logprobs": 99}, "logprobs"),
+        ("completions", {"model": "m", "prompt": [1, 10**6]}, "prompt"),
+        ("completions", {"model": "m", "prompt": [1], "stop_token_ids": "x"}, "stop_token_ids"),
+        ("/generate", {"text": "hello"}, "input_ids"),
+        ("/generate", {"input_ids": []}, "input_ids"),
+        (
+            "/generate",
+            {"input_ids": [1], "sampling_params": {"temperature": -1}},
+            "sampling_params.temperature",
+        ),
+        (
+            "/generate",
+            {"input_ids": [1], "sampling_params": {"frequency_penalty": 1}},
+            "sampling_params.frequency_penalty",
+        ),
+        ("chat/completions", chat_body(chat_template_kwargs={"tools": 1}), "chat_template_kwargs"),
     ],
 )
 def test_invalid_requests_get_400_naming_the_field(
     server: ReferenceModelServer, path: str, body: dict[str, Any], param: str
 ) -> None:
-    status, headers, response = post(f"{server.url}/{path}", body)
+    url = server.url.removesuffix("/v1") + path if path.startswith("/") else f"{server.url}/{path}"
+    status, headers, response = post(url, body)
     assert status == 400, response
     assert response["error"]["param"] == param
     assert param in response["error"]["message"]
@@ -369,6 +415,11 @@ def test_streams_carry_each_token_and_join_to_the_whole_answer(server: Reference
             options = {"include_usage": True}
             chunks = list(client.chat.completions.create(**body, stream=True, stream_options=options))
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            reasoning = "".join(
+                (c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                for c in chunks
+                if c.choices
+            )
             ids = [
                 i for c in chunks if c.choices for i in (c.choices[0].model_extra or {}).get("token_ids", [])
             ]
@@ -382,6 +433,7 @@ def test_streams_carry_each_token_and_join_to_the_whole_answer(server: Reference
             choice = whole["choices"][0]
             assert ids == choice["token_ids"] and lps == [e["logprob"] for e in choice["logprobs"]["content"]]
             assert text == (choice["message"]["content"] or "")
+            assert reasoning == (choice["message"].get("reasoning_content") or "")
             assert [(c.function.name, c.function.arguments) for c in calls] == [
                 (t["function"]["name"], t["function"]["arguments"])
                 for t in choice["message"].get("tool_calls") or []
@@ -553,8 +605,10 @@ def test_conversation_history_renders_calls_verbatim(server: ReferenceModelServe
     status, _, response = post(f"{server.url}/chat/completions", follow_up)
     assert status == 200, response
     prompt = decode(response["prompt_token_ids"])
-    assert f'"arguments": {call["function"]["arguments"]}}}</tool_call><|im_end|>' in prompt
-    assert prompt.endswith("<|im_start|>tool\ndone<|im_end|>\n<|im_start|>assistant\n")
+    assert f'"arguments": {call["function"]["arguments"]}}}\n</tool_call><|im_end|>' in prompt
+    assert prompt.endswith(
+        "<|im_start|>user\n<tool_response>\ndone\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 @pytest.mark.timeout(30)
@@ -605,3 +659,111 @@ def test_cli_serves_until_sigterm() -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_model_is_a_function_of_its_tokens(server: ReferenceModelServer) -> None:
+    """A chat request, the same prompt as token ids on /v1/completions, and SGLang's /generate
+    sample the same tokens with the same log-probs: tool calls, reasoning and the end of the turn
+    are read from the tokens, not from the request's fields."""
+    root = server.url.removesuffix("/v1")
+    kinds = set()
+    for seed in range(12):
+        tools = {"tools": TOOLS} if seed % 2 else {"tools": None}
+        _, _, chat = post(f"{server.url}/chat/completions", chat_body(seed=seed, top_logprobs=0, **tools))
+        prompt, ids = chat["prompt_token_ids"], choice_of(chat)["token_ids"]
+        lps = [e["logprob"] for e in choice_of(chat)["logprobs"]["content"]]
+        body = {"model": "m", "prompt": prompt, "seed": seed, "max_tokens": 1024, "logprobs": 0}
+        _, _, completion = post(f"{server.url}/completions", {**body, "return_token_ids": True})
+        assert choice_of(completion)["token_ids"] == ids
+        assert choice_of(completion)["logprobs"]["token_logprobs"] == lps
+        _, _, generated = post(f"{root}/generate", {"input_ids": prompt, "sampling_params": {"seed": seed, "max_new_tokens": 1024}, "return_logprob": True})  # fmt: skip
+        assert generated["output_ids"] == ids
+        assert [e[0] for e in generated["meta_info"]["output_token_logprobs"]] == lps
+        assert [e[1] for e in generated["meta_info"]["output_token_logprobs"]] == ids
+        assert generated["meta_info"]["finish_reason"] == {
+            "type": "stop",
+            "matched": VOCABULARY.id_of("<|im_end|>"),
+        }
+        message = choice_of(chat)["message"]
+        kinds.add(("calls" if message.get("tool_calls") else "answer", "reasoning_content" in message))
+    assert len(kinds) >= 3, kinds
+    # Streamed, /generate holds everything so far in each chunk; the last has the finish reason.
+    request = urllib.request.Request(
+        f"{root}/generate",
+        data=json.dumps({"input_ids": prompt, "sampling_params": {"seed": 3}, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=10) as response:
+        events = [
+            json.loads(line[6:]) for line in response.read().split(b"\n\n") if line.startswith(b"data: {")
+        ]
+    whole = post(
+        f"{root}/generate", {"input_ids": prompt, "sampling_params": {"seed": 3}, "return_logprob": True}
+    )[2]
+    assert events[-1]["output_ids"] == whole["output_ids"]
+    assert events[-1]["meta_info"]["output_token_logprobs"] == whole["meta_info"]["output_token_logprobs"]
+    assert [e["meta_info"]["finish_reason"] for e in events[:-1]] == [None] * (len(events) - 1)
+
+
+@pytest.mark.timeout(60)
+def test_a_teacher_forced_pass_reproduces_a_whole_conversation() -> None:
+    """Turns sampled one after another, each prompt extending the last prompt and answer, score
+    exactly under `logprobs` over the final sequence, at every sampled position; context tokens
+    score too (the first token has nothing before it)."""
+    model = ReferenceModel(ReferenceModelSettings(seed=8))
+    body = chat_body(messages=[{"role": "system", "content": "Agent."}, {"role": "user", "content": "Go."}])
+    sequence = model.chat_prompt_ids(body)
+    sampled: dict[int, float] = {}
+    for seed in range(6):
+        response = model.completion({"model": "m", "prompt": sequence, "seed": seed, "max_tokens": 400, "logprobs": 0, "return_token_ids": True, "temperature": 0.8})  # fmt: skip
+        choice = choice_of(response)
+        for k, lp in enumerate(choice["logprobs"]["token_logprobs"]):
+            sampled[len(sequence) + k] = lp
+        sequence = sequence + choice["token_ids"] + tokenize("\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
+    scored = model.logprobs(sequence, temperature=0.8)
+    assert scored[0] is None and len(scored) == len(sequence)
+    assert {i: scored[i] for i in sampled} == sampled
+    assert all(isinstance(x, float) for x in scored[1:])
+    # Under a later policy version the same tokens score otherwise.
+    model.set_policy_version("policy-v2")
+    assert {i: model.logprobs(sequence, temperature=0.8)[i] for i in sampled} != sampled
+    assert {i: model.logprobs(sequence, "policy-v1", temperature=0.8)[i] for i in sampled} == sampled
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["processed", "raw"])
+def test_logprobs_mode_says_which_distribution_is_reported(mode: str) -> None:
+    """`processed` reports the distribution a token is drawn from (after temperature and top-p);
+    `raw`, like vLLM's default, the one before them, which is not it when a request sets either."""
+    model = ReferenceModel(ReferenceModelSettings(seed=4, logprobs_mode=mode))
+    for params in ({"temperature": 0.6}, {"top_p": 0.8}, {}):
+        response = model.chat_completion(chat_body(seed=2, top_logprobs=0, **params))
+        choice = choice_of(response)
+        reported = [e["logprob"] for e in choice["logprobs"]["content"]]
+        full = response["prompt_token_ids"] + choice["token_ids"]
+        sampling = model.logprobs(full, **params)[len(response["prompt_token_ids"]) :]
+        plain = model.logprobs(full)[len(response["prompt_token_ids"]) :]
+        assert reported == (sampling if mode == "processed" else plain)
+        assert (reported == sampling) == (mode == "processed" or not params)
+
+
+@pytest.mark.timeout(30)
+def test_reasoning_shows_in_the_prompt_while_the_tool_cycle_lasts() -> None:
+    """The chat template keeps an assistant turn's reasoning after the last user query, and drops
+    it from turns before it, as Qwen3's does."""
+    model = ReferenceModel(ReferenceModelSettings(seed=1))
+    thought = {"role": "assistant", "content": "", "reasoning_content": "look first",
+               "tool_calls": [{"id": "c", "type": "function", "function": {"name": "shell", "arguments": '{"command": "ls"}'}}]}  # fmt: skip
+    messages = [
+        {"role": "user", "content": "go"},
+        thought,
+        {"role": "tool", "tool_call_id": "c", "content": "a"},
+    ]
+    prompt = decode(model.chat_prompt_ids(chat_body(messages=messages)))
+    assert "<think>\nlook first\n</think>\n\n<tool_call>" in prompt
+    later = decode(
+        model.chat_prompt_ids(chat_body(messages=[*messages, {"role": "user", "content": "more"}]))
+    )
+    assert "look first" not in later
