@@ -31,7 +31,7 @@ from orchestrator.domain import (
     SnapshotRecord,
     may_read_hidden,
 )
-from orchestrator.gateway import Branch, Ledger
+from orchestrator.gateway import Branch, Ledger, Turn, samples
 from orchestrator.state import StateStore
 from protos.relay import relay
 from protos.stasis.v1 import agent_pb2 as apb
@@ -68,11 +68,21 @@ def node_to_pb(n: NodeRecord, episodes: list[Episode], last_heartbeat: float) ->
     )  # fmt: skip
 
 
+def turn_to_pb(t: Turn, index: int) -> pb.Turn:
+    return wire.encode(
+        t, pb.Turn,
+        index=index,
+        replayed=t.replays > 0,
+        prompt_tokens=len(t.prompt_token_ids),
+        prefix_exact=t.prefix_exact is True,
+        prefix_checked=t.prefix_exact is not None,
+        common_prefix=t.lineage.common_prefix,
+        break_reason=t.lineage.break_reason,
+    )  # fmt: skip
+
+
 def branch_to_pb(b: Branch) -> pb.TrajectoryBranch:
-    turns = [
-        wire.encode(t, pb.Turn, index=i, replayed=t.replays > 0, prompt_tokens=len(t.prompt_token_ids))
-        for i, t in enumerate(b.turns)
-    ]
+    turns = [turn_to_pb(t, i) for i, t in enumerate(b.turns)]
     return wire.encode(
         b, pb.TrajectoryBranch, turns=turns, policy_versions=[t.policy_version for t in b.turns]
     )
@@ -400,6 +410,7 @@ class StasisService(pb_grpc.StasisServicer):
     def _trajectory(self, episode: Episode, include_branches: bool, seq: int = 0) -> pb.Trajectory:
         branches = self.ledger.branches(episode.id)
         main = next((b for b in branches if b.id == 0), None)
+        turns = [t for b in branches for t in b.turns]
         verification = self.ledger.verification(episode.id)
         return wire.encode(
             episode, pb.Trajectory,
@@ -409,6 +420,8 @@ class StasisService(pb_grpc.StasisServicer):
             branches=[branch_to_pb(b) for b in branches if b.id != 0] if include_branches else [],
             labels=episode.spec.labels,
             seq=seq,
+            samples=samples(turns),
+            prompt_breaks=sum(t.prefix_exact is False for t in turns if not t.abandoned),
         )  # fmt: skip
 
     @rpc

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from orchestrator.cli.progress import PullBoard, human_size
-from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file
+from orchestrator.client import EpisodeInfo, StasisClient, TurnInfo, load_spec_file
 from orchestrator.domain import EpisodeState, InvalidArgument, Role, StasisError
 from protos.tls import TlsFiles
 
@@ -36,6 +36,14 @@ def _age(since: float, now: float) -> str:
     if s < 172800:
         return f"{s // 3600}h"
     return f"{s // 86400}d"
+
+
+def _prompt_state(turn: TurnInfo) -> str:
+    """How a turn's prompt stands to the tokens before it: extends, BREAK@n (where it leaves
+    them), or ? (not checked)."""
+    if not turn.prefix_checked:
+        return "?"
+    return f"{turn.prompt_tokens}" if turn.prefix_exact else f"BREAK@{turn.common_prefix}"
 
 
 def _table(rows: Sequence[Sequence[str]], out: Any) -> None:
@@ -340,15 +348,24 @@ class Commands:
             _dump(t.to_json(), self.args.output, self.out)
             return 0
         reward = "-" if t.reward is None else f"{t.reward:g}"
-        print(f"{t.episode_id}  {t.state}  reward {reward}  main branch: {len(t.main.turns)} turns, "
-              f"{sum(t.main.loss_mask)} sampled of {len(t.main.token_ids)} tokens", file=self.out)  # fmt: skip
-        rows = [["TURN", "BRANCH", "RUN", "TOKENS", "SUM-LOGPROB", "REPLAYED", "ABANDONED", "POLICY"]]
+        turns = [turn for b in [t.main, *t.branches] for turn in b.turns]
+        live = [turn for turn in turns if not turn.abandoned]
+        sampled = sum(sum(s.loss_mask) for s in t.samples)
+        print(f"{t.episode_id}  {t.state}  reward {reward}  {len(live)} live turns of {len(turns)}, "
+              f"{len(t.samples)} samples holding {sampled} sampled tokens, {t.prompt_breaks} prompt breaks",
+              file=self.out)  # fmt: skip
+        inexact = sum(not s.logprobs_exact for s in t.samples)
+        if inexact:
+            print(f"warning: {inexact} samples hold log-probs that are not of the sampling distribution",
+                  file=self.out)  # fmt: skip
+        rows = [["TURN", "BRANCH", "RUN", "MODE", "PROMPT", "TOKENS", "FINISH", "SUM-LOGPROB", "REPLAYED",
+                 "ABANDONED", "POLICY"]]  # fmt: skip
         for b in [t.main, *t.branches]:
             for turn in b.turns:
                 rows.append([
-                    str(turn.index), str(turn.branch), str(turn.run), str(len(turn.token_ids)),
-                    f"{sum(turn.logprobs):.2f}", "yes" if turn.replayed else "-", "yes" if turn.abandoned else "-",
-                    turn.policy_version,
+                    str(turn.index), str(turn.branch), str(turn.run), turn.mode, _prompt_state(turn),
+                    str(len(turn.token_ids)), turn.finish_reason or "-", f"{sum(turn.logprobs):.2f}",
+                    "yes" if turn.replayed else "-", "yes" if turn.abandoned else "-", turn.policy_version,
                 ])  # fmt: skip
         _table(rows, self.out)
         return 0

@@ -111,6 +111,14 @@ class NodeInfo(_Plain):
 
 
 @dataclass(frozen=True)
+class SamplingInfo(_Plain):
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
 class TurnInfo(_Plain):
     id: int
     index: int
@@ -125,17 +133,37 @@ class TurnInfo(_Plain):
     run: int
     created_at: float
     prompt_tokens: int
+    prompt_token_ids: list[int]
+    finish_reason: str
+    mode: str
+    prefix_exact: bool
+    prefix_checked: bool
+    common_prefix: int
+    break_reason: str
+    sampling: SamplingInfo
+    logprobs_exact: bool
 
 
 @dataclass(frozen=True)
 class BranchInfo(_Plain):
     id: int
     abandoned: bool
-    token_ids: list[int]
-    logprobs: list[float]
-    loss_mask: list[int]
     policy_versions: list[str]
     turns: list[TurnInfo]
+
+
+@dataclass(frozen=True)
+class SampleInfo(_Plain):
+    """One token sequence for a trainer (see `Sample` in stasis.proto)."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    policy_versions: list[str]
+    turn_ids: list[int]
+    branch: int
+    sampling: SamplingInfo
+    logprobs_exact: bool
 
 
 @dataclass(frozen=True)
@@ -148,17 +176,19 @@ class TrajectoryInfo:
     branches: list[BranchInfo]
     labels: dict[str, str]
     seq: int
+    samples: list[SampleInfo]
+    prompt_breaks: int
 
     def to_json(self) -> dict[str, Any]:
-        """The CLI's JSON: every turn of every branch shown, main first, plus the reward."""
+        """The CLI's JSON: every turn of every branch, main first; the training samples; the
+        prompt breaks; the reward."""
         turns = [t for b in [self.main, *self.branches] for t in b.turns]
-        main = codec.encode(self.main)
-        del main["turns"]
         return {
             "episode_id": self.episode_id,
             "state": str(self.state),
             "reward": self.reward,
             "turns": codec.encode(turns),
-            "main": main,
+            "samples": codec.encode(self.samples),
+            "prompt_breaks": self.prompt_breaks,
             "verifier_log": self.verifier_log,
         }

@@ -7,8 +7,9 @@ requests, and the turn tree of every episode. Imports the domain and the state r
 """
 
 from orchestrator.gateway.canonical import CanonicalRequest
-from orchestrator.gateway.ledger import Branch, Ledger, Turn, Verification
+from orchestrator.gateway.ledger import Branch, Ledger, Lineage, Sampling, Turn, Verification
 from orchestrator.gateway.protocols import GatewayError
+from orchestrator.gateway.samples import Sample, samples
 from orchestrator.gateway.server import PROTOCOLS, Gateway, live_peer
 from orchestrator.gateway.settings import GATEWAY_IP, GatewaySettings
 from orchestrator.gateway.upstream import Upstream
@@ -22,8 +23,12 @@ __all__ = [
     "GatewayError",
     "GatewaySettings",
     "Ledger",
+    "Lineage",
+    "Sample",
+    "Sampling",
     "Turn",
     "Upstream",
     "Verification",
     "live_peer",
+    "samples",
 ]

@@ -3,10 +3,13 @@ hashes that find a request's parent in the ledger.
 
 Every protocol is translated to a chat (or legacy completion) request first, so one form serves
 them all. Everything that changes what the model sees is part of a request's identity: roles,
-names, text, non-text content parts, tool calls with their ids, tool results with the id of the
-call they answer, and every request parameter. What is only serialisation noise is not: line
-endings and surrounding whitespace in text, text split into parts, None for empty content, key
-order and spacing in tool-argument JSON, and `1.0` against `1`. The rule is also in
+names, text, non-text content parts, tool calls, tool results with the id of the call they
+answer, and every request parameter. A tool call with an id is known by its id and name: the
+model's call, however a harness re-serialises its arguments (the gateway prompts the model with
+the tokens it sampled for it); one without an id by its canonical arguments. What is only
+serialisation noise is not part of the identity: line endings and surrounding whitespace in text,
+text split into parts, None for empty content, key order and spacing in tool-argument JSON,
+reasoning a harness sends back or leaves out, and `1.0` against `1`. The rule is also in
 docs/trajectory.md.
 """
 
@@ -95,15 +98,16 @@ def canonical_message(m: Any) -> dict[str, Any]:
         functions = [c.get("function") or {} for c in calls]
         if not all(isinstance(f, dict) for f in functions):
             raise ValueError("tool_calls[].function: must be an object")
-        out["tool_calls"] = [
-            {
-                "id": str(c.get("id", "")),
-                "name": f.get("name", ""),
-                "arguments": _arguments(f.get("arguments")),
-            }
-            for c, f in zip(calls, functions, strict=True)
-        ]
+        out["tool_calls"] = [_call(str(c.get("id") or ""), f) for c, f in zip(calls, functions, strict=True)]
     return out
+
+
+def _call(call_id: str, function: dict[str, Any]) -> dict[str, Any]:
+    """A tool call is known by its id where it has one: the model's call, however a harness
+    re-serialises its arguments; else by its name and canonical arguments."""
+    if call_id:
+        return {"id": call_id, "name": function.get("name", "")}
+    return {"id": "", "name": function.get("name", ""), "arguments": _arguments(function.get("arguments"))}
 
 
 def _digest(value: Any) -> str:
@@ -147,6 +151,12 @@ class CanonicalRequest:
     @cached_property
     def fingerprint(self) -> str:
         return _digest([self.kind, list(self.context), self.params])
+
+    @cached_property
+    def tools_key(self) -> str:
+        """Digest of the tools offered: a prompt extends a parent's tokens only under the same."""
+        tools = self.params.get("tools")
+        return _digest(tools) if tools else ""
 
     @cached_property
     def _rolling(self) -> list[str]:

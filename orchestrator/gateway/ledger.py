@@ -15,11 +15,12 @@ matched the same way with its prompt text as the conversation.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -48,6 +49,45 @@ class SqlDatabase(Protocol):
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """The sampling settings a turn's tokens were drawn with, as the gateway asked for them."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0: no top-k cut."""
+    max_tokens: int = 0
+    """The turn's limit (0: the upstream's); not part of what decides a token's distribution."""
+
+    @property
+    def distribution(self) -> tuple[float, float, int]:
+        """What decides the distribution a token is drawn from."""
+        return self.temperature, self.top_p, max(self.top_k, 0)
+
+    @property
+    def plain(self) -> bool:
+        """Temperature 1, no top-p, no top-k: raw and processed log-probs are the same."""
+        return self.distribution == (1.0, 1.0, 0)
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """How a turn's prompt stands to its parent's tokens."""
+
+    parent_id: int | None
+    prefix_exact: bool | None
+    """The prompt begins with the parent's prompt ids plus its sampled ids; True for a root (no
+    parent), None when the upstream gave no prompt ids to check."""
+    common_prefix: int = 0
+    """How many leading tokens the prompt shares with the parent's prompt plus sampled ids."""
+    break_reason: str = ""
+    """Why the prompt does not extend the parent's tokens, when it does not."""
+
+
+ROOT = Lineage(None, True)
+
+
+@dataclass(frozen=True)
 class Turn:
     id: int
     episode_id: str
@@ -73,6 +113,29 @@ class Turn:
     abandoned: bool
     replays: int
     created_at: float
+    after_len: int = 0
+    """The length of the conversation once this turn's answer is appended: messages (chat) or
+    characters (completion)."""
+    mode: str = "text"
+    """tokens: the gateway built the prompt as ids and parsed the sampled ids itself; text: the
+    upstream rendered the messages and parsed its own answer."""
+    lineage: Lineage = ROOT
+    finish_reason: str = ""
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
+    logprobs_mode: str = ""
+    """What the upstream's log-probs were found to be of when this turn was sampled: processed
+    (the sampling distribution), raw (before temperature and top-p), or "" (not known)."""
+    tools_key: str = ""
+    """Digest of the tools the prompt lists: a prompt can extend the parent's tokens only if equal."""
+
+    @property
+    def prefix_exact(self) -> bool | None:
+        return self.lineage.prefix_exact
+
+    @property
+    def logprobs_exact(self) -> bool:
+        """The recorded log-probs are of the distribution each token was drawn from."""
+        return self.logprobs_mode == "processed" or self.sampling.plain
 
 
 @dataclass
@@ -80,10 +143,6 @@ class Branch:
     id: int
     turns: list[Turn]
     abandoned: bool
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    """1 for tokens the policy sampled (trainable), 0 for context."""
 
 
 @dataclass
@@ -118,6 +177,8 @@ class Ledger:
             raise FailedPrecondition(
                 f"{path} holds a trajectory ledger from an older Stasis; start with a new state dir"
             )
+        for statement in ledger_schema.added_columns(columns, "INTEGER") if columns else ():
+            database.db.execute(statement)
         database.db.executescript(ledger_schema.SQLITE)
         return cls(database, owned=True)
 
@@ -125,7 +186,7 @@ class Ledger:
     def postgres(cls, database: PostgresDatabase) -> Ledger:
         """A ledger in the PostgreSQL state store's database, beside the store's tables, on its
         pool; the store closes it."""
-        database.create(ledger_schema.POSTGRES)
+        database.create(ledger_schema.POSTGRES + ledger_schema.POSTGRES_ADDED)
         return cls(database, owned=False)
 
     def close(self) -> None:
@@ -154,6 +215,18 @@ class Ledger:
             abandoned=bool(r["abandoned"]),
             replays=r["replays"],
             created_at=r["created_at"],
+            after_len=r["after_len"],
+            mode=r["mode"],
+            lineage=Lineage(
+                r["parent_id"],
+                None if r["prefix_exact"] is None else bool(r["prefix_exact"]),
+                r["common_prefix"],
+                r["break_reason"],
+            ),
+            finish_reason=r["finish_reason"],
+            sampling=Sampling(**json.loads(r["sampling"])),
+            logprobs_mode=r["logprobs_mode"],
+            tools_key=r["tools_key"],
         )
 
     def cursor(self, episode_id: str) -> dict[str, int]:
@@ -209,6 +282,28 @@ class Ledger:
                     results.append((False, exc))
         return results
 
+    def parent(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
+        """The recorded turn this request continues: the one whose conversation (its request plus
+        its answer) is the longest proper prefix of the request's (a read, no commit)."""
+        with self._read() as db:
+            return self._parent(db, episode_id, request)
+
+    def _parent(self, db: Connection, episode_id: str, request: CanonicalRequest) -> Turn | None:
+        lengths: list[int] = []
+        if request.kind == "completion":
+            lengths = [r["after_len"] for r in db.execute(
+                "SELECT DISTINCT after_len FROM turns WHERE episode_id = ? AND kind = ?", (episode_id, request.kind)
+            )]  # fmt: skip
+        hashes = request.prefix_hashes(lengths)
+        if not hashes:
+            return None
+        row = db.execute(
+            f"SELECT * FROM turns WHERE episode_id = ? AND after_hash IN ({','.join('?' * len(hashes))})"
+            " ORDER BY after_len DESC, abandoned, id DESC LIMIT 1",
+            (episode_id, *hashes),
+        ).fetchone()
+        return self._turn(row) if row is not None else None
+
     def record(
         self,
         episode_id: str,
@@ -225,29 +320,31 @@ class Ledger:
         prompt_token_ids: list[int],
         policy_version: str,
         upstream_ms: float,
+        *,
+        lineage: Lineage | None = None,
+        mode: str = "text",
+        finish_reason: str = "",
+        sampling: Sampling = Sampling(),
+        logprobs_mode: str = "",
+        tools_key: str = "",
     ) -> Turn:
         """Commit a freshly sampled turn, placing it in the tree (see the module docstring).
 
+        `lineage` names the parent the prompt was built on and how the prompt extends it; without
+        one the parent is looked up here and the prompt ids checked against it (text mode).
         `resumed_at` is when the snapshot the current run was restored from froze the sandbox
         (0 for a run started afresh): a sibling from an earlier run is stale unless its delivery
         had finished by then, or it was delivered again to this run.
         """
         with self._tx() as db:
-            lengths: list[int] = []
-            if request.kind == "completion":
-                lengths = [r["after_len"] for r in db.execute(
-                    "SELECT DISTINCT after_len FROM turns WHERE episode_id = ? AND kind = ?", (episode_id, request.kind)
-                )]  # fmt: skip
-            hashes = request.prefix_hashes(lengths)
-            parent = None
-            if hashes:
-                # The longest recorded prefix of this conversation: its last turn is the parent.
-                parent = db.execute(
-                    f"SELECT * FROM turns WHERE episode_id = ? AND after_hash IN ({','.join('?' * len(hashes))})"
-                    " ORDER BY after_len DESC, abandoned, id DESC LIMIT 1",
-                    (episode_id, *hashes),
-                ).fetchone()
-            parent_id = parent["id"] if parent is not None else None
+            if lineage is None:
+                lineage = extension(self._parent(db, episode_id, request), prompt_token_ids)
+            parent_id = lineage.parent_id
+            parent = (
+                db.execute("SELECT branch FROM turns WHERE id = ?", (parent_id,)).fetchone()
+                if parent_id is not None
+                else None
+            )
             where = "episode_id = ? AND parent_id IS NOT DISTINCT FROM ? AND abandoned = 0"  # NULL-safe =
             # In index order, stated so that every database numbers the abandoned branches alike.
             earlier = db.execute(
@@ -285,16 +382,20 @@ class Ledger:
             )
             after_hash, after_len = request.after(answer)
             now = time.time()
+            exact = None if lineage.prefix_exact is None else int(lineage.prefix_exact)
             inserted = db.execute(
                 "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
                 " request, request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs,"
-                " prompt_token_ids, policy_version, upstream_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-                " RETURNING id",
+                " prompt_token_ids, policy_version, upstream_ms, created_at, mode, prefix_exact, common_prefix,"
+                " break_reason, finish_reason, sampling, logprobs_mode, tools_key)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
                 (
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
                     json.dumps({"context": list(request.context), "params": request.params}), request_raw,
                     json.dumps(answer), response, protocol, delivered, run, json.dumps(token_ids), json.dumps(logprobs),
-                    json.dumps(prompt_token_ids), policy_version, upstream_ms, now,
+                    json.dumps(prompt_token_ids), policy_version, upstream_ms, now, mode, exact, lineage.common_prefix,
+                    lineage.break_reason, finish_reason, json.dumps(dataclasses.asdict(sampling)), logprobs_mode,
+                    tools_key,
                 ),
             ).fetchone()  # fmt: skip
             return Turn(
@@ -302,7 +403,8 @@ class Ledger:
                 kind=request.kind, request_raw=request_raw, response=response, protocol=protocol,
                 delivered=delivered, delivered_run=run, delivered_at=None, token_ids=token_ids, logprobs=logprobs,
                 prompt_token_ids=prompt_token_ids, policy_version=policy_version, abandoned=False, replays=0,
-                created_at=now,
+                created_at=now, after_len=after_len, mode=mode, lineage=lineage, finish_reason=finish_reason,
+                sampling=sampling, logprobs_mode=logprobs_mode, tools_key=tools_key,
             )  # fmt: skip
 
     @staticmethod
@@ -333,11 +435,11 @@ class Ledger:
         return [self._turn(r) for r in rows]
 
     def branches(self, episode_id: str) -> list[Branch]:
-        """Every branch with its aligned token arrays; branch 0 is the main one."""
+        """Every branch with its turns; branch 0 is the main one."""
         by_branch: dict[int, list[Turn]] = {}
         for t in self.turns(episode_id):
             by_branch.setdefault(t.branch, []).append(t)
-        return [_aligned(b, turns) for b, turns in sorted(by_branch.items())]
+        return [Branch(b, turns, all(t.abandoned for t in turns)) for b, turns in sorted(by_branch.items())]
 
     # -- rewards ----------------------------------------------------------------------------
 
@@ -361,15 +463,37 @@ class Ledger:
         )
 
 
-def _aligned(branch: int, turns: list[Turn]) -> Branch:
-    """Lay a branch's turns out as one token sequence: context tokens (mask 0, log-prob 0) between
-    the sampled ones (mask 1, their behaviour log-probs), as the trainer consumes them."""
-    out = Branch(id=branch, turns=turns, abandoned=all(t.abandoned for t in turns))
-    for t in turns:
-        prompt = t.prompt_token_ids
-        # The next prompt normally extends everything so far; then only its new tail is context.
-        context = prompt[len(out.token_ids) :] if prompt[: len(out.token_ids)] == out.token_ids else prompt
-        out.token_ids += context + t.token_ids
-        out.logprobs += [0.0] * len(context) + t.logprobs
-        out.loss_mask += [0] * len(context) + [1] * len(t.token_ids)
-    return out
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading items two sequences share (slices compare in C; a binary search over
+    them keeps a long history's check cheap)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[low:mid] == b[low:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def extension(parent: Turn | None, prompt_ids: Sequence[int], reason: str = "") -> Lineage:
+    """How a prompt stands to the tokens of the turn it continues: whether it begins with the
+    parent's prompt plus its sampled ids, and if not, where it leaves them."""
+    if parent is None:
+        return ROOT
+    before = [*parent.prompt_token_ids, *parent.token_ids]
+    if not prompt_ids or not parent.prompt_token_ids:
+        return Lineage(parent.id, None, 0, "the model server returned no prompt token ids to check")
+    common = common_prefix(before, prompt_ids)
+    if common == len(before):
+        return Lineage(parent.id, True, common)
+    why = reason or "the model server rendered the conversation anew as text"
+    return Lineage(
+        parent.id,
+        False,
+        common,
+        f"{why}: the prompt leaves the tokens sampled so far at {common} of {len(before)}",
+    )

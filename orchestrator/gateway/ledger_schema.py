@@ -7,6 +7,10 @@ DOUBLE PRECISION, integers BIGINT (SQLite's are 64-bit), bytes BYTEA. A turn's i
 column, which like AUTOINCREMENT never hands out an id twice; writers take turns (WRITER_LOCK),
 so ids grow in commit order, as a snapshot's ledger cursor needs. Flags stay integers (0 or 1),
 so the statements compare them alike on both.
+
+Columns added since the table first shipped are in `ADDED`, and a ledger opened on an older
+table adds them (`Ledger.sqlite`, `Ledger.postgres`); older turns read as text-mode turns whose
+prompts were not checked, sampled with the defaults (temperature 1, no top-p).
 """
 
 SQLITE = """
@@ -35,7 +39,15 @@ CREATE TABLE IF NOT EXISTS turns (
     abandoned INTEGER NOT NULL DEFAULT 0,
     replays INTEGER NOT NULL DEFAULT 0,
     upstream_ms REAL NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    mode TEXT NOT NULL DEFAULT 'text',
+    prefix_exact INTEGER,
+    common_prefix INTEGER NOT NULL DEFAULT 0,
+    break_reason TEXT NOT NULL DEFAULT '',
+    finish_reason TEXT NOT NULL DEFAULT '',
+    sampling TEXT NOT NULL DEFAULT '{}',
+    logprobs_mode TEXT NOT NULL DEFAULT '',
+    tools_key TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
@@ -79,7 +91,15 @@ CREATE TABLE IF NOT EXISTS turns (
     abandoned BIGINT NOT NULL DEFAULT 0,
     replays BIGINT NOT NULL DEFAULT 0,
     upstream_ms DOUBLE PRECISION NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL
+    created_at DOUBLE PRECISION NOT NULL,
+    mode TEXT NOT NULL DEFAULT 'text',
+    prefix_exact BIGINT,
+    common_prefix BIGINT NOT NULL DEFAULT 0,
+    break_reason TEXT NOT NULL DEFAULT '',
+    finish_reason TEXT NOT NULL DEFAULT '',
+    sampling TEXT NOT NULL DEFAULT '{}',
+    logprobs_mode TEXT NOT NULL DEFAULT '',
+    tools_key TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
@@ -96,3 +116,32 @@ CREATE TABLE IF NOT EXISTS verifications (
     at DOUBLE PRECISION NOT NULL
 );
 """
+
+ADDED = (
+    ("mode", "TEXT NOT NULL DEFAULT 'text'"),
+    ("prefix_exact", "{integer}"),
+    ("common_prefix", "{integer} NOT NULL DEFAULT 0"),
+    ("break_reason", "TEXT NOT NULL DEFAULT ''"),
+    ("finish_reason", "TEXT NOT NULL DEFAULT ''"),
+    ("sampling", "TEXT NOT NULL DEFAULT '{{}}'"),
+    ("logprobs_mode", "TEXT NOT NULL DEFAULT ''"),
+    ("tools_key", "TEXT NOT NULL DEFAULT ''"),
+)
+"""Turn columns added since the table first shipped: (name, type with `{integer}` for the
+database's integer type)."""
+
+
+def added_columns(present: set[str], integer: str) -> list[str]:
+    """SQLite's statements that add what `present` (the table's columns) lacks."""
+    return [
+        f"ALTER TABLE turns ADD COLUMN {name} {kind.format(integer=integer)}"
+        for name, kind in ADDED
+        if name not in present
+    ]
+
+
+POSTGRES_ADDED = "".join(
+    f"ALTER TABLE turns ADD COLUMN IF NOT EXISTS {name} {kind.format(integer='BIGINT')};\n"
+    for name, kind in ADDED
+)
+"""PostgreSQL's statements that add them to an older table (and do nothing to a new one)."""

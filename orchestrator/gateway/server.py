@@ -14,6 +14,7 @@ Served on aiohttp in an event loop of its own; ledger and state calls run on a s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -29,9 +30,10 @@ from aiohttp import web
 from orchestrator.domain import Episode, EpisodeState
 from orchestrator.gateway.door import Door
 from orchestrator.gateway.generation import Generation, UpstreamFault
-from orchestrator.gateway.ledger import Ledger
+from orchestrator.gateway.ledger import Ledger, Sampling, extension
 from orchestrator.gateway.ledger import Turn as RecordedTurn
-from orchestrator.gateway.protocols import GatewayError, Protocol, Request
+from orchestrator.gateway.metrics import Metrics
+from orchestrator.gateway.protocols import GatewayError, Protocol, Request, sampling_of
 from orchestrator.gateway.protocols.anthropic import Messages
 from orchestrator.gateway.protocols.anthropic import to_messages as anthropic_messages
 from orchestrator.gateway.protocols.anthropic import to_tools as anthropic_tools
@@ -66,6 +68,11 @@ class _Turn:
     protocol: Protocol
     request: Request
     raw: bytes
+    parent: RecordedTurn | None = None
+    """The recorded turn it continues, found before it is sampled."""
+    body: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What is sent upstream."""
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
 
 
 class _KeyLocks:
@@ -170,12 +177,16 @@ class Gateway:
         """Whether a connection from this peer address can be the episode's live run. A stale
         sandbox (on a node declared lost, or thawed after its episode moved) cannot: 409."""
         self.upstream = Upstream(settings)
+        self.metrics = Metrics()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-state")
         self._ledger = _GroupCommit(ledger)
         self._locks = _KeyLocks()
         self._loop = asyncio.new_event_loop()
         self._slots: asyncio.Semaphore | None = None
         self._runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self._metrics_listener: asyncio.Server | None = None
+        self.metrics_port = 0
         self._listener: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="gateway", daemon=True)
         self.port = 0
@@ -209,6 +220,21 @@ class Gateway:
             reuse_address=True,
         )
         self.port = int(self._listener.sockets[0].getsockname()[1])
+        if s.metrics_listen:
+            metrics = web.Application()
+            metrics.router.add_get("/metrics", self._metrics)
+            self._metrics_runner = web.AppRunner(metrics, access_log=None)
+            await self._metrics_runner.setup()
+            handler = self._metrics_runner.server
+            assert handler is not None
+            host, _, port = s.metrics_listen.rpartition(":")
+            self._metrics_listener = await asyncio.get_running_loop().create_server(
+                handler, host or "0.0.0.0", int(port), reuse_address=True
+            )
+            self.metrics_port = int(self._metrics_listener.sockets[0].getsockname()[1])
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.text(), content_type="text/plain", charset="utf-8")
 
     @property
     def connections(self) -> int:
@@ -223,6 +249,11 @@ class Gateway:
                 await self._listener.wait_closed()
             if self._runner is not None:
                 await self._runner.cleanup()
+            if self._metrics_listener is not None:
+                self._metrics_listener.close()
+                await self._metrics_listener.wait_closed()
+            if self._metrics_runner is not None:
+                await self._metrics_runner.cleanup()
             await self.upstream.close()
 
         if self._thread.is_alive():
@@ -357,15 +388,26 @@ class Gateway:
             recorded = self.ledger.find(turn.episode.id, req.canonical)
             if recorded is not None:
                 await self._ledger.run(lambda: self.ledger.replayed(recorded.id, turn.episode.runs))
+                self.metrics.count("replays")
                 return await self._deliver(request, recorded.id, recorded.delivered, req.stream)
+            body = self._upstream_body(req)
+            turn = dataclasses.replace(
+                turn,
+                parent=self.ledger.parent(turn.episode.id, req.canonical),
+                body=body,
+                sampling=sampling_of(body),
+            )
             async with self._slots:
                 if req.stream:
                     return await self._stream(request, turn)
                 return await self._whole(request, turn)
 
-    @staticmethod
-    def _upstream_body(req: Request) -> dict[str, Any]:
+    def _upstream_body(self, req: Request) -> dict[str, Any]:
         body = dict(req.upstream)
+        # Explicit settings, so the record says what the tokens were drawn with: a server's own
+        # defaults (a model's generation config) are not known here.
+        body.setdefault("temperature", self.settings.temperature)
+        body.setdefault("top_p", self.settings.top_p)
         body["return_token_ids"] = True
         if req.upstream_path == "/chat/completions":
             body["logprobs"] = True
@@ -393,7 +435,7 @@ class Gateway:
         req, protocol = turn.request, turn.protocol
         started = time.monotonic()
         try:
-            reply = await self.upstream.post(req.upstream_path, self._upstream_body(req))
+            reply = await self.upstream.post(req.upstream_path, turn.body)
         except UpstreamUnreachable as exc:
             raise GatewayError(502, str(exc), "upstream_error") from None
         upstream_ms = (time.monotonic() - started) * 1000
@@ -455,7 +497,7 @@ class Gateway:
         req = turn.request
         started = time.monotonic()
         try:
-            async with self.upstream.stream(req.upstream_path, self._upstream_body(req)) as upstream:
+            async with self.upstream.stream(req.upstream_path, turn.body) as upstream:
                 if upstream.status != 200:
                     return self._upstream_refused(turn.protocol, upstream.status, await upstream.body())
                 return await self._relay(request, turn, upstream, started)
@@ -519,14 +561,18 @@ class Gateway:
     async def _record(
         self, turn: _Turn, g: Generation, response: bytes, delivered: bytes, upstream_ms: float
     ) -> RecordedTurn:
-        e = turn.episode
-        return await self._ledger.run(
+        e, req = turn.episode, turn.request
+        lineage = extension(turn.parent, g.prompt_token_ids)
+        recorded = await self._ledger.run(
             lambda: self.ledger.record(
-                e.id, e.runs, turn.resumed_at, turn.request.canonical, turn.raw, g.answer(), response,
+                e.id, e.runs, turn.resumed_at, req.canonical, turn.raw, g.answer(), response,
                 turn.protocol.name, delivered, g.token_ids, g.logprobs, g.prompt_token_ids, g.policy_version,
-                upstream_ms,
+                upstream_ms, lineage=lineage, mode="text", finish_reason=g.finish_reason, sampling=turn.sampling,
+                tools_key=req.canonical.tools_key,
             )
         )  # fmt: skip
+        self.metrics.turn(recorded)
+        return recorded
 
 
 def _decoded(raw: bytes, parse: Callable[[dict[str, Any]], T]) -> T:

@@ -37,6 +37,15 @@ class GatewaySettings:
     A harness keeps a few; one that opens them without end takes no one else's."""
     upstream_connections: int = 256
     """Size of the pooled keep-alive connections to the upstream."""
+    temperature: float = 1.0
+    """Temperature asked for when a harness names none: the gateway always names one, so the
+    record says what its tokens were drawn with (a model server's own default, from a model's
+    generation config, is not known here)."""
+    top_p: float = 1.0
+    """Top-p asked for when a harness names none, for the same reason."""
+    metrics_listen: str = ""
+    """Where /metrics (Prometheus's text format) is served, apart from the sandboxes' port;
+    empty: nowhere."""
     upstream_timeout_s: float = 600.0
     """Longest silence from the upstream while a generation is under way."""
     harness_timeout_s: float = 120.0

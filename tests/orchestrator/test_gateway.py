@@ -6,10 +6,12 @@ The `world` tests run with the ledger in SQLite and in PostgreSQL (`ledgers.py`)
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +24,7 @@ import pytest
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
 from orchestrator.gateway import Gateway, GatewaySettings, Ledger, live_peer
 from orchestrator.gateway.protocols.openai import ChatCompletions
+from orchestrator.gateway.samples import samples
 from orchestrator.gateway.server import INLINE_BODY_BYTES
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from tests.orchestrator.conftest import wait_until
@@ -145,7 +148,7 @@ def open_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open
 @pytest.fixture
 def world(tmp_path: Path, open_ledger: OpenLedger) -> Iterator[World]:
     model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
-    w = _world(tmp_path, model.url, model, open_ledger())
+    w = _world(tmp_path, model.url, model, open_ledger(), metrics_listen="127.0.0.1:0")
     _count(w)
     yield w
     w.gateway.stop()
@@ -247,6 +250,61 @@ def test_serialisation_noise_does_not_fork_but_what_the_model_sees_does(world: W
     assert len(world.upstream_calls) == 3 + bool(calls)
 
 
+def _restyled(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message as a harness that re-serialises tool calls in its own style sends it
+    back: sorted keys, indented arguments, `null` content."""
+    calls = [
+        {**c, "function": {**c["function"], "arguments": json.dumps(json.loads(c["function"]["arguments"]), indent=2, sort_keys=True)}}
+        for c in message.get("tool_calls") or []
+    ]  # fmt: skip
+    return {
+        "role": "assistant",
+        "content": message.get("content") or None,
+        **({"tool_calls": calls} if calls else {}),
+    }
+
+
+@pytest.mark.timeout(60)
+def test_text_mode_detects_drift_and_no_sample_appends_a_prompt(world: World) -> None:
+    """In text mode the model server renders the harness's re-serialised history as text, so its
+    prompt leaves the tokens the model sampled: every such turn is flagged where it breaks, counted
+    in the metrics, and starts a sample of its own instead of being appended whole."""
+    messages: list[dict[str, Any]] = [USER]
+    for _ in range(5):
+        _, raw = world.post(_chat(*messages))
+        message = json.loads(raw)["choices"][0]["message"]
+        messages.append(_restyled(message))
+        calls = message.get("tool_calls") or []
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": "done"} for c in calls]
+        if not calls:
+            messages.append({"role": "user", "content": "go on"})
+    turns = world.ledger.turns("ep-1")
+    assert len(turns) == 5 and all(
+        t.mode == "text" and t.parent_id == p.id for p, t in itertools.pairwise(turns)
+    )
+    assert turns[0].prefix_exact is True and turns[0].parent_id is None
+    breaks = [t for t in turns if t.prefix_exact is False]
+    assert breaks, "re-serialised arguments re-tokenise otherwise"
+    by_id = {t.id: t for t in turns}
+    for t in breaks:
+        parent = by_id[t.parent_id]
+        before = parent.prompt_token_ids + parent.token_ids
+        assert t.lineage.common_prefix < len(before)
+        assert t.prompt_token_ids[: t.lineage.common_prefix] == before[: t.lineage.common_prefix]
+        assert "rendered the conversation anew" in t.lineage.break_reason
+    got = samples(turns)
+    assert len(got) == 1 + len(breaks)
+    for sample in got:
+        last = by_id[sample.turn_ids[-1]]
+        assert len(sample.token_ids) == len(last.prompt_token_ids) + len(last.token_ids)
+    assert sum(sum(s.loss_mask) for s in got) == sum(len(t.token_ids) for t in turns)
+    metrics = urllib.request.urlopen(
+        f"http://127.0.0.1:{world.gateway.metrics_port}/metrics", timeout=10
+    ).read()
+    assert f'stasis_gateway_prompt_breaks_total{{mode="text"}} {len(breaks)}'.encode() in metrics
+    assert b'stasis_gateway_turns_total{mode="text"} 5' in metrics
+
+
 @pytest.mark.timeout(30)
 def test_concurrent_identical_requests_sample_once(world: World) -> None:
     world.upstream_calls.clear()
@@ -285,9 +343,12 @@ def test_branches_parallel_calls_and_abandonment(world: World) -> None:
     assert [t.run for t in main] == [1, 2] and not any(t.abandoned for t in main)
     assert [t.abandoned for t in turns if t.run == 1][1:] == [True, True]
     (b0, *others) = world.ledger.branches("ep-1")
-    assert b0.id == 0 and len(b0.turns) == 2 and sum(b0.loss_mask) == sum(len(t.token_ids) for t in b0.turns)
-    assert len(b0.token_ids) == len(b0.logprobs) == len(b0.loss_mask)
+    assert b0.id == 0 and len(b0.turns) == 2
     assert all(b.abandoned for b in others)
+    # Every sampled token of the live turns is trained in one sample; abandoned turns in none.
+    main_samples = samples(world.ledger.turns("ep-1"))
+    assert {i for s in main_samples for i in s.turn_ids} == {t.id for t in b0.turns}
+    assert sum(sum(s.loss_mask) for s in main_samples) == sum(len(t.token_ids) for t in b0.turns)
 
 
 @pytest.mark.timeout(30)

@@ -117,7 +117,8 @@ def _preempted_mid_generation_and_finished(
     assert any(b'"tool_use"' in t.delivered or b'"function_call"' in t.delivered for t in turns), "tool use"
     main = trajectory.main
     assert len({t.id for t in main.turns}) == len(main.turns), "each main-branch turn once"
-    assert len(main.token_ids) == len(main.logprobs) == len(main.loss_mask)
+    for sample in trajectory.samples:
+        assert len(sample.token_ids) == len(sample.logprobs) == len(sample.loss_mask)
     for recorded in turns:
         assert len(recorded.token_ids) == len(recorded.logprobs) > 0
     # The last main-branch turn reached the restored run: generated there, or, when the generation

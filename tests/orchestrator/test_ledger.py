@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from orchestrator.domain import FailedPrecondition, StandingBy
-from orchestrator.gateway import CanonicalRequest, Ledger, Turn, Verification
+from orchestrator.gateway import CanonicalRequest, Ledger, Sampling, Turn, Verification
 from orchestrator.gateway.canonical import canonical_message
 from orchestrator.gateway.generation import Generation, ToolCall
 from orchestrator.gateway.protocols import anthropic
@@ -241,6 +241,55 @@ def test_a_sqlite_ledger_from_an_older_stasis_is_refused(tmp_path: Path) -> None
         db.executescript(OLDER_TURNS)
     with pytest.raises(FailedPrecondition, match="from an older Stasis; start with a new state dir"):
         Ledger.sqlite(tmp_path / "state.db")
+
+
+LAST_RELEASE_TURNS = """
+CREATE TABLE turns (
+    id {id}, episode_id TEXT NOT NULL, parent_id {int}, branch {int} NOT NULL, run {int} NOT NULL,
+    kind TEXT NOT NULL, fingerprint TEXT NOT NULL, after_hash TEXT NOT NULL, after_len {int} NOT NULL,
+    request TEXT NOT NULL, request_raw {bytes} NOT NULL, answer TEXT NOT NULL, response {bytes} NOT NULL,
+    protocol TEXT NOT NULL, delivered {bytes} NOT NULL, delivered_run {int} NOT NULL, delivered_at {real},
+    token_ids TEXT NOT NULL, logprobs TEXT NOT NULL, prompt_token_ids TEXT NOT NULL, policy_version TEXT NOT NULL,
+    abandoned {int} NOT NULL DEFAULT 0, replays {int} NOT NULL DEFAULT 0, upstream_ms {real} NOT NULL,
+    created_at {real} NOT NULL
+);
+INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len, request,
+    request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs, prompt_token_ids,
+    policy_version, upstream_ms, created_at)
+VALUES ('ep-old', NULL, 0, 1, 'chat', 'f', 'h', 2, '{{}}', {blob}, '{{}}', {blob}, 'chat', {blob}, 1, '[7]', '[-0.5]',
+    '[1, 2]', 'v1', 1.0, 1.0);
+"""
+"""The turns table as the last release kept it (before prompts were checked), with one turn."""
+
+
+@pytest.mark.parametrize("kind", DATABASES)
+def test_a_ledger_from_the_last_release_gains_its_new_columns(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Its turns read as text-mode turns whose prompts were not checked, and new turns record
+    everything."""
+    if kind == "sqlite":
+        with sqlite3.connect(tmp_path / "state.db") as db:
+            db.executescript(LAST_RELEASE_TURNS.format(id="INTEGER PRIMARY KEY AUTOINCREMENT", int="INTEGER", bytes="BLOB", real="REAL", blob="x''"))  # fmt: skip
+        ledgers = [Ledger.sqlite(tmp_path / "state.db"), Ledger.sqlite(tmp_path / "state.db")]
+        stores: list[PostgresStateStore] = []
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres")
+        url = server.database()
+        stores = [PostgresStateStore(url), PostgresStateStore(url)]
+        stores[0].database.create(LAST_RELEASE_TURNS.format(id="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", int="BIGINT", bytes="BYTEA", real="DOUBLE PRECISION", blob="''::bytea"))  # fmt: skip
+        ledgers = [Ledger.postgres(s.database) for s in stores]
+    try:
+        (old,) = ledgers[1].turns("ep-old")
+        assert old.mode == "text" and old.prefix_exact is None and old.sampling == Sampling()
+        assert old.token_ids == [7] and old.finish_reason == "" and old.logprobs_mode == ""
+        new = _record(ledgers[1], _chat("hi"), "hello", finish_reason="stop", mode="tokens")
+        assert ledgers[0].turns("ep-1") == [new]
+    finally:
+        for ledger in ledgers:
+            ledger.close()
+        for store in stores:
+            store.close()
 
 
 def test_a_completions_prefixes_hash_as_their_own_prompts_would() -> None:

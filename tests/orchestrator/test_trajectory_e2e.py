@@ -96,11 +96,15 @@ def test_example_harness_through_three_preemptions(
             assert [d.logprob(tok) for d, tok in zip(scored, turn.token_ids, strict=True)] == turn.logprobs
             returned = json.loads(record.response)["choices"][0]["logprobs"]["content"]
             assert [e["logprob"] for e in returned] == turn.logprobs
-        assert len(t.main.token_ids) == len(t.main.logprobs) == len(t.main.loss_mask)
-        assert sum(t.main.loss_mask) == sum(len(tt.token_ids) for tt in turns)
+        # Every sampled token is trained in exactly one sample, with the log-prob it was sampled with.
+        for sample in t.samples:
+            assert len(sample.token_ids) == len(sample.logprobs) == len(sample.loss_mask)
+        assert sorted(i for s in t.samples for i in s.turn_ids) == sorted(tt.id for tt in turns)
+        assert sum(sum(s.loss_mask) for s in t.samples) == sum(len(tt.token_ids) for tt in turns)
 
         data = json.loads(cli(stack, "trajectory", episode.id, "-o", "json").stdout)
         assert data["reward"] == 1.0 and len([x for x in data["turns"] if x["branch"] == 0]) == completed
+        assert len(data["samples"]) == len(t.samples) and data["prompt_breaks"] == t.prompt_breaks
         for key in ("index", "branch", "replayed", "token_ids", "logprobs", "policy_version"):
             assert all(key in x for x in data["turns"]), key
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.gateway.generation import Generation
+from orchestrator.gateway.ledger import Sampling
 
 
 class GatewayError(Exception):
@@ -127,3 +128,31 @@ def mapped(value: Any, where: str) -> dict[str, Any]:
 def pick(body: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
     """Copy the fields the upstream understands, renamed (harness name -> upstream name)."""
     return {up: body[name] for name, up in names.items() if body.get(name) is not None}
+
+
+def sampling_of(body: dict[str, Any]) -> Sampling:
+    """The sampling settings an upstream body asks for (the gateway fills in the defaults first,
+    so they are what the tokens are drawn with)."""
+
+    def number(key: str, default: float) -> float:
+        value = body.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise GatewayError(400, f"{key}: must be a number")
+        return float(value)
+
+    def whole(key: str) -> int:
+        value = body.get(key)
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise GatewayError(400, f"{key}: must be a whole number")
+        return value
+
+    return Sampling(
+        temperature=number("temperature", 1.0),
+        top_p=number("top_p", 1.0),
+        top_k=whole("top_k"),
+        max_tokens=whole("max_completion_tokens") or whole("max_tokens"),
+    )

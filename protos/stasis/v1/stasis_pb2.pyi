@@ -571,8 +571,20 @@ class HeartbeatResponse(_message.Message):
     known: bool
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
 class Turn(_message.Message):
-    __slots__ = ("id", "index", "branch", "replayed", "replays", "abandoned", "token_ids", "logprobs", "policy_version", "parent_id", "run", "created_at", "prompt_tokens")
+    __slots__ = ("id", "index", "branch", "replayed", "replays", "abandoned", "token_ids", "logprobs", "policy_version", "parent_id", "run", "created_at", "prompt_tokens", "prompt_token_ids", "finish_reason", "mode", "prefix_exact", "prefix_checked", "common_prefix", "break_reason", "sampling", "logprobs_exact")
     ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     BRANCH_FIELD_NUMBER: _ClassVar[int]
@@ -586,6 +598,15 @@ class Turn(_message.Message):
     RUN_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_EXACT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    COMMON_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    BREAK_REASON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_EXACT_FIELD_NUMBER: _ClassVar[int]
     id: int
     index: int
     branch: int
@@ -599,28 +620,51 @@ class Turn(_message.Message):
     run: int
     created_at: float
     prompt_tokens: int
-    def __init__(self, id: _Optional[int] = ..., index: _Optional[int] = ..., branch: _Optional[int] = ..., replayed: _Optional[bool] = ..., replays: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[str] = ..., parent_id: _Optional[int] = ..., run: _Optional[int] = ..., created_at: _Optional[float] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: str
+    mode: str
+    prefix_exact: bool
+    prefix_checked: bool
+    common_prefix: int
+    break_reason: str
+    sampling: Sampling
+    logprobs_exact: bool
+    def __init__(self, id: _Optional[int] = ..., index: _Optional[int] = ..., branch: _Optional[int] = ..., replayed: _Optional[bool] = ..., replays: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[str] = ..., parent_id: _Optional[int] = ..., run: _Optional[int] = ..., created_at: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., mode: _Optional[str] = ..., prefix_exact: _Optional[bool] = ..., prefix_checked: _Optional[bool] = ..., common_prefix: _Optional[int] = ..., break_reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("token_ids", "loss_mask", "logprobs", "policy_versions", "turn_ids", "branch", "sampling", "logprobs_exact")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    TURN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_EXACT_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    policy_versions: _containers.RepeatedScalarFieldContainer[str]
+    turn_ids: _containers.RepeatedScalarFieldContainer[int]
+    branch: int
+    sampling: Sampling
+    logprobs_exact: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turn_ids: _Optional[_Iterable[int]] = ..., branch: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ...) -> None: ...
 
 class TrajectoryBranch(_message.Message):
-    __slots__ = ("id", "abandoned", "token_ids", "logprobs", "loss_mask", "policy_versions", "turns")
+    __slots__ = ("id", "abandoned", "policy_versions", "turns")
     ID_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
     id: int
     abandoned: bool
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
-    logprobs: _containers.RepeatedScalarFieldContainer[float]
-    loss_mask: _containers.RepeatedScalarFieldContainer[int]
     policy_versions: _containers.RepeatedScalarFieldContainer[str]
     turns: _containers.RepeatedCompositeFieldContainer[Turn]
-    def __init__(self, id: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., abandoned: _Optional[bool] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("episode_id", "state", "has_reward", "reward", "verifier_log", "main", "branches", "labels", "seq")
+    __slots__ = ("episode_id", "state", "has_reward", "reward", "verifier_log", "main", "branches", "labels", "seq", "samples", "prompt_breaks")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -637,6 +681,8 @@ class Trajectory(_message.Message):
     BRANCHES_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_BREAKS_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     state: EpisodeState
     has_reward: bool
@@ -646,7 +692,9 @@ class Trajectory(_message.Message):
     branches: _containers.RepeatedCompositeFieldContainer[TrajectoryBranch]
     labels: _containers.ScalarMap[str, str]
     seq: int
-    def __init__(self, episode_id: _Optional[str] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., verifier_log: _Optional[str] = ..., main: _Optional[_Union[TrajectoryBranch, _Mapping]] = ..., branches: _Optional[_Iterable[_Union[TrajectoryBranch, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ...) -> None: ...
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    prompt_breaks: int
+    def __init__(self, episode_id: _Optional[str] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., verifier_log: _Optional[str] = ..., main: _Optional[_Union[TrajectoryBranch, _Mapping]] = ..., branches: _Optional[_Iterable[_Union[TrajectoryBranch, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., prompt_breaks: _Optional[int] = ...) -> None: ...
 
 class GetTrajectoryRequest(_message.Message):
     __slots__ = ("episode_id", "include_branches")
