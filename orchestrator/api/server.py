@@ -19,6 +19,7 @@ import logging
 import socket
 import threading
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -33,8 +34,15 @@ from orchestrator.api.service import StasisService
 from orchestrator.api.settings import AuthSettings, OrchestratorSettings
 from orchestrator.api.streams import API_WORKERS
 from orchestrator.control import AgentPool, Control, Verifier
-from orchestrator.domain import Episode, FailedPrecondition, NotFound
-from orchestrator.gateway import Gateway, Ledger, live_peer
+from orchestrator.domain import Episode, FailedPrecondition, InvalidArgument, NotFound
+from orchestrator.gateway import (
+    ChatRenderer,
+    Gateway,
+    GatewaySettings,
+    Ledger,
+    RendererUnavailable,
+    live_peer,
+)
 from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock, StateStore, standing_by
 from protos import pki
 from protos.admission import OPEN, Admission
@@ -77,6 +85,9 @@ class Orchestrator:
             gateway_env=self._gateway_env,
         )
         self.gateway: Gateway | None = None
+        # The model's template is loaded now, so that a wrong renderer or tokenizer stops the
+        # start before any node is set up.
+        self.renderer = _renderer(settings.gateway)
         self.watcher: Any = None
         try:
             # Joining nodes have no token and no certificate yet: they bring their own proof.
@@ -223,7 +234,9 @@ class Orchestrator:
         g = self.settings.gateway
         if not g.upstream:
             raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
-        self.gateway = Gateway(g, self.ledger, self.store.by_token, self.resumed_at, self.live_from).start()
+        self.gateway = Gateway(
+            g, self.ledger, self.store.by_token, self.resumed_at, self.live_from, renderer=self.renderer
+        ).start()
         log.info("gateway listening on %s, forwarding to %s", g.listen, g.upstream)
         return self.gateway
 
@@ -239,6 +252,15 @@ class Orchestrator:
         self.store.close()
         if self._owner is not None:
             self._owner.release()
+
+
+def _renderer(g: GatewaySettings) -> ChatRenderer | None:
+    if not g.renderer:
+        return None
+    try:
+        return ChatRenderer(g.renderer, Path(g.tokenizer), dict(g.renderer_options))
+    except RendererUnavailable as exc:
+        raise InvalidArgument("renderer", str(exc)) from None
 
 
 def _state_store(settings: OrchestratorSettings) -> StateStore:

@@ -38,6 +38,29 @@ def _age(since: float, now: float) -> str:
     return f"{s // 86400}d"
 
 
+def model_settings(a: argparse.Namespace, *, reference_model: bool) -> dict[str, Any]:
+    """The gateway's model settings from the flags: the renderer (qwen3 over the reference
+    model's tokenizer by default when `stasis up` serves the reference model), its options, the
+    upstream's token route and the metrics port."""
+    name = {"default": "qwen3" if reference_model else "", "none": ""}.get(a.renderer, a.renderer)
+    tokenizer = a.tokenizer
+    if tokenizer == "reference" or (name and not tokenizer and reference_model):
+        from orchestrator.reference_model import TOKENIZER_DIR
+
+        tokenizer = str(TOKENIZER_DIR)
+    options = []
+    for option in a.renderer_option:
+        key, eq, value = option.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--renderer-option: {option!r} is not KEY=VALUE")
+        try:
+            options.append((key, json.loads(value)))
+        except ValueError:
+            options.append((key, value))
+    return {"renderer": name, "tokenizer": tokenizer if name else "", "renderer_options": tuple(options),
+            "upstream_api": a.upstream_api, "metrics_listen": a.gateway_metrics_listen}  # fmt: skip
+
+
 def _prompt_state(turn: TurnInfo) -> str:
     """How a turn's prompt stands to the tokens before it: extends, BREAK@n (where it leaves
     them), or ? (not checked)."""
@@ -110,6 +133,7 @@ class Commands:
             registry_certs=Path(a.registry_certs) if a.registry_certs else None,
             insecure_registries=tuple(a.insecure_registry),
             secure=not a.insecure,
+            model=model_settings(a, reference_model=not a.upstream),
         )
         return run_foreground(settings, self.out)
 
@@ -188,6 +212,7 @@ class Commands:
                     port=a.gateway_port,
                     upstream=a.upstream,
                     upstream_api_key=a.upstream_api_key,
+                    **model_settings(a, reference_model=False),
                 ),
             )
         ).start()

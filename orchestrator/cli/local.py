@@ -19,8 +19,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,7 +30,7 @@ from orchestrator.client import StasisClient, config_path, merge_context
 from orchestrator.control import ControlSettings
 from orchestrator.domain import FailedPrecondition, Role, StasisError
 from orchestrator.gateway import GATEWAY_IP, GatewaySettings
-from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from orchestrator.reference_model import TOKENIZER_DIR, ReferenceModelServer, ReferenceModelSettings
 from protos.tls import TlsFiles
 from snapshots import set_aside_startup_objects
 
@@ -64,6 +64,9 @@ class LocalSettings:
     """Nodes on one machine share the read-only image trees; off, each node pulls its own."""
     secure: bool = True
     """TLS and tokens as described above; off, every port is plaintext and open (`--insecure`)."""
+    model: Mapping[str, Any] = field(default_factory=dict)
+    """The gateway's model settings (renderer, tokenizer, ...; `GatewaySettings` fields): by
+    default prompts go to the reference model as token ids through its Qwen3 template."""
 
     def image_cache(self, node: str) -> Path:
         """Where a node keeps its image trees."""
@@ -235,11 +238,12 @@ class LocalStack:
 
     def start(self, progress: Callable[[str], None] = lambda _: None, timeout_s: float = 120) -> None:
         s = self.settings
-        upstream = s.upstream
+        upstream, model = s.upstream, dict(s.model)
         if not upstream:
             self.model = ReferenceModelServer(ReferenceModelSettings()).start()
             upstream = self.model.url
             progress(f"reference model serving {upstream}")
+            model = model or {"renderer": "qwen3", "tokenizer": str(TOKENIZER_DIR)}
         gateway_port = s.gateway_port or free_port()
         self.registry.start()
         progress(f"image registry at {self.registry.host} for `stasis image import`")
@@ -253,7 +257,7 @@ class LocalStack:
                 auth=auth,
                 control=ControlSettings(node_lost_after_s=s.node_lost_after_s),
                 gateway=GatewaySettings(
-                    listen=f"{GATEWAY_IP}:{gateway_port}", port=gateway_port, upstream=upstream
+                    listen=f"{GATEWAY_IP}:{gateway_port}", port=gateway_port, upstream=upstream, **model
                 ),
             )
         ).start(gateway=False)
@@ -272,7 +276,11 @@ class LocalStack:
         self.wait_for_nodes(timeout_s)
         # The nodes have put 169.254.1.1 on this host; now the gateway can listen there.
         self.orchestrator.start_gateway()
-        progress(f"gateway at http://{GATEWAY_IP}:{gateway_port}/v1 for sandboxes, forwarding to {upstream}")
+        gateway = self.orchestrator.settings.gateway
+        how = f"token ids through the {gateway.renderer} template" if gateway.renderer else "text"
+        progress(
+            f"gateway at http://{GATEWAY_IP}:{gateway_port}/v1 for sandboxes, forwarding {how} to {upstream}"
+        )
 
     def wait_for_nodes(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.client import DEFAULT_ADDR
@@ -15,6 +16,45 @@ PROG = "stasis"
 def _docker_config() -> str:
     path = Path.home() / ".docker" / "config.json"
     return str(path) if path.is_file() else ""
+
+
+def _model_flags(p: argparse.ArgumentParser, env: Callable[[str, str], str], *, local: bool) -> None:
+    """How the gateway speaks to the model server: token ids through the model's chat template
+    (a renderer and its tokenizer), or text."""
+    p.add_argument(
+        "--renderer",
+        default=env("STASIS_RENDERER", "" if not local else "default"),
+        help="the model's chat template as `renderers` names it (qwen3, qwen3.5, glm-4.5, kimi-k2, ...): "
+        "prompts go upstream as token ids and sampled ids are parsed back; `none` sends text"
+        + (
+            " (default: qwen3 for the reference model, none for --upstream)"
+            if local
+            else " ($STASIS_RENDERER)"
+        ),
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=env("STASIS_TOKENIZER", ""),
+        help="the model's tokenizer directory (tokenizer.json); `reference` for the reference model's",
+    )
+    p.add_argument(
+        "--renderer-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a renderer setting, VALUE in JSON (e.g. enable_thinking=false); repeatable",
+    )
+    p.add_argument(
+        "--upstream-api",
+        choices=("vllm", "sglang"),
+        default=env("STASIS_UPSTREAM_API", "vllm"),
+        help="how the model server takes token ids: vllm (/v1/completions) or sglang (/generate)",
+    )
+    p.add_argument(
+        "--gateway-metrics-listen",
+        default=env("STASIS_GATEWAY_METRICS_LISTEN", ""),
+        help="host:port of the gateway's /metrics (Prometheus text); empty serves none",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -58,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no TLS and no tokens: anyone who reaches a port may call it (development only)",
     )
+    _model_flags(up, lambda _, default: default, local=True)
 
     env = os.environ.get
     srv = sub.add_parser(
@@ -84,6 +125,7 @@ def parser() -> argparse.ArgumentParser:
     srv.add_argument("--gateway-listen", default=env("STASIS_GATEWAY_LISTEN", ""))
     srv.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
     srv.add_argument("--upstream", default=env("STASIS_UPSTREAM", ""))
+    _model_flags(srv, env, local=False)
     srv.add_argument(
         "--upstream-api-key",
         default=env("STASIS_UPSTREAM_API_KEY", ""),

@@ -3,7 +3,7 @@ streamed: the text, the tool calls, and the token ids and behaviour log-probs, n
 
 from __future__ import annotations
 
-import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,9 @@ class ToolCall:
 @dataclass
 class Generation:
     kind: str
-    """chat | completion: the upstream route it came from."""
+    """chat | completion: the kind of request it answers."""
+    mode: str = "text"
+    """text: the upstream's own chat or completion answer; tokens: sampled ids the gateway parsed."""
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -43,6 +45,8 @@ class Generation:
     response_id: str = ""
     created: int = 0
     policy_version: str = ""
+    token_texts: list[str] = field(default_factory=list)
+    """Token mode: each sampled token's own text, for a harness that asks for log-probs."""
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -96,15 +100,21 @@ class Generation:
         target.arguments += function.get("arguments") or ""
 
     @classmethod
-    def from_response(cls, kind: str, body: bytes) -> Generation:
-        try:
-            data = json.loads(body)
-            g = cls(kind)
-            g.add(data)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UpstreamFault(f"the model server's response is not a {kind} completion: {exc}") from None
-        if not data.get("choices"):
-            raise UpstreamFault("the model server's response has no choices")
+    def from_tokens(
+        cls,
+        kind: str,
+        prompt_ids: list[int],
+        token_ids: list[int],
+        logprobs: list[float],
+        finish_reason: str,
+        **what: Any,
+    ) -> Generation:
+        """A generation sampled as token ids, with what the model's parser read from them
+        (`text`, `reasoning`, `tool_calls`, `model`, `response_id`)."""
+        g = cls(kind, "tokens", token_ids=token_ids, logprobs=logprobs, prompt_token_ids=prompt_ids, **what)
+        g.finish_reason = "tool_calls" if g.tool_calls and finish_reason == "stop" else finish_reason
+        g.prompt_tokens, g.completion_tokens = len(prompt_ids), len(token_ids)
+        g.created = g.created or int(time.time())
         return g
 
     def check(self) -> None:
@@ -138,6 +148,8 @@ class Generation:
     def message(self) -> dict[str, Any]:
         """The answer as an OpenAI chat message."""
         message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
         if self.tool_calls:
             message["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

@@ -23,22 +23,28 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from orchestrator.domain import Episode, EpisodeState
+from orchestrator.gateway.dialects import DIALECTS
 from orchestrator.gateway.door import Door
 from orchestrator.gateway.generation import Generation, UpstreamFault
 from orchestrator.gateway.ledger import Ledger, Sampling, extension
 from orchestrator.gateway.ledger import Turn as RecordedTurn
 from orchestrator.gateway.metrics import Metrics
+from orchestrator.gateway.probe import LogprobsProbe
+from orchestrator.gateway.prompts import Prompt, chat_prompt, completion_prompt
 from orchestrator.gateway.protocols import GatewayError, Protocol, Request, sampling_of
 from orchestrator.gateway.protocols.anthropic import Messages
 from orchestrator.gateway.protocols.anthropic import to_messages as anthropic_messages
 from orchestrator.gateway.protocols.anthropic import to_tools as anthropic_tools
 from orchestrator.gateway.protocols.openai import ChatCompletions, Completions
 from orchestrator.gateway.protocols.responses import Responses
+from orchestrator.gateway.readers import TextReader, TokenReader, loads
+from orchestrator.gateway.rendering import ChatRenderer
 from orchestrator.gateway.settings import GatewaySettings
 from orchestrator.gateway.upstream import Stream, Upstream, UpstreamUnreachable
 
@@ -51,6 +57,8 @@ PROTOCOLS: dict[str, Protocol] = {
     "/v1/responses": Responses(),
     "/v1/messages": Messages(),
 }
+TOKEN_PARAMETERS = ("seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+"""Sampling parameters a harness may set that go upstream beside the prompt ids as they are."""
 INLINE_BODY_BYTES = 64 << 10
 """Request bodies up to this size are decoded on the event loop (it takes well under a
 millisecond); longer ones on the gateway's pool (`Gateway._body`)."""
@@ -73,6 +81,10 @@ class _Turn:
     body: dict[str, Any] = dataclasses.field(default_factory=dict)
     """What is sent upstream."""
     sampling: Sampling = dataclasses.field(default_factory=Sampling)
+    prompt: Prompt | None = None
+    """Token mode: the prompt ids and how they extend the parent's tokens."""
+    logprobs_mode: str = ""
+    """What the upstream's log-probs are of (`probe`)."""
 
 
 class _KeyLocks:
@@ -166,6 +178,7 @@ class Gateway:
         episodes: Callable[[str], Episode | None],
         resumed_at: Callable[[Episode], float],
         live_from: Callable[[Episode, str], bool],
+        renderer: ChatRenderer | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -178,6 +191,14 @@ class Gateway:
         sandbox (on a node declared lost, or thawed after its episode moved) cannot: 409."""
         self.upstream = Upstream(settings)
         self.metrics = Metrics()
+        self.renderer = renderer or (
+            ChatRenderer(settings.renderer, Path(settings.tokenizer), dict(settings.renderer_options))
+            if settings.renderer
+            else None
+        )
+        """The model's template and parser: prompts are token ids (None: text mode)."""
+        self.dialect = DIALECTS[settings.upstream_api]
+        self.probe = LogprobsProbe(self.upstream, self.dialect, self.renderer)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-state")
         self._ledger = _GroupCommit(ledger)
         self._locks = _KeyLocks()
@@ -235,6 +256,11 @@ class Gateway:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics.text(), content_type="text/plain", charset="utf-8")
+
+    def logprobs_mode(self) -> str:
+        """What the upstream's log-probs are of (processed, raw, or "" if it could not be told),
+        checked now if not known yet."""
+        return asyncio.run_coroutine_threadsafe(self.probe.mode(), self._loop).result(timeout=60)
 
     @property
     def connections(self) -> int:
@@ -390,13 +416,23 @@ class Gateway:
                 await self._ledger.run(lambda: self.ledger.replayed(recorded.id, turn.episode.runs))
                 self.metrics.count("replays")
                 return await self._deliver(request, recorded.id, recorded.delivered, req.stream)
+            parent = self.ledger.parent(turn.episode.id, req.canonical)
             body = self._upstream_body(req)
             turn = dataclasses.replace(
                 turn,
-                parent=self.ledger.parent(turn.episode.id, req.canonical),
+                parent=parent,
                 body=body,
                 sampling=sampling_of(body),
+                logprobs_mode=await self.probe.mode(),
             )
+            if self.renderer is not None:
+                # Rendering a long conversation is CPU work: on the pool, off the event loop.
+                prompt = await self._call(self._prompt, parent, req)
+                sampling = turn.sampling
+                if not sampling.max_tokens:
+                    sampling = dataclasses.replace(sampling, max_tokens=self.settings.max_tokens)
+                turn = dataclasses.replace(turn, prompt=prompt, sampling=sampling)
+                turn = dataclasses.replace(turn, body=self._token_body(turn, prompt))
             async with self._slots:
                 if req.stream:
                     return await self._stream(request, turn)
@@ -417,6 +453,33 @@ class Gateway:
             body["stream"] = True
         return body
 
+    def _prompt(self, parent: RecordedTurn | None, req: Request) -> Prompt:
+        assert self.renderer is not None
+        if req.canonical.kind == "completion":
+            return completion_prompt(self.renderer, parent, req)
+        return chat_prompt(self.renderer, parent, req)
+
+    def _token_body(self, turn: _Turn, prompt: Prompt) -> dict[str, Any]:
+        assert self.renderer is not None
+        up = turn.request.upstream
+        extra = {k: up[k] for k in TOKEN_PARAMETERS if up.get(k) is not None}
+        return self.dialect.body(str(up.get("model", "")), prompt.ids, turn.sampling, self.renderer.stop_ids,
+                                 turn.request.stream, **extra)  # fmt: skip
+
+    def _route_of(self, turn: _Turn) -> tuple[str, bool]:
+        """Where the turn is sent upstream: its path, and whether below the server's root."""
+        if turn.prompt is not None:
+            return self.dialect.path, self.dialect.root
+        return turn.request.upstream_path, False
+
+    def _reader(self, turn: _Turn) -> TextReader | TokenReader:
+        req = turn.request
+        if turn.prompt is None or self.renderer is None:
+            return TextReader(req.canonical.kind)
+        up = req.upstream
+        return TokenReader(req.canonical.kind, self.renderer, self.dialect, turn.prompt.ids, up.get("tools"),
+                           str(up.get("model", "")))  # fmt: skip
+
     @staticmethod
     def _upstream_refused(protocol: Protocol, status: int, body: bytes) -> web.Response:
         """The model server's own error: unchanged for its own protocols, translated otherwise.
@@ -434,19 +497,21 @@ class Gateway:
     async def _whole(self, request: web.Request, turn: _Turn) -> web.StreamResponse:
         req, protocol = turn.request, turn.protocol
         started = time.monotonic()
+        path, root = self._route_of(turn)
         try:
-            reply = await self.upstream.post(req.upstream_path, turn.body)
+            reply = await self.upstream.post(path, turn.body, root=root)
         except UpstreamUnreachable as exc:
             raise GatewayError(502, str(exc), "upstream_error") from None
         upstream_ms = (time.monotonic() - started) * 1000
         if reply.status != 200:
             return self._upstream_refused(protocol, reply.status, reply.body)
+        reader = self._reader(turn)
         try:
-            g = Generation.from_response(req.canonical.kind, reply.body)
-            g.check()
+            reader.add(loads(reply.body))
+            g = reader.finish()
         except UpstreamFault as exc:
             raise GatewayError(502, str(exc), "upstream_error") from None
-        g.policy_version = await self.upstream.policy_version(reply.headers)
+        g.policy_version = g.policy_version or await self.upstream.policy_version(reply.headers)
         self._name_calls(protocol, g)
         delivered = protocol.render(g, reply.body, req)
         recorded = await self._record(turn, g, reply.body, delivered, upstream_ms)
@@ -494,10 +559,10 @@ class Gateway:
         self._ledger.later(lambda: self.ledger.delivered(turn_id, at))
 
     async def _stream(self, request: web.Request, turn: _Turn) -> web.StreamResponse:
-        req = turn.request
         started = time.monotonic()
+        path, root = self._route_of(turn)
         try:
-            async with self.upstream.stream(req.upstream_path, turn.body) as upstream:
+            async with self.upstream.stream(path, turn.body, root=root) as upstream:
                 if upstream.status != 200:
                     return self._upstream_refused(turn.protocol, upstream.status, await upstream.body())
                 return await self._relay(request, turn, upstream, started)
@@ -519,24 +584,24 @@ class Gateway:
                 gone = not await self._to_harness(request, response, data)
 
         gone = not await self._to_harness(request, response, b"")
-        encoder = protocol.encoder(req)
-        g = Generation(req.canonical.kind)
+        encoder = protocol.encoder(req, tokens=turn.prompt is not None)
+        reader = self._reader(turn)
         try:
             async for event, data in upstream.events():
-                g.add(data)
-                out = encoder.chunk(event, data, g)
-                delivered += out
-                await send(out)
+                if reader.add(data):
+                    out = encoder.chunk(event, data, reader.generation)
+                    delivered += out
+                    await send(out)
             if not upstream.done:
                 raise UpstreamUnreachable("the model server's stream ended before [DONE]")
-            g.check()
+            g = reader.finish()
         except (UpstreamUnreachable, UpstreamFault) as exc:
             # A cut stream is never a turn: nothing is recorded, and the harness is told.
             await send(protocol.stream_error(GatewayError(502, str(exc), "upstream_error")))
             if not gone:
                 await self._to_harness(request, response, b"", eof=True)
             return response
-        g.policy_version = await self.upstream.policy_version(upstream.headers)
+        g.policy_version = g.policy_version or await self.upstream.policy_version(upstream.headers)
         self._name_calls(protocol, g)
         tail = encoder.close(g)
         terminal = encoder.terminal(g)
@@ -554,7 +619,7 @@ class Gateway:
 
     @staticmethod
     def _name_calls(protocol: Protocol, g: Generation) -> None:
-        if not protocol.passthrough:
+        if not protocol.passthrough or g.mode == "tokens":
             for i, call in enumerate(g.tool_calls):
                 call.id = protocol.call_id(call.id, i, g)
 
@@ -562,13 +627,15 @@ class Gateway:
         self, turn: _Turn, g: Generation, response: bytes, delivered: bytes, upstream_ms: float
     ) -> RecordedTurn:
         e, req = turn.episode, turn.request
-        lineage = extension(turn.parent, g.prompt_token_ids)
+        lineage = (
+            turn.prompt.lineage if turn.prompt is not None else extension(turn.parent, g.prompt_token_ids)
+        )
         recorded = await self._ledger.run(
             lambda: self.ledger.record(
                 e.id, e.runs, turn.resumed_at, req.canonical, turn.raw, g.answer(), response,
                 turn.protocol.name, delivered, g.token_ids, g.logprobs, g.prompt_token_ids, g.policy_version,
-                upstream_ms, lineage=lineage, mode="text", finish_reason=g.finish_reason, sampling=turn.sampling,
-                tools_key=req.canonical.tools_key,
+                upstream_ms, lineage=lineage, mode=g.mode, finish_reason=g.finish_reason, sampling=turn.sampling,
+                logprobs_mode=turn.logprobs_mode, tools_key=req.canonical.tools_key,
             )
         )  # fmt: skip
         self.metrics.turn(recorded)

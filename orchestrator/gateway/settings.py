@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 GATEWAY_IP = "169.254.1.1"
 """Every node serves the gateway at this address, so a sandbox finds it on any node."""
@@ -18,6 +19,20 @@ class GatewaySettings:
     """OpenAI-compatible model server the gateway forwards to, up to and including /v1."""
     upstream_api_key: str = ""
     """Bearer token for the upstream, if it wants one; sandboxes never see it."""
+    renderer: str = ""
+    """The model's chat template as `renderers` names it (qwen3, qwen3.5, glm-4.5, kimi-k2,
+    deepseek-v3, llama-3, ...): the gateway then builds every prompt as token ids, sends ids
+    upstream and parses the sampled ids back (token-in-token-out). Empty: text mode, where the
+    upstream renders the messages itself and drift is only detected."""
+    tokenizer: str = ""
+    """The model's tokenizer directory (`tokenizer.json`, `tokenizer_config.json`), read locally;
+    needed with `renderer`."""
+    renderer_options: tuple[tuple[str, Any], ...] = ()
+    """The renderer's settings (e.g. enable_thinking); its `thinking_retention` defaults to
+    "all", so earlier reasoning stays in later prompts and they keep extending."""
+    upstream_api: str = "vllm"
+    """How the upstream takes token ids: vllm (/v1/completions with a token-id prompt) or sglang
+    (/generate with input_ids)."""
     policy_version_header: str = "x-policy-version"
     """Response header in which the upstream names the policy (weights) version that sampled."""
     weight_version_url: str = ""
@@ -43,6 +58,10 @@ class GatewaySettings:
     generation config, is not known here)."""
     top_p: float = 1.0
     """Top-p asked for when a harness names none, for the same reason."""
+    max_tokens: int = 16384
+    """Token mode: the limit on sampled tokens when a harness names none. A token-level route
+    has no chat route's default (vLLM's /v1/completions stops at 16), and this is far above what
+    one turn of an agent writes."""
     metrics_listen: str = ""
     """Where /metrics (Prometheus's text format) is served, apart from the sandboxes' port;
     empty: nowhere."""
@@ -52,6 +71,12 @@ class GatewaySettings:
     """Longest a harness may take to send its request's body, or to take in each part of an
     answer. One that stops reading is cut off (its retry is a replay), so that it cannot hold a
     generation's slot. Well above the longest freeze of a checkpoint that leaves it running."""
+
+    def __post_init__(self) -> None:
+        if self.upstream_api not in ("vllm", "sglang"):
+            raise ValueError(f"upstream_api: {self.upstream_api!r} is not vllm or sglang")
+        if self.renderer and not self.tokenizer:
+            raise ValueError(f"tokenizer: renderer {self.renderer!r} needs the model's tokenizer directory")
 
     @property
     def base_url(self) -> str:

@@ -112,9 +112,11 @@ class Upstream:
             raise UpstreamUnreachable(f"model server {self.base_url} unreachable: {exc}") from None
 
     @asynccontextmanager
-    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[Stream]:
+    async def stream(self, path: str, body: dict[str, Any], *, root: bool = False) -> AsyncIterator[Stream]:
+        """POST a streamed request below the OpenAI base (or, with `root`, below the server's root)."""
+        url = (self.root_url if root else self.base_url) + path
         try:
-            async with self.session.post(self.base_url + path, data=json.dumps(body)) as r:
+            async with self.session.post(url, data=json.dumps(body)) as r:
                 yield Stream(r)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamUnreachable(f"model server {self.base_url} unreachable: {exc}") from None

@@ -77,7 +77,9 @@ class Protocol(ABC):
         """The whole response body for a non-streamed request (`raw` is the upstream's)."""
 
     @abstractmethod
-    def encoder(self, request: Request) -> StreamEncoder: ...
+    def encoder(self, request: Request, tokens: bool = False) -> StreamEncoder:
+        """The stream encoder of one answer; `tokens`: the answer is read from sampled ids (the
+        upstream's own events cannot be passed on)."""
 
     def call_id(self, upstream_id: str, index: int, g: Generation) -> str:
         """The id a harness sees for a tool call; the upstream's own unless the protocol differs."""

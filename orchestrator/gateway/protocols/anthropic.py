@@ -2,13 +2,19 @@
 completions.
 
 The system prompt becomes a system message; text and image blocks become content parts;
-`tool_use` blocks the assistant's tool calls and `tool_result` blocks tool results; `thinking` and
-`redacted_thinking` blocks are left out (an open-weights upstream cannot take them back). Tools
+`tool_use` blocks the assistant's tool calls and `tool_result` blocks tool results; `thinking`
+blocks the assistant message's reasoning (`redacted_thinking` ones, opaque, are left out). Tools
 keep their `input_schema` as the function's parameters. Tool call ids are shown as `toolu_…`.
+
+The model's reasoning comes back as a `thinking` block (streamed as `thinking_delta`s) before the
+text, with a signature that is a digest of it: nothing here is secret, and a harness sends the
+block back as it got it.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import uuid
 from typing import Any
@@ -92,6 +98,7 @@ def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise GatewayError(400, f"{where}.content: must be a string or a list of content blocks")
         parts: list[dict[str, Any]] = []
         calls: list[dict[str, Any]] = []
+        reasoning: list[str] = []
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
             kind = block.get("type") if isinstance(block, dict) else None
@@ -100,7 +107,9 @@ def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             elif kind == "image":
                 parts.append(_image(block, at))
             elif kind == "tool_use":
-                arguments = json.dumps(block.get("input") or {}, separators=(",", ":"))
+                # As a chat template writes JSON (no ASCII escapes, spaced), the likeliest match
+                # of what the model wrote; in token mode the sampled tokens are sent instead.
+                arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
                 calls.append({"id": str(block.get("id", "")), "type": "function",
                               "function": {"name": str(block.get("name", "")), "arguments": arguments}})  # fmt: skip
             elif kind == "tool_result":
@@ -110,14 +119,18 @@ def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 messages.append(
                     {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": result}
                 )
-            elif kind in ("thinking", "redacted_thinking"):
+            elif kind == "thinking":
+                reasoning.append(str(block.get("thinking", "")))
+            elif kind == "redacted_thinking":
                 continue
             else:
                 raise GatewayError(400, f"{at}.type: content block type {kind!r} is not supported")
-        if parts or calls:
+        if parts or calls or reasoning:
             message: dict[str, Any] = {"role": m["role"], "content": parts or None}
             if calls:
                 message["tool_calls"] = calls
+            if reasoning and m["role"] == "assistant":
+                message["reasoning_content"] = "".join(reasoning)
             messages.append(message)
     return messages
 
@@ -181,7 +194,7 @@ class Messages(Protocol):
     def render(self, g: Generation, raw: bytes, request: Request) -> bytes:
         return json.dumps(_message(g, request, _id(), done=True)).encode()
 
-    def encoder(self, request: Request) -> StreamEncoder:
+    def encoder(self, request: Request, tokens: bool = False) -> StreamEncoder:
         return _Events(request)
 
     def error(self, err: GatewayError) -> bytes:
@@ -196,8 +209,15 @@ def _id() -> str:
     return f"msg_{uuid.uuid4().hex[:24]}"
 
 
+def signature(thinking: str) -> str:
+    """The signature of a thinking block: a digest of its text (there is nothing to keep secret)."""
+    return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
+
+
 def _content(g: Generation) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if g.reasoning:
+        blocks.append({"type": "thinking", "thinking": g.reasoning, "signature": signature(g.reasoning)})
     if g.text or not g.tool_calls:
         blocks.append({"type": "text", "text": g.text})
     for call in g.tool_calls:
@@ -226,13 +246,39 @@ def _message(g: Generation, request: Request, message_id: str, *, done: bool) ->
 
 
 class _Events(StreamEncoder):
-    """message_start; per content block: start, deltas, stop; message_delta; message_stop last."""
+    """message_start; per content block (thinking, text, tool uses): start, deltas, stop;
+    message_delta; message_stop last."""
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.id = ""
-        self.sent_text = 0
-        self.block = 0
+        self.index = -1
+        self.open = ""
+        """The block under way: thinking, text or none."""
+        self.sent = {"thinking": 0, "text": 0}
+
+    def _start(self, kind: str) -> bytes:
+        self.index += 1
+        self.open = kind
+        block = (
+            {"type": "thinking", "thinking": "", "signature": ""}
+            if kind == "thinking"
+            else {"type": "text", "text": ""}
+        )
+        return sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": self.index, "content_block": block},
+        )
+
+    def _stop(self, g: Generation) -> bytes:
+        out = b""
+        if self.open == "thinking":
+            out += sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                               "delta": {"type": "signature_delta", "signature": signature(g.reasoning)}})  # fmt: skip
+        if self.open:
+            out += sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
+        self.open = ""
+        return out
 
     def chunk(self, event: bytes, data: dict[str, Any], g: Generation) -> bytes:
         out = b""
@@ -242,35 +288,36 @@ class _Events(StreamEncoder):
                 "message_start",
                 {"type": "message_start", "message": _message(g, self.request, self.id, done=False)},
             )
-        if len(g.text) > self.sent_text:
-            if self.sent_text == 0:
-                out += sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                                   "content_block": {"type": "text", "text": ""}})  # fmt: skip
-            delta = g.text[self.sent_text :]
-            out += sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                               "delta": {"type": "text_delta", "text": delta}})  # fmt: skip
-            self.sent_text = len(g.text)
+        for kind, value, delta in (
+            ("thinking", g.reasoning, "thinking_delta"),
+            ("text", g.text, "text_delta"),
+        ):
+            if len(value) <= self.sent[kind]:
+                continue
+            if self.open != kind:
+                out += self._stop(g) + self._start(kind)
+            field = "thinking" if kind == "thinking" else "text"
+            out += sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                               "delta": {"type": delta, field: value[self.sent[kind] :]}})  # fmt: skip
+            self.sent[kind] = len(value)
         return out
 
     def close(self, g: Generation) -> bytes:
-        out = b"" if self.id else self.chunk(b"", {}, g)
-        index = 0
-        if self.sent_text or not g.tool_calls:
-            if not self.sent_text:
-                out += sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                                   "content_block": {"type": "text", "text": ""}})  # fmt: skip
-            out += sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-            index = 1
+        out = self.chunk(b"", {}, g)
+        if not self.sent["text"] and not g.tool_calls:
+            out += self._stop(g) + self._start("text")
+        out += self._stop(g)
         for call in g.tool_calls:
+            self.index += 1
             block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
             arguments = json.dumps(call.parsed_arguments(), separators=(",", ":"))
             out += sse(
-                "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+                "content_block_start",
+                {"type": "content_block_start", "index": self.index, "content_block": block},
             )
-            out += sse("content_block_delta", {"type": "content_block_delta", "index": index,
+            out += sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
                                                "delta": {"type": "input_json_delta", "partial_json": arguments}})  # fmt: skip
-            out += sse("content_block_stop", {"type": "content_block_stop", "index": index})
-            index += 1
+            out += sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
         stop = _STOP.get(g.finish_reason, "end_turn")
         out += sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
                                      "usage": {"output_tokens": g.output_tokens}})  # fmt: skip

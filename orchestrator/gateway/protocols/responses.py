@@ -2,9 +2,14 @@
 
 Input items become chat messages: `message` items keep their role (`developer` is `system`) and
 content parts, `function_call` and `custom_tool_call` items become the assistant's tool calls,
-their `*_output` items tool results, and `reasoning` items are left out (the upstream cannot take
-them back). Function tools become chat tools; a custom (free-form) tool becomes a function with one
-string parameter, `input`. Nothing is stored: `previous_response_id` is refused.
+their `*_output` items tool results, and a `reasoning` item the reasoning of the assistant message
+it opens (its `reasoning_text` content, else its summary). Function tools become chat tools; a
+custom (free-form) tool becomes a function with one string parameter, `input`. Nothing is stored:
+`previous_response_id` is refused.
+
+The model's reasoning comes back as a `reasoning` item before the message, its text both as the
+summary and as `reasoning_text` content (streamed as reasoning summary text deltas), with no
+encrypted content: there is nothing to hide, and a harness sends the item back as it got it.
 """
 
 from __future__ import annotations
@@ -69,6 +74,17 @@ def _output_text(output: Any) -> str:
     return json.dumps(output)
 
 
+def _reasoning(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its reasoning_text content, else its summary."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            texts = [str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == kind]
+            if texts:
+                return "".join(texts)
+    return ""
+
+
 def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
@@ -83,22 +99,27 @@ def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise GatewayError(400, f"{where}: must be an object")
         kind = item.get("type") or ("message" if "role" in item else None)
+        last = messages[-1] if messages else None
+        opened = last is not None and last["role"] == "assistant" and last.get("content") is None
         if kind == "message":
             role = _ROLES.get(str(item.get("role")))
             if role is None:
                 raise GatewayError(
                     400, f"{where}.role: {item.get('role')!r} is not user, assistant, system or developer"
                 )
-            messages.append({"role": role, "content": _parts(item.get("content"), where)})
+            content = _parts(item.get("content"), where)
+            if role == "assistant" and opened and last is not None and not last.get("tool_calls"):
+                last["content"] = content  # the message of a turn whose reasoning came first
+            else:
+                messages.append({"role": role, "content": content})
         elif kind in ("function_call", "custom_tool_call"):
             arguments = (
                 item.get("arguments")
                 if kind == "function_call"
-                else json.dumps({"input": item.get("input", "")})
+                else json.dumps({"input": item.get("input", "")}, ensure_ascii=False)
             )
             call = {"id": str(item.get("call_id", "")), "type": "function",
                     "function": {"name": str(item.get("name", "")), "arguments": str(arguments or "")}}  # fmt: skip
-            last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
@@ -112,9 +133,13 @@ def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "reasoning":
-            continue
+            messages.append({"role": "assistant", "content": None, "reasoning_content": _reasoning(item)})
         else:
             raise GatewayError(400, f"{where}.type: input item type {kind!r} is not supported")
+    # A turn of reasoning alone reads as an assistant message with empty content.
+    for m in messages:
+        if m["role"] == "assistant" and m.get("content") is None and not m.get("tool_calls"):
+            m["content"] = ""
     return messages
 
 
@@ -210,7 +235,7 @@ class Responses(Protocol):
     def render(self, g: Generation, raw: bytes, request: Request) -> bytes:
         return json.dumps(_response(g, request, _ids(g), "completed")).encode()
 
-    def encoder(self, request: Request) -> StreamEncoder:
+    def encoder(self, request: Request, tokens: bool = False) -> StreamEncoder:
         return _Events(request)
 
     def stream_error(self, err: GatewayError) -> bytes:
@@ -219,7 +244,22 @@ class Responses(Protocol):
 
 def _ids(g: Generation) -> dict[str, str]:
     base = uuid.uuid4().hex[:24]
-    return {"response": f"resp_{base}", "message": f"msg_{base}", "call": f"fc_{base}"}
+    return {
+        "response": f"resp_{base}",
+        "message": f"msg_{base}",
+        "call": f"fc_{base}",
+        "reasoning": f"rs_{base}",
+    }
+
+
+def _reasoning_item(g: Generation, ids: dict[str, str], status: str) -> dict[str, Any]:
+    done = status == "completed"
+    return {
+        "id": ids["reasoning"], "type": "reasoning", "status": status,
+        "summary": [{"type": "summary_text", "text": g.reasoning}] if done else [],
+        "content": [{"type": "reasoning_text", "text": g.reasoning}] if done else [],
+        "encrypted_content": None,
+    }  # fmt: skip
 
 
 def _message(g: Generation, ids: dict[str, str], status: str) -> dict[str, Any]:
@@ -242,6 +282,8 @@ def _call(call: ToolCall, index: int, ids: dict[str, str], request: Request, sta
 def _response(g: Generation, request: Request, ids: dict[str, str], status: str) -> dict[str, Any]:
     output = []
     if status == "completed":
+        if g.reasoning:
+            output.append(_reasoning_item(g, ids, "completed"))
         if g.text or not g.tool_calls:
             output.append(_message(g, ids, "completed"))
         output += [_call(c, i, ids, request, "completed") for i, c in enumerate(g.tool_calls)]
@@ -276,17 +318,58 @@ def _response(g: Generation, request: Request, ids: dict[str, str], status: str)
 
 
 class _Events(StreamEncoder):
-    """created, in_progress, then per output item: added, its deltas, done; completed last."""
+    """created, in_progress, then per output item (reasoning, message, tool calls): added, its
+    deltas, done; completed last."""
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.ids: dict[str, str] = {}
         self.seq = 0
-        self.sent_text = 0
+        self.index = -1
+        self.open = ""
+        """The item under way: reasoning, message or none."""
+        self.sent = {"reasoning": 0, "message": 0}
 
     def _event(self, kind: str, **data: Any) -> bytes:
         self.seq += 1
         return sse(kind, {"type": kind, "sequence_number": self.seq - 1, **data})
+
+    def _start(self, kind: str, g: Generation) -> bytes:
+        self.index += 1
+        self.open = kind
+        if kind == "reasoning":
+            item = _reasoning_item(g, self.ids, "in_progress")
+            return self._event("response.output_item.added", output_index=self.index, item=item) + self._event(
+                "response.reasoning_summary_part.added", item_id=self.ids["reasoning"], output_index=self.index,
+                summary_index=0, part={"type": "summary_text", "text": ""},
+            )  # fmt: skip
+        return self._event(
+            "response.output_item.added", output_index=self.index, item=_message(g, self.ids, "in_progress")
+        ) + self._event("response.content_part.added", item_id=self.ids["message"], output_index=self.index,
+                        content_index=0, part={"type": "output_text", "text": "", "annotations": []})  # fmt: skip
+
+    def _stop(self, g: Generation) -> bytes:
+        out = b""
+        if self.open == "reasoning":
+            at = {"item_id": self.ids["reasoning"], "output_index": self.index, "summary_index": 0}
+            out += self._event("response.reasoning_summary_text.done", **at, text=g.reasoning)
+            out += self._event("response.reasoning_summary_part.done", **at,
+                               part={"type": "summary_text", "text": g.reasoning})  # fmt: skip
+            out += self._event(
+                "response.output_item.done",
+                output_index=self.index,
+                item=_reasoning_item(g, self.ids, "completed"),
+            )
+        elif self.open == "message":
+            at = {"item_id": self.ids["message"], "output_index": self.index, "content_index": 0}
+            out += self._event("response.output_text.done", **at, text=g.text)
+            out += self._event("response.content_part.done", **at,
+                               part={"type": "output_text", "text": g.text, "annotations": []})  # fmt: skip
+            out += self._event(
+                "response.output_item.done", output_index=self.index, item=_message(g, self.ids, "completed")
+            )
+        self.open = ""
+        return out
 
     def chunk(self, event: bytes, data: dict[str, Any], g: Generation) -> bytes:
         out = b""
@@ -295,79 +378,40 @@ class _Events(StreamEncoder):
             started = _response(g, self.request, self.ids, "in_progress")
             out += self._event("response.created", response=started)
             out += self._event("response.in_progress", response=started)
-        if len(g.text) > self.sent_text:
-            if self.sent_text == 0:
-                out += self._event(
-                    "response.output_item.added", output_index=0, item=_message(g, self.ids, "in_progress")
-                )
-                out += self._event("response.content_part.added", item_id=self.ids["message"], output_index=0,
-                                   content_index=0, part={"type": "output_text", "text": "", "annotations": []})  # fmt: skip
-            out += self._event("response.output_text.delta", item_id=self.ids["message"], output_index=0,
-                               content_index=0, delta=g.text[self.sent_text :])  # fmt: skip
-            self.sent_text = len(g.text)
+        for kind, value in (("reasoning", g.reasoning), ("message", g.text)):
+            if len(value) <= self.sent[kind]:
+                continue
+            if self.open != kind:
+                out += self._stop(g) + self._start(kind, g)
+            delta = value[self.sent[kind] :]
+            if kind == "reasoning":
+                out += self._event("response.reasoning_summary_text.delta", item_id=self.ids["reasoning"],
+                                   output_index=self.index, summary_index=0, delta=delta)  # fmt: skip
+            else:
+                out += self._event("response.output_text.delta", item_id=self.ids["message"],
+                                   output_index=self.index, content_index=0, delta=delta)  # fmt: skip
+            self.sent[kind] = len(value)
         return out
 
     def close(self, g: Generation) -> bytes:
-        out = b"" if self.ids else self.chunk(b"", {}, g)
-        index = 0
-        if self.sent_text or not g.tool_calls:
-            if not self.sent_text:
-                out += self._event(
-                    "response.output_item.added", output_index=0, item=_message(g, self.ids, "in_progress")
-                )
-                out += self._event("response.content_part.added", item_id=self.ids["message"], output_index=0,
-                                   content_index=0, part={"type": "output_text", "text": "", "annotations": []})  # fmt: skip
-            part = {"type": "output_text", "text": g.text, "annotations": []}
-            out += self._event(
-                "response.output_text.done",
-                item_id=self.ids["message"],
-                output_index=0,
-                content_index=0,
-                text=g.text,
-            )
-            out += self._event(
-                "response.content_part.done",
-                item_id=self.ids["message"],
-                output_index=0,
-                content_index=0,
-                part=part,
-            )
-            out += self._event(
-                "response.output_item.done", output_index=0, item=_message(g, self.ids, "completed")
-            )
-            index = 1
+        out = self.chunk(b"", {}, g)
+        if not self.sent["message"] and not g.tool_calls:
+            out += self._stop(g) + self._start("message", g)
+        out += self._stop(g)
         for i, call in enumerate(g.tool_calls):
+            self.index += 1
             item = _call(call, i, self.ids, self.request, "in_progress")
             done = _call(call, i, self.ids, self.request, "completed")
-            out += self._event("response.output_item.added", output_index=index, item=item)
+            out += self._event("response.output_item.added", output_index=self.index, item=item)
             if item["type"] == "custom_tool_call":
-                out += self._event(
-                    "response.custom_tool_call_input.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    delta=done["input"],
-                )
-                out += self._event(
-                    "response.custom_tool_call_input.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    input=done["input"],
-                )
+                at = {"item_id": item["id"], "output_index": self.index}
+                out += self._event("response.custom_tool_call_input.delta", **at, delta=done["input"])
+                out += self._event("response.custom_tool_call_input.done", **at, input=done["input"])
             else:
-                out += self._event(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    delta=call.arguments,
-                )
-                out += self._event(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    arguments=call.arguments,
-                )
-            out += self._event("response.output_item.done", output_index=index, item=done)
-            index += 1
+                at = {"item_id": item["id"], "output_index": self.index}
+                out += self._event("response.function_call_arguments.delta", **at, delta=call.arguments)
+                out += self._event("response.function_call_arguments.done", **at, arguments=call.arguments)
+            out += self._event("response.output_item.done", output_index=self.index, item=done)
         return out
 
     def terminal(self, g: Generation) -> bytes:
