@@ -9,6 +9,13 @@
 3. Sustained throughput: `--harnesses` concurrent harnesses send new turns for `--seconds`,
    against an upstream that answers at once (a canned completion with token ids and log-probs,
    in its own process), so the figure is the gateway's own; every turn is committed durably.
+   Measured in text mode and in token mode (prompts as token ids through the renderer).
+4. Long histories, token mode: a harness grows a conversation to 1k, 32k and 128k tokens through
+   the gateway (large tool results), then takes `--history-turns` more turns, each adding a small
+   tool result. Per turn: the gateway's own time (the round trip less the upstream call it made,
+   as the ledger records it), beside the same conversation sent to the model directly, where the
+   model server renders and tokenises the whole history itself. In token mode the gateway's cost
+   should grow with the new messages, not with the history.
 """
 
 from __future__ import annotations
@@ -31,6 +38,12 @@ from aiohttp import web
 
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
 from orchestrator.gateway import Gateway, GatewaySettings, Ledger
+from orchestrator.reference_model import TOKENIZER_DIR
+
+TOKENS = {"renderer": "qwen3", "tokenizer": str(TOKENIZER_DIR)}
+TOOLS = [{"type": "function", "function": {"name": "shell", "description": "run a shell command",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]  # fmt: skip
+HISTORIES = (1_000, 32_000, 128_000)
 
 
 def _post(url: str, body: bytes, token: str = "") -> bytes:
@@ -94,6 +107,46 @@ def _sequential(model_url: str, via_url: str, turns: int, out: multiprocessing.Q
     out.put((direct, via, replay, ttft_direct, ttft_via))
 
 
+def _history(model_url: str, via_url: str, size: int, turns: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """One harness growing a conversation to `size` tokens through the gateway, then `turns`
+    timed turns each adding a small tool result; and the same conversations sent directly."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
+                                      {"role": "user", "content": "Keep notes."}]  # fmt: skip
+    result = "the command printed this line of its output, and then went on " * 60  # ~800 tokens
+
+    tokens = 0
+
+    def turn(content: str) -> float:
+        nonlocal tokens
+        body = json.dumps(
+            {"model": "reference", "messages": messages, "tools": TOOLS, "max_tokens": 64}
+        ).encode()
+        started = time.perf_counter()
+        answer = json.loads(_post(via_url + "/chat/completions", body, "bench"))
+        took = (time.perf_counter() - started) * 1000
+        tokens = answer["usage"]["total_tokens"]
+        message = answer["choices"][0]["message"]
+        messages.append(message)
+        calls = message.get("tool_calls") or []
+        messages.extend({"role": "tool", "tool_call_id": c["id"], "content": content} for c in calls)
+        if not calls:
+            messages.append({"role": "user", "content": content})
+        return took
+
+    while tokens < size:
+        turn(result)
+    grown = tokens
+    via = [turn("ok") for _ in range(turns)]
+    direct = []
+    for _ in range(max(3, turns // 4)):
+        body = json.dumps({"model": "reference", "messages": messages, "tools": TOOLS, "max_tokens": 64, "logprobs": True,
+                           "return_token_ids": True}).encode()  # fmt: skip
+        started = time.perf_counter()
+        _post(model_url + "/chat/completions", body)
+        direct.append((time.perf_counter() - started) * 1000)
+    out.put((grown, via, direct))
+
+
 def _p(samples: list[float], q: int) -> float:
     return statistics.quantiles(samples, n=100)[q - 1]
 
@@ -108,16 +161,30 @@ CANNED = {
 
 
 def _canned_upstream(port: multiprocessing.Value) -> None:  # type: ignore[type-arg]
-    """A model server that answers every chat request at once with the same completion."""
+    """A model server that answers every chat request, and every token-id completion, at once
+    with the same completion."""
+    from orchestrator.reference_model import tokenize
+
     body = json.dumps(CANNED).encode()
+    ids = [*tokenize("ok " * 8), *tokenize("<|im_end|>")]
+    tokens = json.dumps({
+        "id": "cmpl-canned", "object": "text_completion", "created": 0, "model": "canned",
+        "choices": [{"index": 0, "text": "ok " * 8, "finish_reason": "stop",
+                     "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.5] * len(ids)}}],
+    }).encode()  # fmt: skip
 
     async def chat(request: web.Request) -> web.Response:
         await request.read()
         return web.Response(body=body, content_type="application/json", headers={"x-policy-version": "v1"})
 
+    async def completion(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=tokens, content_type="application/json", headers={"x-policy-version": "v1"})
+
     async def main() -> None:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_post("/v1/completions", completion)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -158,6 +225,7 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=300)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--harnesses", type=int, default=64)
+    p.add_argument("--history-turns", type=int, default=20)
     args = p.parse_args()
 
     def episode(token: str) -> Episode:
@@ -168,10 +236,10 @@ def main() -> None:
 
     episodes = {t: episode(t) for t in ["bench", *(f"bench-{n}" for n in range(args.harnesses))]}
 
-    def gateway(tmp: str, upstream: str) -> tuple[Gateway, Ledger]:
+    def gateway(tmp: str, upstream: str, **model: str) -> tuple[Gateway, Ledger]:
         ledger = Ledger.sqlite(Path(tmp) / "ledger.db")
         g = Gateway(
-            GatewaySettings(listen="127.0.0.1:0", upstream=upstream),
+            GatewaySettings(listen="127.0.0.1:0", upstream=upstream, **model),
             ledger,
             episodes.get,
             lambda e: 0.0,
@@ -198,6 +266,22 @@ def main() -> None:
         client.join()
         gw.stop()
         ledger.close()
+    histories = {}
+    for size in HISTORIES:
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+            gw, ledger = gateway(tmp, model_url, **TOKENS)
+            client = multiprocessing.Process(
+                target=_history,
+                args=(model_url, f"http://127.0.0.1:{gw.port}/v1", size, args.history_turns, results),
+            )
+            client.start()
+            grown, rounds, straight = results.get()
+            client.join()
+            timed = ledger.turns("ep-bench")[-args.history_turns :]
+            own = [r - t.upstream_ms for r, t in zip(rounds, timed, strict=True)]
+            histories[size] = (grown, own, [t.upstream_ms for t in timed], straight)
+            gw.stop()
+            ledger.close()
     model.terminate()
     model.wait()
 
@@ -208,22 +292,24 @@ def main() -> None:
         time.sleep(0.05)
     canned = f"http://127.0.0.1:{port.value}/v1"
     throughput: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-        gw, ledger = gateway(tmp, canned)
-        for name, url in (
-            ("direct", canned + "/chat/completions"),
-            ("gateway", f"http://127.0.0.1:{gw.port}/v1/chat/completions"),
-        ):
-            done: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-            clients = multiprocessing.Process(
-                target=_harnesses, args=(url, "bench", args.harnesses, args.seconds, done)
-            )
-            clients.start()
-            throughput[name] = done.get() / args.seconds
-            clients.join()
-        recorded = sum(len(ledger.turns(e.id)) for e in episodes.values())
-        gw.stop()
-        ledger.close()
+    recorded = 0
+    for mode, model_settings in (("text", {}), ("tokens", TOKENS)):
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+            gw, ledger = gateway(tmp, canned, **model_settings)
+            runs = [("gateway " + mode, f"http://127.0.0.1:{gw.port}/v1/chat/completions")]
+            if mode == "text":
+                runs.insert(0, ("direct", canned + "/chat/completions"))
+            for name, url in runs:
+                done: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+                clients = multiprocessing.Process(
+                    target=_harnesses, args=(url, "bench", args.harnesses, args.seconds, done)
+                )
+                clients.start()
+                throughput[name] = done.get() / args.seconds
+                clients.join()
+            recorded += sum(len(ledger.turns(e.id)) for e in episodes.values())
+            gw.stop()
+            ledger.close()
     upstream.terminate()
 
     added = [g - d for g, d in zip(via, direct, strict=True)]
@@ -232,9 +318,16 @@ def main() -> None:
     print(f"replayed from the ledger: p50 {_p(replay, 50):.2f} ms, p99 {_p(replay, 99):.2f} ms")
     print(f"first streamed token: direct p50 {_p(ttft_direct, 50):.2f} ms, via gateway p50 {_p(ttft_via, 50):.2f} ms "
           f"(+{_p(ttft_via, 50) - _p(ttft_direct, 50):.2f} ms, {_p(ttft_via, 50) / _p(ttft_direct, 50):.2f}x)")  # fmt: skip
-    print(f"throughput, {args.harnesses} harnesses for {args.seconds:.0f} s: direct {throughput['direct']:.0f} turns/s, "
-          f"via gateway {throughput['gateway']:.0f} turns/s ({throughput['gateway'] / throughput['direct']:.2f}x), "
+    direct_rate = throughput["direct"]
+    print(f"throughput, {args.harnesses} harnesses for {args.seconds:.0f} s: direct {direct_rate:.0f} turns/s, "
+          f"via gateway in text mode {throughput['gateway text']:.0f} turns/s ({throughput['gateway text'] / direct_rate:.2f}x), "
+          f"in token mode {throughput['gateway tokens']:.0f} turns/s ({throughput['gateway tokens'] / direct_rate:.2f}x), "
           f"{recorded} turns recorded durably")  # fmt: skip
+    base = _p(histories[HISTORIES[0]][1], 50)
+    for size, (grown, own, upstream_ms, straight) in histories.items():
+        print(f"history {size // 1000}k (grown to {grown:,} tokens), token mode, {len(own)} turns: gateway's own time "
+              f"p50 {_p(own, 50):.2f} ms ({_p(own, 50) / base:.2f}x the {HISTORIES[0] // 1000}k one), upstream call p50 "
+              f"{_p(upstream_ms, 50):.1f} ms; the same conversation sent to the model directly p50 {statistics.median(straight):.1f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

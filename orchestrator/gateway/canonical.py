@@ -111,7 +111,41 @@ def _call(call_id: str, function: dict[str, Any]) -> dict[str, Any]:
 
 
 def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """A digest of JSON data by its structure: each string's bytes are hashed as they are, with
+    no serialisation to escape them first, so a long conversation's cost is its bytes once."""
+    h = hashlib.sha256()
+    _feed(h, value)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    if isinstance(value, str):
+        data = value.encode("utf-8", "surrogatepass")
+        h.update(b"s%d:" % len(data))
+        h.update(data)
+    elif isinstance(value, bool) or value is None:
+        h.update({True: b"T", False: b"F", None: b"N"}[value])
+    elif isinstance(value, int):
+        h.update(b"i%d;" % value)
+    elif isinstance(value, float):
+        h.update(b"f%r;" % value)
+    elif isinstance(value, dict):
+        h.update(b"d%d:" % len(value))
+        for key in sorted(value, key=str):
+            _feed(h, str(key))
+            _feed(h, value[key])
+    elif isinstance(value, list | tuple):
+        h.update(b"l%d:" % len(value))
+        for item in value:
+            _feed(h, item)
+    else:
+        _feed(h, str(value))
+
+
+def _text_digest(text: str) -> str:
+    """A completion's identity: the digest of its prompt text's JSON, which a prompt's prefixes
+    can be hashed along with (`CanonicalRequest.prefix_hashes`)."""
+    return hashlib.sha256(json.dumps(["completion", text], separators=(",", ":")).encode()).hexdigest()
 
 
 def _rolling(items: Sequence[Any]) -> list[str]:
@@ -150,7 +184,8 @@ class CanonicalRequest:
 
     @cached_property
     def fingerprint(self) -> str:
-        return _digest([self.kind, list(self.context), self.params])
+        conversation = self._rolling[-1] if self.kind == "chat" else _text_digest(self.context[0])
+        return hashlib.sha256(f"{self.kind}:{conversation}:{_digest(self.params)}".encode()).hexdigest()
 
     @cached_property
     def tools_key(self) -> str:
@@ -168,8 +203,8 @@ class CanonicalRequest:
         ledger asks only for lengths at which some recorded prompt ends)."""
         if self.kind == "chat":
             return self._rolling[-2::-1]
-        # _digest(["completion", text[:n]]) for each n, in one pass over the text: JSON escapes
-        # each character alone, so the JSON of a prefix is a prefix of the JSON of the text.
+        # _text_digest(text[:n]) for each n, in one pass over the text: JSON escapes each
+        # character alone, so the JSON of a prefix is a prefix of the JSON of the text.
         text, done, hashes = self.context[0], 0, []
         h = hashlib.sha256(b'["completion","')
         for n in sorted(n for n in set(lengths) if 0 < n < self.size):
@@ -190,4 +225,4 @@ class CanonicalRequest:
             last = self._rolling[-1] if self._rolling else ""
             return hashlib.sha256((last + _digest(answer)).encode()).hexdigest(), len(self.context) + 1
         text = self.context[0] + answer
-        return _digest(["completion", text]), len(text)
+        return _text_digest(text), len(text)

@@ -1,9 +1,10 @@
 """How each model server takes a prompt as token ids and gives its sampled ids and their
 log-probs back, whole or streamed.
 
-- vLLM (`vllm`): `POST /v1/completions` with `prompt` a list of ids, `return_token_ids`,
-  `logprobs` and `stop_token_ids`; the answer's `choices[0].token_ids` and
-  `choices[0].logprobs.token_logprobs` (streamed: each chunk's new ones).
+- vLLM (`vllm`): `POST /v1/completions` with `prompt` a list of ids, `logprobs` with
+  `return_tokens_as_token_ids` and `stop_token_ids`; the sampled ids from the log-prob entries'
+  `token_id:<id>` labels (or `choices[0].token_ids`) and their `token_logprobs` (streamed: each
+  chunk's new ones). `return_token_ids` is not asked for: it would echo the whole prompt back.
 - SGLang (`sglang`): `POST /generate` with `input_ids`, `sampling_params` and `return_logprob`;
   the answer's `output_ids` and `meta_info.output_token_logprobs` (streamed: everything so far in
   each chunk, or only the new ids where the server streams increments).
@@ -94,7 +95,7 @@ class Vllm(Dialect):
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "logprobs": 1,
-            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
             "stop_token_ids": stop_ids,
             "skip_special_tokens": False,
             **extra,
@@ -110,14 +111,18 @@ class Vllm(Dialect):
 
     def add(self, sample: TokenSample, data: dict[str, Any]) -> None:
         if data.get("prompt_token_ids"):
-            sample.prompt_token_ids = [int(t) for t in data["prompt_token_ids"]]
+            sample.prompt_token_ids = list(data["prompt_token_ids"])
         for choice in data.get("choices") or []:
             if choice.get("index", 0) != 0:
                 raise UpstreamFault("the model server returned more than one choice")
             if choice.get("prompt_token_ids"):
-                sample.prompt_token_ids = [int(t) for t in choice["prompt_token_ids"]]
-            sample.token_ids += [int(t) for t in choice.get("token_ids") or []]
-            sample.logprobs += [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
+                sample.prompt_token_ids = list(choice["prompt_token_ids"])
+            logprobs = choice.get("logprobs") or {}
+            ids = choice.get("token_ids")
+            if ids is None:
+                ids = [label.removeprefix("token_id:") for label in logprobs.get("tokens") or []]
+            sample.token_ids += [int(t) for t in ids]
+            sample.logprobs += [float(x) for x in logprobs.get("token_logprobs") or []]
             if choice.get("finish_reason"):
                 sample.finish_reason = str(choice["finish_reason"])
 

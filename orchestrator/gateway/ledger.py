@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
+
+import zstandard
 
 from orchestrator.domain import FailedPrecondition
 from orchestrator.gateway import ledger_schema
@@ -127,6 +131,8 @@ class Turn:
     (the sampling distribution), raw (before temperature and top-p), or "" (not known)."""
     tools_key: str = ""
     """Digest of the tools the prompt lists: a prompt can extend the parent's tokens only if equal."""
+    upstream_ms: float = 0.0
+    """How long the upstream took to answer (to its last event, when streamed)."""
 
     @property
     def prefix_exact(self) -> bool | None:
@@ -154,6 +160,41 @@ class Verification:
     duration_ms: float
 
 
+_BUT_BODIES = ", ".join(
+    c
+    for c in ledger_schema.TURN_COLUMNS
+    if c not in ("request_raw", "response", "delivered", "request", "answer")
+)
+"""A turn's columns but its bodies (megabytes for a long conversation): what finding one needs."""
+
+
+class _Sequences:
+    """The prompt plus sampled ids of recently recorded or read turns, which the next turns of
+    their episodes are built on, up to `budget` tokens in all (least recently used go first)."""
+
+    def __init__(self, budget: int = 16 << 20) -> None:
+        self._budget = budget
+        self._held = 0
+        self._by_turn: OrderedDict[int, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, turn_id: int) -> list[int] | None:
+        with self._lock:
+            seq = self._by_turn.get(turn_id)
+            if seq is not None:
+                self._by_turn.move_to_end(turn_id)
+            return seq
+
+    def put(self, turn_id: int, seq: list[int]) -> None:
+        with self._lock:
+            old = self._by_turn.pop(turn_id, None)
+            self._held += len(seq) - (len(old) if old is not None else 0)
+            self._by_turn[turn_id] = seq
+            while self._held > self._budget and len(self._by_turn) > 1:
+                _, dropped = self._by_turn.popitem(last=False)
+                self._held -= len(dropped)
+
+
 class Ledger:
     """Durable turns: in SQLite, the state dir's file on a connection of its own (WAL, fsync on
     every commit), or in the PostgreSQL state store's database, where every orchestrator on that
@@ -166,6 +207,7 @@ class Ledger:
         self._owned = owned
         self._tx = database.tx
         self._read = database.read
+        self._sequences = _Sequences()
 
     @classmethod
     def sqlite(cls, path: Path) -> Ledger:
@@ -193,8 +235,16 @@ class Ledger:
         if self._owned:
             self._database.close()
 
-    @staticmethod
-    def _turn(r: Any) -> Turn:
+    def _turn(self, db: Connection, r: Any, prompts: Mapping[int, list[int]] | None = None) -> Turn:
+        """A turn from its row; its prompt is rebuilt from its parent's tokens where it stores only
+        what they do not hold (`prompts`: tokens of the turns read with it)."""
+        keys = r.keys()
+        base, tail = r["prompt_base"], json.loads(r["prompt_token_ids"])
+        if base:
+            parent = (prompts or {}).get(r["parent_id"])
+            if parent is None:
+                parent = self._sequence(db, r["parent_id"])
+            tail = parent[:base] + tail
         return Turn(
             id=r["id"],
             episode_id=r["episode_id"],
@@ -202,15 +252,15 @@ class Ledger:
             branch=r["branch"],
             run=r["run"],
             kind=r["kind"],
-            request_raw=bytes(r["request_raw"]),
-            response=bytes(r["response"]),
+            request_raw=_unpacked(bytes(r["request_raw"])) if "request_raw" in keys else b"",
+            response=bytes(r["response"]) if "response" in keys else b"",
             protocol=r["protocol"],
-            delivered=bytes(r["delivered"]),
+            delivered=bytes(r["delivered"]) if "delivered" in keys else b"",
             delivered_run=r["delivered_run"],
             delivered_at=r["delivered_at"],
             token_ids=json.loads(r["token_ids"]),
             logprobs=json.loads(r["logprobs"]),
-            prompt_token_ids=json.loads(r["prompt_token_ids"]),
+            prompt_token_ids=tail,
             policy_version=r["policy_version"],
             abandoned=bool(r["abandoned"]),
             replays=r["replays"],
@@ -227,6 +277,7 @@ class Ledger:
             sampling=Sampling(**json.loads(r["sampling"])),
             logprobs_mode=r["logprobs_mode"],
             tools_key=r["tools_key"],
+            upstream_ms=r["upstream_ms"],
         )
 
     def cursor(self, episode_id: str) -> dict[str, int]:
@@ -245,7 +296,30 @@ class Ledger:
                 "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0 ORDER BY id LIMIT 1",
                 (episode_id, request.fingerprint),
             ).fetchone()
-        return self._turn(row) if row is not None else None
+            return self._turn(db, row) if row is not None else None
+
+    def _sequence(self, db: Connection, turn_id: int) -> list[int]:
+        """A turn's prompt ids plus its sampled ids: from the cache, or rebuilt from its row and
+        those of the ancestors it takes its prompt from."""
+        chain: list[Any] = []
+        seq = self._sequences.get(turn_id)
+        at = turn_id
+        while seq is None:
+            row = db.execute(
+                "SELECT id, parent_id, prompt_base, prompt_token_ids, token_ids FROM turns WHERE id = ?",
+                (at,),
+            ).fetchone()
+            chain.append(row)
+            if not row["prompt_base"]:
+                seq = []
+            else:
+                at = row["parent_id"]
+                seq = self._sequences.get(at)
+        for row in reversed(chain):
+            tail, sampled = json.loads(row["prompt_token_ids"]), json.loads(row["token_ids"])
+            seq = seq[: row["prompt_base"]] + tail + sampled
+            self._sequences.put(row["id"], seq)
+        return seq
 
     def replayed(self, turn_id: int, run: int) -> None:
         """Count a turn served again, and as delivered to `run` (so a later sibling in that run
@@ -284,7 +358,8 @@ class Ledger:
 
     def parent(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
         """The recorded turn this request continues: the one whose conversation (its request plus
-        its answer) is the longest proper prefix of the request's (a read, no commit)."""
+        its answer) is the longest proper prefix of the request's (a read, no commit). Its bodies
+        (request, response, delivery) are not read: they are megabytes in a long conversation."""
         with self._read() as db:
             return self._parent(db, episode_id, request)
 
@@ -298,11 +373,11 @@ class Ledger:
         if not hashes:
             return None
         row = db.execute(
-            f"SELECT * FROM turns WHERE episode_id = ? AND after_hash IN ({','.join('?' * len(hashes))})"
+            f"SELECT {_BUT_BODIES} FROM turns WHERE episode_id = ? AND after_hash IN ({','.join('?' * len(hashes))})"
             " ORDER BY after_len DESC, abandoned, id DESC LIMIT 1",
             (episode_id, *hashes),
         ).fetchone()
-        return self._turn(row) if row is not None else None
+        return self._turn(db, row) if row is not None else None
 
     def record(
         self,
@@ -383,28 +458,31 @@ class Ledger:
             after_hash, after_len = request.after(answer)
             now = time.time()
             exact = None if lineage.prefix_exact is None else int(lineage.prefix_exact)
+            # A prompt that extends its parent's tokens is stored as what it adds to them.
+            base = lineage.common_prefix if lineage.prefix_exact and parent_id is not None else 0
             inserted = db.execute(
                 "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
                 " request, request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs,"
                 " prompt_token_ids, policy_version, upstream_ms, created_at, mode, prefix_exact, common_prefix,"
-                " break_reason, finish_reason, sampling, logprobs_mode, tools_key)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                " break_reason, finish_reason, sampling, logprobs_mode, tools_key, prompt_base)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
                 (
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
-                    json.dumps({"context": list(request.context), "params": request.params}), request_raw,
+                    json.dumps({"params": request.params, "size": request.size}), _packed(request_raw),
                     json.dumps(answer), response, protocol, delivered, run, json.dumps(token_ids), json.dumps(logprobs),
-                    json.dumps(prompt_token_ids), policy_version, upstream_ms, now, mode, exact, lineage.common_prefix,
-                    lineage.break_reason, finish_reason, json.dumps(dataclasses.asdict(sampling)), logprobs_mode,
-                    tools_key,
+                    json.dumps(prompt_token_ids[base:]), policy_version, upstream_ms, now, mode, exact,
+                    lineage.common_prefix, lineage.break_reason, finish_reason, json.dumps(dataclasses.asdict(sampling)),
+                    logprobs_mode, tools_key, base,
                 ),
             ).fetchone()  # fmt: skip
+            self._sequences.put(inserted["id"], prompt_token_ids + token_ids)
             return Turn(
                 id=inserted["id"], episode_id=episode_id, parent_id=parent_id, branch=branch, run=run,
                 kind=request.kind, request_raw=request_raw, response=response, protocol=protocol,
                 delivered=delivered, delivered_run=run, delivered_at=None, token_ids=token_ids, logprobs=logprobs,
                 prompt_token_ids=prompt_token_ids, policy_version=policy_version, abandoned=False, replays=0,
                 created_at=now, after_len=after_len, mode=mode, lineage=lineage, finish_reason=finish_reason,
-                sampling=sampling, logprobs_mode=logprobs_mode, tools_key=tools_key,
+                sampling=sampling, logprobs_mode=logprobs_mode, tools_key=tools_key, upstream_ms=upstream_ms,
             )  # fmt: skip
 
     @staticmethod
@@ -432,7 +510,13 @@ class Ledger:
             rows = db.execute(
                 "SELECT * FROM turns WHERE episode_id = ? ORDER BY id", (episode_id,)
             ).fetchall()
-        return [self._turn(r) for r in rows]
+            out: list[Turn] = []
+            sequences: dict[int, list[int]] = {}
+            for r in rows:  # a parent's id is below its children's
+                turn = self._turn(db, r, sequences)
+                sequences[turn.id] = turn.prompt_token_ids + turn.token_ids
+                out.append(turn)
+        return out
 
     def branches(self, episode_id: str) -> list[Branch]:
         """Every branch with its turns; branch 0 is the main one."""
@@ -461,6 +545,23 @@ class Ledger:
         return Verification(
             r["reward"], r["exit_code"], bool(r["timed_out"]), bytes(r["log"]), r["duration_ms"]
         )
+
+
+PACK_OVER = 16 << 10
+"""Request bodies longer than this are stored zstd-compressed: a long conversation's body is
+mostly the same text turn after turn, and stored whole it would be most of what each commit
+writes."""
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _packed(body: bytes) -> bytes:
+    return zstandard.ZstdCompressor(level=1).compress(body) if len(body) > PACK_OVER else body
+
+
+def _unpacked(stored: bytes) -> bytes:
+    """A stored body as it arrived: a zstd frame (its magic tells; no harness body, JSON, begins
+    with it) is decompressed."""
+    return zstandard.ZstdDecompressor().decompress(stored) if stored.startswith(_ZSTD_MAGIC) else stored
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

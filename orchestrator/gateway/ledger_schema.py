@@ -8,6 +8,10 @@ column, which like AUTOINCREMENT never hands out an id twice; writers take turns
 so ids grow in commit order, as a snapshot's ledger cursor needs. Flags stay integers (0 or 1),
 so the statements compare them alike on both.
 
+A turn whose prompt extends its parent's prompt and sampled ids stores only the prompt tokens it
+adds (`prompt_token_ids`), after the first `prompt_base` of them, which are its parent's: an
+episode's prompts take room in proportion to its tokens, not to the square of them.
+
 Columns added since the table first shipped are in `ADDED`, and a ledger opened on an older
 table adds them (`Ledger.sqlite`, `Ledger.postgres`); older turns read as text-mode turns whose
 prompts were not checked, sampled with the defaults (temperature 1, no top-p).
@@ -47,7 +51,8 @@ CREATE TABLE IF NOT EXISTS turns (
     finish_reason TEXT NOT NULL DEFAULT '',
     sampling TEXT NOT NULL DEFAULT '{}',
     logprobs_mode TEXT NOT NULL DEFAULT '',
-    tools_key TEXT NOT NULL DEFAULT ''
+    tools_key TEXT NOT NULL DEFAULT '',
+    prompt_base INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
@@ -99,7 +104,8 @@ CREATE TABLE IF NOT EXISTS turns (
     finish_reason TEXT NOT NULL DEFAULT '',
     sampling TEXT NOT NULL DEFAULT '{}',
     logprobs_mode TEXT NOT NULL DEFAULT '',
-    tools_key TEXT NOT NULL DEFAULT ''
+    tools_key TEXT NOT NULL DEFAULT '',
+    prompt_base BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
@@ -126,6 +132,7 @@ ADDED = (
     ("sampling", "TEXT NOT NULL DEFAULT '{{}}'"),
     ("logprobs_mode", "TEXT NOT NULL DEFAULT ''"),
     ("tools_key", "TEXT NOT NULL DEFAULT ''"),
+    ("prompt_base", "{integer} NOT NULL DEFAULT 0"),
 )
 """Turn columns added since the table first shipped: (name, type with `{integer}` for the
 database's integer type)."""
@@ -145,3 +152,10 @@ POSTGRES_ADDED = "".join(
     for name, kind in ADDED
 )
 """PostgreSQL's statements that add them to an older table (and do nothing to a new one)."""
+
+
+TURN_COLUMNS = tuple(
+    line.split()[0]
+    for line in SQLITE.split("CREATE TABLE IF NOT EXISTS turns (")[1].split(");")[0].strip().splitlines()
+)
+"""The turns table's columns, in order."""

@@ -36,15 +36,16 @@ class LogprobsProbe:
         self._tried_at = -RETRY_S
         self._lock = asyncio.Lock()
 
-    async def mode(self) -> str:
-        """What the upstream's log-probs are of, checking if not known yet."""
+    async def mode(self, model: str) -> str:
+        """What the upstream's log-probs are of, checking (with the model a harness names) if
+        not known yet."""
         if self.found or time.monotonic() - self._tried_at < RETRY_S:
             return self.found
         async with self._lock:
             if not self.found and time.monotonic() - self._tried_at >= RETRY_S:
                 self._tried_at = time.monotonic()
                 try:
-                    tops = [await self._top(t) for t in TEMPERATURES]
+                    tops = [await self._top(model, t) for t in TEMPERATURES]
                 except (
                     UpstreamUnreachable,
                     UpstreamFault,
@@ -62,8 +63,7 @@ class LogprobsProbe:
                                     "flagged (vLLM: --logprobs-mode processed_logprobs)", self.upstream.base_url)  # fmt: skip
         return self.found
 
-    async def _top(self, temperature: float) -> list[float]:
-        model = await self._model()
+    async def _top(self, model: str, temperature: float) -> list[float]:
         if self.renderer is not None:
             prompt = self.renderer.render([{"role": "user", "content": "Hello"}], None)
             sampling = Sampling(temperature=temperature, max_tokens=1)
@@ -78,9 +78,3 @@ class LogprobsProbe:
             return []
         content = (loads(reply.body)["choices"][0].get("logprobs") or {}).get("content") or [{}]
         return sorted(float(e["logprob"]) for e in content[0].get("top_logprobs") or [])
-
-    async def _model(self) -> str:
-        """The upstream's first model (a server may refuse a name it does not serve)."""
-        reply = await self.upstream.get("/models")
-        models = loads(reply.body).get("data") if reply.status == 200 else None
-        return str(models[0].get("id", "")) if models else ""

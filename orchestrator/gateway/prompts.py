@@ -36,6 +36,14 @@ def chat_prompt(renderer: ChatRenderer, parent: Turn | None, request: Request) -
         new = messages[parent.after_len :]
         ids = renderer.bridge(parent.prompt_token_ids, parent.token_ids, new, tools)
         if ids is not None:
+            # The bridge keeps the earlier prompt as it was given it, so only the sampled ids
+            # (which it may trim after a stop token) need checking, not the whole history.
+            start, sampled = len(parent.prompt_token_ids), parent.token_ids
+            if (
+                ids[start : start + len(sampled)] == sampled
+                and ids[: min(start, 64)] == parent.prompt_token_ids[:64]
+            ):
+                return Prompt(ids, Lineage(parent.id, True, start + len(sampled)))
             return Prompt(ids, extension(parent, ids))
         reason = f"the {renderer.name} template cannot extend the tokens so far with these messages"
     ids = renderer.render(messages, tools)

@@ -24,6 +24,12 @@ THINKING_RETENTION = "all"
 user turns too (a template that drops it would make each new user turn a break)."""
 
 
+PROMPT_TAIL = 1024
+"""How much of a prompt's end a template reads to extend it or to parse what follows it (its
+last turn's header, a prefilled reasoning block): the renderers are given that much, so that
+their cost grows with what is added, not with the conversation (they copy what they are given)."""
+
+
 class RendererUnavailable(ValueError):
     """The configured renderer or tokenizer cannot be loaded; the message says which and why."""
 
@@ -127,10 +133,12 @@ class ChatRenderer:
     ) -> list[int] | None:
         """The prompt that extends an earlier prompt and its sampled ids, as sampled, with only the
         new messages rendered; None where the template cannot (then the prompt is rendered whole)."""
+        cut = max(0, len(prompt_ids) - PROMPT_TAIL)
         bridged = self._renderer.bridge_to_next_turn(
-            list(prompt_ids), list(sampled_ids), _messages(new_messages), tools=_tools(tools)
+            list(prompt_ids[cut:]), list(sampled_ids), _messages(new_messages), tools=_tools(tools)
         )
-        return None if bridged is None else list(bridged.token_ids)
+        # The renderer's answer begins with the prompt's end it was given, as it was given it.
+        return None if bridged is None else [*prompt_ids[:cut], *bridged.token_ids]
 
     def parse(
         self,
@@ -143,7 +151,9 @@ class ChatRenderer:
         """Sampled ids as text, reasoning and tool calls, with the model's own parser. Of ids still
         arriving (`final=False`), a call not yet closed is left out."""
         ids = list(sampled_ids)
-        parsed = self._renderer.parse_response(ids, prompt_ids=list(prompt_ids), tools=_tools(tools))
+        parsed = self._renderer.parse_response(
+            ids, prompt_ids=list(prompt_ids[-PROMPT_TAIL:]), tools=_tools(tools)
+        )
         calls = parsed.tool_calls
         if any(c.status != ToolCallParseStatus.OK for c in calls):
             if not final:

@@ -257,10 +257,10 @@ class Gateway:
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics.text(), content_type="text/plain", charset="utf-8")
 
-    def logprobs_mode(self) -> str:
+    def logprobs_mode(self, model: str) -> str:
         """What the upstream's log-probs are of (processed, raw, or "" if it could not be told),
-        checked now if not known yet."""
-        return asyncio.run_coroutine_threadsafe(self.probe.mode(), self._loop).result(timeout=60)
+        checked now with this model name if not known yet."""
+        return asyncio.run_coroutine_threadsafe(self.probe.mode(model), self._loop).result(timeout=60)
 
     @property
     def connections(self) -> int:
@@ -423,7 +423,7 @@ class Gateway:
                 parent=parent,
                 body=body,
                 sampling=sampling_of(body),
-                logprobs_mode=await self.probe.mode(),
+                logprobs_mode=await self.probe.mode(str(req.upstream.get("model", ""))),
             )
             if self.renderer is not None:
                 # Rendering a long conversation is CPU work: on the pool, off the event loop.

@@ -34,6 +34,8 @@ class _ModelHTTPServer(ThreadingHTTPServer):
         self.access_log = access_log
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._connections_lock = threading.Lock()
+        self.streams_begun = 0
+        """Streamed answers begun (counted before their first byte)."""
         super().__init__(address, _Handler)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
@@ -127,6 +129,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(ApiError(500, f"reference model failed: {error!r}", None, "server_error"))
             return
         response = answer.response if isinstance(answer, ChatAnswer) else answer
+        if stream:
+            with self.server._connections_lock:
+                self.server.streams_begun += 1
         version = response.get("system_fingerprint") or response.get("meta_info", {}).get("weight_version")
         if not stream:
             self._send_json(200, response, version)
@@ -225,6 +230,11 @@ class ReferenceModelServer:
             raise RuntimeError("reference model server is not started")
         host, port = self._httpd.server_address[:2]
         return str(host), int(port)
+
+    @property
+    def streams_begun(self) -> int:
+        """How many streamed answers the server has begun: a generation a client watches arrive."""
+        return self._httpd.streams_begun if self._httpd is not None else 0
 
     @property
     def url(self) -> str:

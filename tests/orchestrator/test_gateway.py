@@ -149,7 +149,9 @@ def open_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open
 def world(tmp_path: Path, open_ledger: OpenLedger) -> Iterator[World]:
     model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
     w = _world(tmp_path, model.url, model, open_ledger(), metrics_listen="127.0.0.1:0")
-    assert w.gateway.logprobs_mode() == "processed"  # checked once, before the generations are counted
+    assert (
+        w.gateway.logprobs_mode("reference") == "processed"
+    )  # checked once, before the generations are counted
     _count(w)
     yield w
     w.gateway.stop()

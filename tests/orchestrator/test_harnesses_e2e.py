@@ -1,15 +1,16 @@
 """Unmodified black-box harnesses in real sandboxes: Claude Code over Anthropic Messages and Codex
-over OpenAI Responses, both streaming, through the gateway to the reference model, preempted in
-the middle of a generation and resumed on the other node; plus the official anthropic SDK.
+over OpenAI Responses, both streaming, through the gateway to the reference model as token ids,
+preempted in the middle of a generation and resumed on the other node; plus the official
+anthropic SDK. Each episode is held to the on-policy invariant (`onpolicy.py`).
 
 The binaries are the pinned npm releases `scripts/host-setup.sh` unpacked into the cache."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,11 @@ from typing import Any
 import pytest
 
 from orchestrator.cli.local import LocalStack
-from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from orchestrator.reference_model import ReferenceModelServer
 from sandbox_agent.images.cache import ImageCache
 from tests.orchestrator.conftest import link_base_tree, link_tree, wait_until
+from tests.orchestrator.models import TOKENS, slow_model, under_way
+from tests.orchestrator.onpolicy import assert_linear, assert_on_policy
 
 HARNESSES = Path("/var/cache/stasis/harnesses")
 CLAUDE = HARNESSES / "claude-code-2.1.328" / "claude"
@@ -50,36 +53,11 @@ def harness_images(tmp_path_factory: pytest.TempPathFactory, base_images: Path) 
     return images
 
 
-class CountingModel:
-    """The reference model, streaming a token every `delay_s`, counting generations begun."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.server = ReferenceModelServer(
-            ReferenceModelSettings(seed=5, stream_token_delay_s=delay_s)
-        ).start()
-        self.started = 0
-        self._lock = threading.Lock()
-        model = self.server.model
-        for name in ("chat_answer", "completion", "generate"):
-            method = getattr(type(model), name)
-
-            def counted(body: Any, method: Any = method) -> Any:
-                with self._lock:
-                    self.started += 1
-                return method(model, body)
-
-            setattr(model, name, counted)
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-
 @pytest.fixture
-def slow_model() -> Iterator[CountingModel]:
-    model = CountingModel(delay_s=0.08)
-    yield model
-    model.server.stop()
+def model() -> Iterator[ReferenceModelServer]:
+    server = slow_model()
+    yield server
+    server.stop()
 
 
 def _turns(stack: LocalStack, episode_id: str) -> list[Any]:
@@ -88,18 +66,15 @@ def _turns(stack: LocalStack, episode_id: str) -> list[Any]:
 
 
 def _preempted_mid_generation_and_finished(
-    stack: LocalStack, model: CountingModel, spec: dict[str, Any], protocol: str
+    stack: LocalStack, model: ReferenceModelServer, spec: dict[str, Any], protocol: str
 ) -> list[Any]:
     """Run the spec, freeze it while a generation is streaming after two recorded turns, resume
-    it on the other node, and return its recorded turns once it exits 0."""
+    it on the other node, and return its recorded turns once it exits 0, held to the on-policy
+    invariant."""
     with stack.client() as c:
         episode = c.submit(spec)
         first = c.wait(episode.id, ["RUNNING"], timeout_s=120).node
-        wait_until(
-            lambda: len(_turns(stack, episode.id)) >= 2 and model.started > len(_turns(stack, episode.id)),
-            180,
-            "a third generation under way",
-        )
+        wait_until(under_way(stack, model, episode.id, 2), 180, "a third generation under way")
         c.preempt(episode.id)
         try:
             c.wait(episode.id, ["PREEMPTED"], timeout_s=120)
@@ -117,8 +92,6 @@ def _preempted_mid_generation_and_finished(
     assert any(b'"tool_use"' in t.delivered or b'"function_call"' in t.delivered for t in turns), "tool use"
     main = trajectory.main
     assert len({t.id for t in main.turns}) == len(main.turns), "each main-branch turn once"
-    for sample in trajectory.samples:
-        assert len(sample.token_ids) == len(sample.logprobs) == len(sample.loss_mask)
     for recorded in turns:
         assert len(recorded.token_ids) == len(recorded.logprobs) > 0
     # The last main-branch turn reached the restored run: generated there, or, when the generation
@@ -128,14 +101,27 @@ def _preempted_mid_generation_and_finished(
     # The generation streaming at the freeze was recorded; the restored harness's retry got it
     # again from the ledger, byte for byte, and the upstream sampled it once.
     assert any(t.replays and t.delivered_run == 2 for t in turns), shape
+    _on_policy(turns, model, trajectory)
     return turns
+
+
+def _on_policy(turns: list[Any], model: ReferenceModelServer, trajectory: Any) -> None:
+    """Every sample reproduces under a teacher-forced pass; a linear episode is one sample; the
+    API's samples are the ledger's."""
+    got = assert_on_policy(turns, model.model)
+    live = [t for t in turns if not t.abandoned]
+    if all(t.parent_id == p.id for p, t in itertools.pairwise(sorted(live, key=lambda t: t.id))):
+        assert_linear(turns, got)
+    assert [s.token_ids for s in trajectory.samples] == [s.token_ids for s in got]
+    assert [s.loss_mask for s in trajectory.samples] == [s.loss_mask for s in got]
+    assert trajectory.prompt_breaks == 0
 
 
 @pytest.mark.timeout(900)
 def test_claude_code_survives_preemption_mid_stream(
-    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_images: Path
+    make_stack: Callable[..., LocalStack], model: ReferenceModelServer, harness_images: Path
 ) -> None:
-    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url, images=harness_images)
+    stack = make_stack(nodes=2, slots=1, upstream=model.url, images=harness_images, model=TOKENS)
     spec = {
         "image": "harnesses",
         "command": ["sh", "-c", f"mkdir -p /work && cd /work && exec claude -p '{TASK}' --dangerously-skip-permissions"],
@@ -143,7 +129,7 @@ def test_claude_code_survives_preemption_mid_stream(
                 "DISABLE_AUTOUPDATER": "1"},
         "resources": {"memory_mb": 2048},
     }  # fmt: skip
-    turns = _preempted_mid_generation_and_finished(stack, slow_model, spec, "messages")
+    turns = _preempted_mid_generation_and_finished(stack, model, spec, "messages")
     assert all(t.delivered.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n') for t in turns)
 
 
@@ -157,9 +143,9 @@ def codex_config(gateway_port: int) -> str:
 
 @pytest.mark.timeout(900)
 def test_codex_survives_preemption_mid_stream(
-    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_images: Path
+    make_stack: Callable[..., LocalStack], model: ReferenceModelServer, harness_images: Path
 ) -> None:
-    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url, images=harness_images)
+    stack = make_stack(nodes=2, slots=1, upstream=model.url, images=harness_images, model=TOKENS)
     assert stack.orchestrator is not None
     spec = {
         "image": "harnesses",
@@ -168,7 +154,7 @@ def test_codex_survives_preemption_mid_stream(
         "files": {"/root/.codex/config.toml": codex_config(stack.orchestrator.settings.gateway.port)},
         "resources": {"memory_mb": 2048},
     }
-    turns = _preempted_mid_generation_and_finished(stack, slow_model, spec, "responses")
+    turns = _preempted_mid_generation_and_finished(stack, model, spec, "responses")
     assert all(b"event: response.completed" in t.delivered for t in turns)
 
 
@@ -210,15 +196,20 @@ print("done", flush=True)
 
 @pytest.mark.timeout(900)
 def test_anthropic_sdk_harness_survives_three_preemptions(
-    make_stack: Callable[..., LocalStack], slow_model: CountingModel, harness_images: Path
+    make_stack: Callable[..., LocalStack], model: ReferenceModelServer, harness_images: Path
 ) -> None:
-    stack = make_stack(nodes=2, slots=1, upstream=slow_model.url, images=harness_images)
+    """Each freeze comes while a generation streams."""
+    stack = make_stack(nodes=2, slots=1, upstream=model.url, images=harness_images, model=TOKENS)
     with stack.client() as c:
         episode = c.submit({"image": "harnesses", "command": ["python3", "-c", ANTHROPIC_HARNESS]})
         node = c.wait(episode.id, ["RUNNING"], timeout_s=120).node
         for n in range(3):
             try:
-                wait_until(lambda n=n: len(_turns(stack, episode.id)) >= 2 * n + 1, 120, f"turn {2 * n + 1}")
+                wait_until(
+                    under_way(stack, model, episode.id, 2 * n + 1),
+                    120,
+                    f"a generation after turn {2 * n + 1}",
+                )
             except AssertionError:
                 e = c.get(episode.id)
                 logs = sorted(
@@ -236,8 +227,10 @@ def test_anthropic_sdk_harness_survives_three_preemptions(
             c.wait(episode.id, ["RUNNING"], timeout_s=120)
         final = c.wait(episode.id, ["SUCCEEDED", "FAILED"], timeout_s=300)
         assert final.state == "SUCCEEDED" and final.runs == 4, final.reason
-        main = c.trajectory(episode.id).main
+        trajectory = c.trajectory(episode.id)
+        main = trajectory.main
     turns = _turns(stack, episode.id)
+    _on_policy(turns, model, trajectory)
     assert len(main.turns) == 8 and len({t.id for t in main.turns}) == 8, "eight turns, each once"
     assert all(
         t.protocol == "messages" and t.delivered.endswith(b'data: {"type":"message_stop"}\n\n') for t in turns

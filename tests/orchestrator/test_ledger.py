@@ -5,6 +5,7 @@ restarted) see every turn the others recorded."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -314,3 +315,29 @@ def test_a_tool_call_reads_back_as_itself_from_a_harness_given_it_as_an_object(r
     block = {"type": "tool_use", "id": "c1", "name": "f", "input": call.parsed_arguments()}
     (sent_back,) = anthropic.to_messages({"messages": [{"role": "assistant", "content": [block]}]})
     assert canonical_message(sent_back) == answer
+
+
+@pytest.mark.timeout(30)
+def test_a_prompt_that_extends_its_parent_is_stored_as_what_it_adds(open_ledger: OpenLedger) -> None:
+    """Each prompt of a long conversation repeats the one before: a turn keeps only the tokens it
+    adds, and any ledger on the database (its cache cold) rebuilds the whole prompt."""
+    ledger = open_ledger()
+    texts, prompt, recorded = ["u0"], list(range(1000)), []
+    for n in range(4):
+        turn = _record(ledger, _chat(*texts), f"a{n}", prompt_token_ids=prompt, token_ids=[7, 8, 9])
+        assert turn.prefix_exact is True
+        recorded.append(turn)
+        prompt = [*prompt, 7, 8, 9, 100 + n]
+        texts += [f"a{n}", f"u{n + 1}"]
+    assert [len(t.prompt_token_ids) for t in recorded] == [1000, 1004, 1008, 1012]
+    cold = open_ledger()
+    assert cold.turns("ep-1") == recorded
+    parent = cold.parent("ep-1", _chat(*texts))
+    assert parent is not None and parent.id == recorded[-1].id
+    assert parent.prompt_token_ids == recorded[-1].prompt_token_ids and parent.token_ids == [7, 8, 9]
+    with cold._read() as db:  # what each row holds: the first its whole prompt, the others a token
+        stored = [
+            json.loads(r["prompt_token_ids"])
+            for r in db.execute("SELECT prompt_token_ids FROM turns ORDER BY id")
+        ]
+    assert [len(s) for s in stored] == [1000, 1, 1, 1]

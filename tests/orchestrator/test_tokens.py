@@ -236,3 +236,28 @@ def test_a_bad_renderer_or_tokenizer_is_refused_at_start(tmp_path: Path) -> None
         ChatRenderer("no-such-model", TOKENIZER_DIR)
     with pytest.raises(RendererUnavailable, match="enable_thinking"):
         ChatRenderer("qwen3", TOKENIZER_DIR, {"enable_thinking": "maybe"})
+
+
+@pytest.mark.timeout(60)
+def test_a_deferred_tool_loads_into_the_conversation_not_the_tool_listing(tokens: World) -> None:
+    """Claude Code defers tools (`defer_loading`) and adds them to its list once a tool search
+    loads them: they are not listed up front, and a `tool_reference` in a tool result brings in
+    the tool's definition there, so the prompt keeps extending the tokens before it."""
+    deferred = {"name": "send", "description": "send a message", "defer_loading": True,
+                "input_schema": {"type": "object", "properties": {"to": {"type": "string"}}}}  # fmt: skip
+    messages: list[dict[str, Any]] = [USER]
+    with tokens.anthropic() as client:
+        for turn in range(3):
+            tools = [*ANTHROPIC_TOOLS, deferred] if turn else ANTHROPIC_TOOLS
+            message = client.messages.create(
+                model="reference", max_tokens=300, tools=tools, messages=messages
+            )  # type: ignore[arg-type]
+            blocks = [b.model_dump(exclude_none=True) for b in message.content]
+            messages.append({"role": "assistant", "content": blocks})
+            uses = [b for b in blocks if b["type"] == "tool_use"] or [{"id": "none"}]
+            loaded = [{"type": "tool_reference", "tool_name": "send"}]
+            messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0]["id"], "content": loaded}]})  # fmt: skip
+    turns = _turns(tokens)
+    assert len({t.tools_key for t in turns}) == 1
+    assert_linear(turns, assert_on_policy(turns, tokens.model.model))
+    assert '"name": "send", "description": "send a message"' in decode(turns[-1].prompt_token_ids)

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from orchestrator.cli.local import LocalStack
-from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings, decode
 from tests.orchestrator.conftest import REPO, cli, import_image, link_base_tree, wait_until
+from tests.orchestrator.models import TOKENS, slow_model, under_way
+from tests.orchestrator.onpolicy import assert_linear, assert_on_policy
 
 HARNESS = (REPO / "examples" / "harness" / "agent.py").read_bytes()
 GRADER = b"""\
@@ -183,6 +185,10 @@ def test_request_in_flight_at_freeze_is_served_from_the_ledger(
     slow = SlowUpstream(model.url, delay_s=4.0)
     try:
         stack = make_stack(nodes=2, slots=1, upstream=slow.url)
+        assert stack.orchestrator is not None and stack.orchestrator.gateway is not None
+        # The gateway's one check of the model server, done before the harness's request is counted.
+        assert stack.orchestrator.gateway.logprobs_mode("reference") == "processed"
+        slow.requests = 0
         with stack.client() as c:
             spec = {
                 "image": "base",
@@ -254,37 +260,124 @@ def openai_image(tmp_path_factory: pytest.TempPathFactory, base_images: Path) ->
 
 @pytest.mark.timeout(420)
 def test_official_openai_sdk_harness_survives_three_preemptions(
-    make_stack: Callable[..., LocalStack], model: ReferenceModelServer, openai_image: Path
+    make_stack: Callable[..., LocalStack], openai_image: Path
 ) -> None:
-    stack = make_stack(nodes=2, slots=1, upstream=model.url)
-    for name in stack.agents:
-        import_image(stack, name, openai_image, "openai")
-    with stack.client() as c:
-        episode = c.submit(
-            {
-                "image": "openai",
-                "command": ["python3", "-c", OPENAI_HARNESS],
-                # The verifier reads the harness's log: the SDK's own output, then the reward.
-                "reward": {"command": ["sh", "-c", "grep -c ^turn /episode/.stasis/harness.log"]},
-            }
-        )
-        node = c.wait(episode.id, ["RUNNING"], timeout_s=60).node
-        for n in range(3):
-            wait_until(
-                lambda n=n: len(c.trajectory(episode.id).main.turns) >= 2 * n + 1, 60, f"turn {2 * n + 1}"
+    """Chat completions and the Responses API, streamed, in turn; each freeze comes while a
+    generation streams, and the episode is one sample a teacher-forced pass reproduces."""
+    model = slow_model()
+    try:
+        stack = make_stack(nodes=2, slots=1, upstream=model.url, model=TOKENS)
+        for name in stack.agents:
+            import_image(stack, name, openai_image, "openai")
+        with stack.client() as c:
+            episode = c.submit(
+                {
+                    "image": "openai",
+                    "command": ["python3", "-c", OPENAI_HARNESS],
+                    # The verifier reads the harness's log: the SDK's own output, then the reward.
+                    "reward": {"command": ["sh", "-c", "grep -c ^turn /episode/.stasis/harness.log"]},
+                }
             )
+            node = c.wait(episode.id, ["RUNNING"], timeout_s=60).node
+            for n in range(3):
+                wait_until(
+                    under_way(stack, model, episode.id, 2 * n + 1),
+                    60,
+                    f"a generation after turn {2 * n + 1}",
+                )
+                c.preempt(episode.id)
+                c.wait(episode.id, ["PREEMPTED"], timeout_s=60)
+                node = "node-2" if node == "node-1" else "node-1"
+                c.resume(episode.id, node=node)
+                c.wait(episode.id, ["RUNNING"], timeout_s=60)
+            final = c.wait(episode.id, ["SUCCEEDED"], timeout_s=120)
+            assert final.exit_code == 0 and final.reward == 8.0 and final.runs == 4, (
+                "the harness printed eight turns"
+            )
+            turns = c.trajectory(episode.id).main.turns
+            assert len(turns) == 8 and len({t.id for t in turns}) == 8
+        recorded = _ledger_turns(stack, episode.id)
+        assert [t.protocol for t in recorded] == ["chat", "responses"] * 4
+        assert_linear(recorded, assert_on_policy(recorded, model.model))
+    finally:
+        model.stop()
+
+
+RESTYLING_HARNESS = r"""
+import json, os, subprocess, time, urllib.request
+
+def ask(messages):
+    # Streamed chat completions; a stream that breaks midway (its connection came back closed
+    # after a restore) is sent again.
+    body = json.dumps({"model": "reference", "messages": messages, "tools": TOOLS, "stream": True}).encode()
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+    for attempt in range(20):
+        try:
+            content, calls, done = "", [], False
+            with urllib.request.urlopen(request, timeout=120) as response:
+                for line in response:
+                    if line.startswith(b"data: {"):
+                        choices = json.loads(line[6:])["choices"]
+                        delta = choices[0]["delta"] if choices else {}
+                        content += delta.get("content") or ""
+                        calls += delta.get("tool_calls") or []
+                    done = done or line.startswith(b"data: [DONE]")
+            if not done:  # a stream cut short is no answer: ask again
+                raise ConnectionError("the stream ended before [DONE]")
+            return content, calls
+        except Exception as exc:
+            print("retry after", type(exc).__name__, flush=True)
+            time.sleep(0.2)
+    raise SystemExit("no answer")
+
+TOOLS = [{"type": "function", "function": {"name": "shell", "description": "run a shell command",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Keep notes."}]
+for turn in range(8):
+    content, calls = ask(messages)
+    # Its own style: sorted keys, indentation, null for no text.
+    messages.append({"role": "assistant", "content": content or None, "tool_calls": [
+        {"id": c["id"], "type": "function", "function": {"name": c["function"]["name"],
+         "arguments": json.dumps(json.loads(c["function"]["arguments"]), indent=2, sort_keys=True)}} for c in calls]})
+    for c in calls:
+        out = subprocess.run(["sh", "-c", json.loads(c["function"]["arguments"])["command"]], capture_output=True,
+                             text=True, cwd="/tmp")
+        messages.append({"role": "tool", "tool_call_id": c["id"], "content": (out.stdout + out.stderr)[:300] or "ok"})
+    if not calls:
+        messages.append({"role": "user", "content": "go on"})
+    print("turn", turn, len(calls), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_harness_that_restyles_tool_calls_stays_on_policy_across_a_preemption(
+    make_stack: Callable[..., LocalStack],
+) -> None:
+    """A harness that re-serialises every tool call in its own style, frozen while a generation
+    streams: the model is prompted with the tokens it sampled, never the harness's rewrite."""
+    model = slow_model()
+    try:
+        stack = make_stack(nodes=2, slots=1, upstream=model.url, model=TOKENS)
+        with stack.client() as c:
+            episode = c.submit({"image": "base", "command": ["python3", "-c", RESTYLING_HARNESS]})
+            first = c.wait(episode.id, ["RUNNING"], timeout_s=60).node
+            wait_until(under_way(stack, model, episode.id, 3), 120, "a generation after turn 3")
             c.preempt(episode.id)
             c.wait(episode.id, ["PREEMPTED"], timeout_s=60)
-            node = "node-2" if node == "node-1" else "node-1"
-            c.resume(episode.id, node=node)
-            c.wait(episode.id, ["RUNNING"], timeout_s=60)
-        final = c.wait(episode.id, ["SUCCEEDED"], timeout_s=120)
-        assert final.exit_code == 0 and final.reward == 8.0 and final.runs == 4, (
-            "the harness printed eight turns"
+            c.resume(episode.id, node="node-2" if first == "node-1" else "node-1")
+            final = c.wait(episode.id, ["SUCCEEDED", "FAILED"], timeout_s=180)
+            assert final.state == "SUCCEEDED" and final.runs == 2, final.reason
+            trajectory = c.trajectory(episode.id)
+        turns = _ledger_turns(stack, episode.id)
+        assert len([t for t in turns if not t.abandoned]) == 8 and any(t.replays for t in turns)
+        assert_linear(turns, assert_on_policy(turns, model.model))
+        assert trajectory.prompt_breaks == 0 and len(trajectory.samples) == 1
+        assert '\n  "command"' not in decode(turns[-1].prompt_token_ids), (
+            "the harness's style never reaches the model"
         )
-        turns = c.trajectory(episode.id).main.turns
-        assert len(turns) == 8 and len({t.id for t in turns}) == 8
-    assert [t.protocol for t in _ledger_turns(stack, episode.id)] == ["chat", "responses"] * 4
+    finally:
+        model.stop()
 
 
 ISOLATION = r"""

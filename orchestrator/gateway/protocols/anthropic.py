@@ -4,7 +4,10 @@ completions.
 The system prompt becomes a system message; text and image blocks become content parts;
 `tool_use` blocks the assistant's tool calls and `tool_result` blocks tool results; `thinking`
 blocks the assistant message's reasoning (`redacted_thinking` ones, opaque, are left out). Tools
-keep their `input_schema` as the function's parameters. Tool call ids are shown as `toolu_…`.
+keep their `input_schema` as the function's parameters. A deferred tool (`defer_loading`) is not
+listed up front: its definition comes in where a tool result references it (`tool_reference`),
+so the tool listing, and with it every prompt's beginning, stays the same as tools load. Tool
+call ids are shown as `toolu_…`.
 
 The model's reasoning comes back as a `thinking` block (streamed as `thinking_delta`s) before the
 text, with a signature that is a digest of it: nothing here is secret, and a harness sends the
@@ -76,6 +79,39 @@ def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": str(tool["name"]),
+        "description": str(tool.get("description") or ""),
+        "parameters": tool["input_schema"],
+    }
+
+
+def deferred_tools(tools: Any) -> dict[str, dict[str, Any]]:
+    """The tools a harness defers (`defer_loading`): not in the model's context up front, each
+    coming in as its definition where a tool result references it."""
+    return {
+        str(t["name"]): {"type": "function", "function": _function(t)}
+        for t in listed(tools, "tools")
+        if isinstance(t, dict) and t.get("defer_loading") and t.get("name") and "input_schema" in t
+    }
+
+
+def _result(content: Any, deferred: dict[str, dict[str, Any]]) -> str:
+    """A tool result's text; a `tool_reference` (a deferred tool loaded) is the tool's
+    definition, as the tool listing would give it."""
+    if not isinstance(content, list):
+        return _text(content)
+    out = []
+    for b in content:
+        if isinstance(b, dict) and b.get("type") == "tool_reference":
+            name = str(b.get("tool_name", ""))
+            out.append(json.dumps(deferred[name], ensure_ascii=False) if name in deferred else f"tool {name}")
+        else:
+            out.append(_text([b]))
+    return "\n".join(x for x in out if x)
+
+
 def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     system = body.get("system")
@@ -84,6 +120,7 @@ def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise GatewayError(400, "system: must be a string or a list of text blocks")
         messages.append({"role": "system", "content": _text(system)})
     items = require(body, "messages", list, "a non-empty list of messages")
+    deferred = deferred_tools(body.get("tools"))
     if not items:
         raise GatewayError(400, "messages: must be a non-empty list of messages")
     for i, m in enumerate(items):
@@ -113,7 +150,7 @@ def to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 calls.append({"id": str(block.get("id", "")), "type": "function",
                               "function": {"name": str(block.get("name", "")), "arguments": arguments}})  # fmt: skip
             elif kind == "tool_result":
-                result = _text(block.get("content"))
+                result = _result(block.get("content"), deferred)
                 if block.get("is_error"):
                     result = f"[error] {result}"
                 messages.append(
@@ -145,8 +182,10 @@ def to_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         if not tool.get("name"):
             raise GatewayError(400, f"tools[{i}].name: is required")
-        out.append({"type": "function", "function": {"name": str(tool["name"]),
-                    "description": str(tool.get("description") or ""), "parameters": tool["input_schema"]}})  # fmt: skip
+        if tool.get("defer_loading"):
+            dropped.append(f"tools[{i}] ({tool['name']}: deferred until a tool result references it)")
+            continue
+        out.append({"type": "function", "function": _function(tool)})
     return out, dropped
 
 
