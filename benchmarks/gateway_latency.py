@@ -253,37 +253,39 @@ def main() -> None:
         [sys.executable, "-m", "orchestrator.reference_model", "--port", "0", "--seed", "1"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert model.stdout is not None
-    model_url = model.stdout.readline().split()[-1]
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-        gw, ledger = gateway(tmp, model_url)
-        results: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-        client = multiprocessing.Process(
-            target=_sequential, args=(model_url, f"http://127.0.0.1:{gw.port}/v1", args.turns, results)
-        )
-        client.start()
-        direct, via, replay, ttft_direct, ttft_via = results.get()
-        client.join()
-        gw.stop()
-        ledger.close()
-    histories = {}
-    for size in HISTORIES:
+    try:
+        assert model.stdout is not None
+        model_url = model.stdout.readline().split()[-1]
         with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-            gw, ledger = gateway(tmp, model_url, **TOKENS)
+            gw, ledger = gateway(tmp, model_url)
+            results: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
             client = multiprocessing.Process(
-                target=_history,
-                args=(model_url, f"http://127.0.0.1:{gw.port}/v1", size, args.history_turns, results),
+                target=_sequential, args=(model_url, f"http://127.0.0.1:{gw.port}/v1", args.turns, results)
             )
             client.start()
-            grown, rounds, straight = results.get()
+            direct, via, replay, ttft_direct, ttft_via = results.get()
             client.join()
-            timed = ledger.turns("ep-bench")[-args.history_turns :]
-            own = [r - t.upstream_ms for r, t in zip(rounds, timed, strict=True)]
-            histories[size] = (grown, own, [t.upstream_ms for t in timed], straight)
             gw.stop()
             ledger.close()
-    model.terminate()
-    model.wait()
+        histories = {}
+        for size in HISTORIES:
+            with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+                gw, ledger = gateway(tmp, model_url, **TOKENS)
+                client = multiprocessing.Process(
+                    target=_history,
+                    args=(model_url, f"http://127.0.0.1:{gw.port}/v1", size, args.history_turns, results),
+                )
+                client.start()
+                grown, rounds, straight = results.get()
+                client.join()
+                timed = ledger.turns("ep-bench")[-args.history_turns :]
+                own = [r - t.upstream_ms for r, t in zip(rounds, timed, strict=True)]
+                histories[size] = (grown, own, [t.upstream_ms for t in timed], straight)
+                gw.stop()
+                ledger.close()
+    finally:
+        model.terminate()
+        model.wait()
 
     port = multiprocessing.Value("i", 0)
     upstream = multiprocessing.Process(target=_canned_upstream, args=(port,), daemon=True)

@@ -191,6 +191,8 @@ def test_orchestrator_is_a_single_recreated_writer(reference_install: list[Manif
         "--snapshot-store", "file:///var/lib/stasis/snapshots",
         "--gateway-listen", "0.0.0.0:8080",
         "--upstream", f"http://{RELEASE}-stasis-reference-model.{NAMESPACE}.svc:8000",
+        # Token mode over the reference model's own template and tokenizer, shipped in the image.
+        "--upstream-api", "vllm", "--renderer", "qwen3", "--tokenizer", "reference",
         "--node-lost-after", "$(STASIS_NODE_LOST_AFTER)",
         "--tls-ca", "/etc/stasis/ca/ca.crt",
         "--tls-ca-key", "/etc/stasis/ca/ca.key",
@@ -379,6 +381,7 @@ def test_reference_model_serves_as_upstream(
 
     orchestrator = container(find(s3_install, "Deployment", FULLNAME), "orchestrator")
     assert orchestrator["args"][orchestrator["args"].index("--upstream") + 1] == "http://vllm.models.svc:8000"
+    assert "--renderer" not in orchestrator["args"], "no renderer named: text mode"
     assert not [m for m in s3_install if "reference-model" in m["metadata"]["name"]]
 
 
@@ -485,3 +488,29 @@ def test_without_auth_everything_is_plaintext(chart: Chart) -> None:
     assert agent["readinessProbe"]["grpc"] == {"port": 7071}
     assert not [m for m in manifests if m["kind"] == "Secret"]
     assert "cluster" not in by_name(find(manifests, "Service", FULLNAME)["spec"]["ports"])
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_model_server_in_token_mode_gets_its_renderer_and_tokenizer_volume(chart: Chart) -> None:
+    """upstream.renderer with upstream.tokenizerVolume: the orchestrator mounts the tokenizer
+    read-only and names it, with the renderer's options, to the gateway."""
+    sets = {
+        "upstream.renderer": "qwen3",
+        "upstream.api": "sglang",
+        "upstream.tokenizerVolume.persistentVolumeClaim.claimName": "qwen3-tokenizer",
+        "upstream.rendererOptions.enable_thinking": False,
+    }
+    deployment = find(chart.render("s3-values.yaml", sets=sets), "Deployment", FULLNAME)
+    args = container(deployment, "orchestrator")["args"]
+    at = args.index("--renderer")
+    assert args[at : at + 6] == ["--renderer", "qwen3", "--tokenizer", "/etc/stasis/tokenizer",
+                                 "--renderer-option", "enable_thinking=false"]  # fmt: skip
+    assert args[args.index("--upstream-api") + 1] == "sglang"
+    mounts = by_name(container(deployment, "orchestrator")["volumeMounts"])
+    assert mounts["tokenizer"] == {
+        "name": "tokenizer",
+        "mountPath": "/etc/stasis/tokenizer",
+        "readOnly": True,
+    }
+    volumes = by_name(deployment["spec"]["template"]["spec"]["volumes"])
+    assert volumes["tokenizer"]["persistentVolumeClaim"] == {"claimName": "qwen3-tokenizer"}

@@ -194,6 +194,19 @@ ClusterFirstWithHostNet DNS, so <service>.<namespace>.svc resolves through the s
 {{- end }}
 {{- end }}
 
+{{/* The gateway's renderer: the value, or qwen3 for the built-in reference model. */}}
+{{- define "stasis.renderer" -}}
+{{- if .Values.upstream.renderer }}{{ .Values.upstream.renderer }}{{ else if .Values.referenceModel.enabled }}qwen3{{ end }}
+{{- end }}
+
+{{/* Its tokenizer directory: the value, the mounted volume, or the reference model's. */}}
+{{- define "stasis.tokenizer" -}}
+{{- if .Values.upstream.tokenizer }}{{ .Values.upstream.tokenizer }}
+{{- else if .Values.upstream.tokenizerVolume }}/etc/stasis/tokenizer
+{{- else if .Values.referenceModel.enabled }}reference
+{{- end }}
+{{- end }}
+
 {{/* S3 credentials from an existing Secret, for the orchestrator and the agents alike. */}}
 {{- define "stasis.snapshotStoreEnv" -}}
 {{- if and (eq .Values.snapshotStore.type "s3") .Values.snapshotStore.s3.credentialsSecret }}
