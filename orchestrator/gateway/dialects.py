@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.gateway.generation import UpstreamFault
+from orchestrator.gateway.generation import UpstreamFault, check_sampled
 from orchestrator.gateway.ledger import Sampling
 
 
@@ -36,13 +36,7 @@ class TokenSample:
 
     def check(self, prompt_ids: list[int]) -> None:
         """Refuse a generation the ledger cannot record exactly."""
-        if not self.finish_reason:
-            raise UpstreamFault("the model server's stream ended before its finish reason")
-        if not self.token_ids or len(self.token_ids) != len(self.logprobs):
-            raise UpstreamFault(
-                f"the model server returned {len(self.token_ids)} token ids and {len(self.logprobs)} log-probs; "
-                "Stasis records both per token"
-            )
+        check_sampled(self.finish_reason, self.token_ids, self.logprobs)
         if self.prompt_token_ids and self.prompt_token_ids != prompt_ids:
             raise UpstreamFault("the model server echoed a prompt other than the token ids it was sent")
 
@@ -77,6 +71,16 @@ class Dialect(ABC):
         """The first sampled token's alternatives' log-probs, from an answer, in ascending order."""
 
 
+def _sampling(sampling: Sampling, max_tokens: str) -> dict[str, Any]:
+    """The sampling settings in a route's names (`max_tokens` its name for the token limit)."""
+    out: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p}
+    if sampling.top_k > 0:
+        out["top_k"] = sampling.top_k
+    if sampling.max_tokens:
+        out[max_tokens] = sampling.max_tokens
+    return out
+
+
 class Vllm(Dialect):
     name, path, root = "vllm", "/completions", False
 
@@ -92,18 +96,13 @@ class Vllm(Dialect):
         body: dict[str, Any] = {
             "model": model,
             "prompt": prompt_ids,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
+            **_sampling(sampling, "max_tokens"),
             "logprobs": 1,
             "return_tokens_as_token_ids": True,
             "stop_token_ids": stop_ids,
             "skip_special_tokens": False,
             **extra,
         }
-        if sampling.top_k > 0:
-            body["top_k"] = sampling.top_k
-        if sampling.max_tokens:
-            body["max_tokens"] = sampling.max_tokens
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -147,15 +146,10 @@ class Sglang(Dialect):
         **extra: Any,
     ) -> dict[str, Any]:
         params: dict[str, Any] = {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
+            **_sampling(sampling, "max_new_tokens"),
             "stop_token_ids": stop_ids,
             "skip_special_tokens": False,
         }
-        if sampling.top_k > 0:
-            params["top_k"] = sampling.top_k
-        if sampling.max_tokens:
-            params["max_new_tokens"] = sampling.max_tokens
         for key in ("seed", "stop"):
             if key in extra:
                 params[key] = extra[key]

@@ -14,6 +14,18 @@ class UpstreamFault(Exception):
     """The model server answered with something that is not a usable generation."""
 
 
+def check_sampled(finish_reason: str, token_ids: list[int], logprobs: list[float]) -> None:
+    """Refuse a generation that ended early or lacks a log-prob per sampled token: the ledger
+    records both exactly or not at all."""
+    if not finish_reason:
+        raise UpstreamFault("the model server's answer ended before its finish reason")
+    if not token_ids or len(token_ids) != len(logprobs):
+        raise UpstreamFault(
+            f"the model server returned {len(token_ids)} token ids and {len(logprobs)} log-probs; "
+            "Stasis records both per token (vLLM: return_token_ids)"
+        )
+
+
 @dataclass
 class ToolCall:
     id: str
@@ -119,13 +131,7 @@ class Generation:
 
     def check(self) -> None:
         """Refuse a generation the ledger cannot record exactly."""
-        if not self.finish_reason:
-            raise UpstreamFault("the model server's stream ended before its finish_reason")
-        if not self.token_ids or len(self.token_ids) != len(self.logprobs):
-            raise UpstreamFault(
-                f"the model server returned {len(self.token_ids)} token ids and {len(self.logprobs)} log-probs; "
-                "Stasis records both per token (vLLM: return_token_ids)"
-            )
+        check_sampled(self.finish_reason, self.token_ids, self.logprobs)
         for call in self.tool_calls:
             if not call.name:
                 raise UpstreamFault("the model server returned a tool call without a name")

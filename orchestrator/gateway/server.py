@@ -429,10 +429,10 @@ class Gateway:
                 # Rendering a long conversation is CPU work: on the pool, off the event loop.
                 prompt = await self._call(self._prompt, parent, req)
                 sampling = turn.sampling
-                if not sampling.max_tokens:
+                if not sampling.max_tokens:  # a token route has no chat route's default
                     sampling = dataclasses.replace(sampling, max_tokens=self.settings.max_tokens)
-                turn = dataclasses.replace(turn, prompt=prompt, sampling=sampling)
-                turn = dataclasses.replace(turn, body=self._token_body(turn, prompt))
+                body = self._token_body(req, prompt, sampling)
+                turn = dataclasses.replace(turn, prompt=prompt, sampling=sampling, body=body)
             async with self._slots:
                 if req.stream:
                     return await self._stream(request, turn)
@@ -459,12 +459,12 @@ class Gateway:
             return completion_prompt(self.renderer, parent, req)
         return chat_prompt(self.renderer, parent, req)
 
-    def _token_body(self, turn: _Turn, prompt: Prompt) -> dict[str, Any]:
+    def _token_body(self, req: Request, prompt: Prompt, sampling: Sampling) -> dict[str, Any]:
         assert self.renderer is not None
-        up = turn.request.upstream
+        up = req.upstream
         extra = {k: up[k] for k in TOKEN_PARAMETERS if up.get(k) is not None}
-        return self.dialect.body(str(up.get("model", "")), prompt.ids, turn.sampling, self.renderer.stop_ids,
-                                 turn.request.stream, **extra)  # fmt: skip
+        return self.dialect.body(str(up.get("model", "")), prompt.ids, sampling, self.renderer.stop_ids, req.stream,
+                                 **extra)  # fmt: skip
 
     def _route_of(self, turn: _Turn) -> tuple[str, bool]:
         """Where the turn is sent upstream: its path, and whether below the server's root."""
