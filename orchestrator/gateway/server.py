@@ -46,6 +46,7 @@ from orchestrator.gateway.protocols.responses import Responses
 from orchestrator.gateway.readers import TextReader, TokenReader, loads
 from orchestrator.gateway.rendering import ChatRenderer
 from orchestrator.gateway.settings import GatewaySettings
+from orchestrator.gateway.slots import FairSlots, SlotTimeout
 from orchestrator.gateway.upstream import Stream, Upstream, UpstreamUnreachable
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class Gateway:
         self._ledger = _GroupCommit(ledger)
         self._locks = _KeyLocks()
         self._loop = asyncio.new_event_loop()
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: FairSlots | None = None
         self._runner: web.AppRunner | None = None
         self._metrics_runner: web.AppRunner | None = None
         self._metrics_listener: asyncio.Server | None = None
@@ -220,7 +221,7 @@ class Gateway:
         return self
 
     async def _serve(self) -> None:
-        self._slots = asyncio.Semaphore(self.settings.max_concurrent_turns)
+        self._slots = FairSlots(self.settings.max_concurrent_turns, self.settings.max_turns_per_episode)
         app = web.Application(client_max_size=self.settings.max_body_bytes)
         for path, protocol in PROTOCOLS.items():
             app.router.add_post(path, self._route(protocol))
@@ -433,10 +434,15 @@ class Gateway:
                     sampling = dataclasses.replace(sampling, max_tokens=self.settings.max_tokens)
                 body = self._token_body(req, prompt, sampling)
                 turn = dataclasses.replace(turn, prompt=prompt, sampling=sampling, body=body)
-            async with self._slots:
-                if req.stream:
-                    return await self._stream(request, turn)
-                return await self._whole(request, turn)
+            try:
+                async with self._slots.hold(turn.episode.id, self.settings.turn_wait_s):
+                    if req.stream:
+                        return await self._stream(request, turn)
+                    return await self._whole(request, turn)
+            except SlotTimeout as exc:
+                held = self._slots.held(turn.episode.id)
+                raise GatewayError(429, f"{exc}: this episode holds {held} of them; retry shortly",
+                                   "rate_limit_error") from None  # fmt: skip
 
     def _upstream_body(self, req: Request) -> dict[str, Any]:
         body = dict(req.upstream)

@@ -42,8 +42,14 @@ class GatewaySettings:
     """Largest request body. A long agent conversation is a few MB of JSON; more is a bug or an
     attack, refused (413) before it is read."""
     max_concurrent_turns: int = 256
-    """Generations in flight upstream at once; later requests wait their turn. Well above the
-    slots a cluster's nodes offer, well below what exhausts the orchestrator's file descriptors."""
+    """Generations in flight upstream at once; later requests wait their turn, served by episode
+    in turn (`slots.py`). Well above the slots a cluster's nodes offer, well below what exhausts
+    the orchestrator's file descriptors."""
+    max_turns_per_episode: int = 16
+    """Generations of one episode in flight at once: an agent's parallel calls and subagents
+    fit; a harness that sends hundreds waits behind itself, not in front of its neighbours."""
+    turn_wait_s: float = 300.0
+    """Longest a request waits for a generation slot before it is refused (429)."""
     max_connections: int = 4096
     """Connections the gateway holds open at once; one more is answered 503 and closed. Well
     below the orchestrator's file descriptors, well above what a cluster's sandboxes keep open."""
