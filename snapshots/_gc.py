@@ -5,7 +5,7 @@ could find any more, under the exclusive one; the rest of the deleting under a s
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from ._backends import Backend, ObjectMissing
@@ -112,6 +112,22 @@ class Swept:
     """Keys of the data of packs whose indexes the sweep deleted."""
 
 
+def retained(
+    manifests: list[Manifest], keep_last: int, resume_point: str, pending: Collection[str]
+) -> set[str]:
+    """What retention keeps of a live episode's snapshots (`manifests` in seq order): its newest
+    `keep_last`; its resume point and the `keep_last - 1` before it, to fall back to should it
+    fail to restore, however many newer snapshots the episode's record does not know (an
+    autosave whose reply was lost, published after it was given up); and any snapshot still
+    being taken."""
+    ids = [m.snapshot_id for m in manifests]
+    kept = set(ids[-keep_last:]) | (set(pending) & set(ids))
+    if resume_point in ids:
+        at = ids.index(resume_point)
+        kept |= set(ids[max(0, at - keep_last + 1) : at + 1])
+    return kept
+
+
 def mark(
     backend: Backend,
     chunks: ChunkStore,
@@ -119,10 +135,13 @@ def mark(
     retention: RetentionPolicy,
     ended: frozenset[str],
     load: Callable[[str], Manifest | None],
+    resume_points: Mapping[str, str] | None = None,
+    pending: Collection[str] = (),
 ) -> Marked:
     """Retention (manifests, then markers), then mark from every manifest, then list what no
     manifest refers to. Under a shared lock: puts and restores go on meanwhile, so what was
     garbage here may be referred to by the time of the `sweep`, which checks again."""
+    resume_points = resume_points or {}
     removed_locks = remove_stale(backend, locks)
     by_episode: dict[str, list[str]] = defaultdict(list)
     for key in backend.list(EPISODE_PREFIX):
@@ -143,9 +162,10 @@ def mark(
             doomed.append((episode, sid))
         else:
             live_by_episode[episode].append(manifest)
-    for manifests in live_by_episode.values():
+    for episode, manifests in live_by_episode.items():
         manifests.sort(key=lambda m: (m.seq, m.created_at, m.snapshot_id))
-        doomed.extend((m.episode_id, m.snapshot_id) for m in manifests[: -retention.keep_last])
+        kept = retained(manifests, retention.keep_last, resume_points.get(episode, ""), pending)
+        doomed.extend((m.episode_id, m.snapshot_id) for m in manifests if m.snapshot_id not in kept)
     # Manifests before markers: a snapshot stops existing at the first delete.
     backend.delete(manifest_key(sid) for _e, sid in doomed)
     backend.delete(episode_key(e, sid) for e, sid in doomed)

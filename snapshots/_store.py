@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -394,7 +394,13 @@ class SnapshotStore:
                 )
             return _verify.run(ids, self.manifest, self._chunks, single=snapshot_id is not None)
 
-    def gc(self, retention: _gc.RetentionPolicy, ended_episodes: Collection[str] = ()) -> _gc.GcReport:
+    def gc(
+        self,
+        retention: _gc.RetentionPolicy,
+        ended_episodes: Collection[str] = (),
+        resume_points: Mapping[str, str] | None = None,
+        pending: Collection[str] = (),
+    ) -> _gc.GcReport:
         """Apply retention and mark the chunks snapshots refer to, beside puts and restores (a
         shared lock); then sweep chunks no manifest refers to, under the exclusive lock, which
         is held only to check what was published since the mark and to delete what a put could
@@ -402,7 +408,9 @@ class SnapshotStore:
         shared lock again.
 
         ended_episodes are episodes whose trajectories are persisted elsewhere;
-        all their snapshots go. Raises StoreLocked if writers keep the store
+        all their snapshots go. resume_points names, per live episode, the snapshot it would
+        resume from: it and those before it that `keep_last` allows stay, however many newer
+        ones there are. pending names snapshots still being taken: they stay. Raises StoreLocked if writers keep the store
         busy for longer than LockSettings.gc_acquire_timeout_s; retention has been applied then.
         """
         with self._lock(LockKind.SHARED, "gc mark"):
@@ -413,6 +421,8 @@ class SnapshotStore:
                 retention,
                 frozenset(ended_episodes),
                 self._manifest_or_none,
+                resume_points,
+                pending,
             )
         with self._lock(LockKind.EXCLUSIVE, "gc sweep") as lock:
             swept = _gc.sweep(self._backend, self._chunks, lock, marked, self._manifest_or_none)

@@ -144,13 +144,14 @@ class Operations:
             self.outcomes.restore_failed(e, f"{where}, will retry: {exc}", final=False, exc=exc)
             return
         except PermanentError as exc:
-            if isinstance(exc, SnapshotDamaged) and self._fall_back(e, str(exc)):
+            if isinstance(exc, SnapshotDamaged) and self._fall_back(e, f"is corrupt ({exc})"):
                 return
             final = e.attempts + 1 >= self.settings.max_attempts
             self.outcomes.restore_failed(e, f"{where}: {exc}", final=final)
             return
         except NotFound as exc:
-            self.outcomes.restore_failed(e, f"{where}: {exc}", final=True)
+            if not self._fall_back(e, f"is gone ({exc})"):
+                self.outcomes.restore_failed(e, f"{where}: {exc}", final=True)
             return
         timings = ", ".join(f"{k} {v:.0f}" for k, v in view.timings_ms.items() if v)
         self.outcomes.running(
@@ -159,13 +160,17 @@ class Operations:
         )  # fmt: skip
 
     def _fall_back(self, e: Episode, problem: str) -> bool:
-        """A corrupt snapshot never replaces a good one: resume from its parent instead."""
-        records = self.store.snapshots(e.id)
-        parent = next((r.parent_id for r in records if r.id == e.last_snapshot_id), "")
+        """A snapshot that cannot be restored never ends an episode that has a good one: resume
+        from the newest snapshot before it that the store still holds."""
+        records = {r.id: r for r in self.store.snapshots(e.id)}
+        at = records.get(e.last_snapshot_id)
+        parent = at.parent_id if at is not None else ""
+        while parent and not self.snapshots.exists(parent):
+            parent = records[parent].parent_id if parent in records else ""
         if not parent:
             return False
         self.outcomes.transition_or_cleanup(
-            e, S.PREEMPTED, f"snapshot {e.last_snapshot_id} is corrupt ({problem}); falling back to {parent}",
+            e, S.PREEMPTED, f"snapshot {e.last_snapshot_id} {problem}; falling back to {parent}",
             expect=(S.RESTORING,), node="", sandbox_id="", last_snapshot_id=parent,
         )  # fmt: skip
         return True

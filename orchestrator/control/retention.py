@@ -1,4 +1,5 @@
-"""Snapshot retention: keep the last N snapshots of live episodes, and drop an ended episode's
+"""Snapshot retention: keep the last N snapshots of live episodes, their resume points and the
+snapshots before them to fall back to, and the snapshots being taken; drop an ended episode's
 snapshots after a grace period for inspection and export."""
 
 from __future__ import annotations
@@ -18,8 +19,14 @@ def collect_snapshots(
 ) -> GcReport | None:
     """One retention pass; None if the snapshot store could not run it (it runs again later)."""
     ended = store.ended_before(time.time() - settings.gc_grace_s)
+    resume_points, pending = store.snapshot_anchors()
     try:
-        report = snapshots.gc(RetentionPolicy(keep_last=settings.gc_keep_last), ended_episodes=ended)
+        report = snapshots.gc(
+            RetentionPolicy(keep_last=settings.gc_keep_last),
+            ended_episodes=ended,
+            resume_points=resume_points,
+            pending=pending,
+        )
     except SnapshotError as exc:
         log.warning("snapshot gc failed: %s", exc)
         return None

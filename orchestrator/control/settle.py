@@ -40,9 +40,18 @@ class Settlement:
             self.operations.checkpoint(e, leave_running=False)
 
     def autosave(self, e: Episode) -> None:
-        """A RUNNING episode with a pending autosave no worker is taking."""
-        if not self.outcomes.record_if_committed(e, leave_running=True):
-            self.outcomes.autosave_failed(e, "it did not complete")
+        """A RUNNING episode with a pending autosave no worker is taking: record it if its
+        snapshot is in the store; wait while the agent is still at it (its snapshot is recorded
+        when it lands, not orphaned as a newer one the record does not know); else it failed."""
+        if self.outcomes.record_if_committed(e, leave_running=True):
+            return
+        try:
+            sandbox = self.agents.get(e.node).get(e.sandbox_id)
+        except TemporaryError:
+            return  # ask again next tick; a lost node is handled by liveness
+        if sandbox is not None and sandbox.busy:
+            return
+        self.outcomes.autosave_failed(e, "it did not complete")
 
     def start(self, e: Episode) -> None:
         """RESTORING, or PENDING with a node: did the sandbox come up?"""

@@ -201,6 +201,17 @@ class SqlStateStore:
             ).fetchall()
         return [r["id"] for r in rows]
 
+    def snapshot_anchors(self) -> tuple[dict[str, str], list[str]]:
+        """What snapshot retention must keep of live episodes: each one's resume point (its
+        last recorded snapshot) by episode id, and the snapshots being taken."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id, last_snapshot_id, pending_snapshot_id FROM episodes"
+                " WHERE finished_at = 0 AND (last_snapshot_id != '' OR pending_snapshot_id != '')"
+            ).fetchall()
+        resume = {r["id"]: r["last_snapshot_id"] for r in rows if r["last_snapshot_id"]}
+        return resume, [r["pending_snapshot_id"] for r in rows if r["pending_snapshot_id"]]
+
     def on_nodes(self, node: str = "") -> list[Episode]:
         """The live episodes on a node (on `node` if named), in submission order: placed there,
         running, or being checkpointed or restored. The index `episodes_on_node` holds them: the

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator import wire
 from orchestrator.api.service import StasisService
-from orchestrator.control import AgentUnavailable, Control, ControlSettings, SpecRefused
+from orchestrator.control import AgentUnavailable, Control, ControlSettings, SnapshotRequest, SpecRefused
 from orchestrator.control.retention import collect_snapshots
 from orchestrator.control.verifier import parse_reward
 from orchestrator.domain import (
@@ -384,3 +384,85 @@ def test_a_reward_that_is_not_a_finite_number_is_refused(log: bytes, words: str)
     with pytest.raises(ValueError, match=re.escape(words)):
         parse_reward(log)
     assert parse_reward(b"noise\n0.25\n") == 0.25
+
+
+def _orphan(loop: Loop, episode_id: str, sequence: int, parent: str) -> str:
+    """A snapshot the agent published and the record never learned of (an autosave whose reply
+    was lost and that was given up before it landed)."""
+    e = loop.store.get(episode_id)
+    snapshot = SnapshotRequest(
+        snapshot_id=ids.snapshot_id(episode_id, sequence), episode_id=episode_id, sequence=sequence,
+        parent_id=parent, reason="autosave", trajectory_cursor=None,
+    )  # fmt: skip
+    loop.node(e.node).checkpoint(e.sandbox_id, snapshot, leave_running=True)
+    return snapshot.snapshot_id
+
+
+@pytest.mark.timeout(30)
+def test_retention_keeps_the_resume_point_however_many_snapshots_came_after_it(loop: Loop) -> None:
+    """Issue 45, F4: three snapshots the record does not know, newer than the resume point,
+    once pushed it out of the last two kept; now it and the one before it stay."""
+    episode_id = loop.running()
+    for n in (1, 2):
+        loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, f"save {n}", leave_running=True)
+        loop.until(f"snapshot {n}", lambda n=n: loop.store.get(episode_id).snapshots == n)
+    resume = loop.store.get(episode_id).last_snapshot_id
+    orphans = [_orphan(loop, episode_id, n, resume) for n in (3, 4, 5)]
+    collect_snapshots(replace(SETTINGS, gc_keep_last=2), loop.store, loop.snapshots)
+    kept = {sid for sid in [ids.snapshot_id(episode_id, 1), resume, *orphans] if loop.snapshots.exists(sid)}
+    assert kept == {ids.snapshot_id(episode_id, 1), resume, *orphans[-2:]}
+
+
+@pytest.mark.timeout(30)
+def test_an_autosave_still_under_way_when_its_orchestrator_died_is_recorded_when_it_lands(
+    tmp_path: Path,
+) -> None:
+    """Issue 45, F4: settling no longer gives up an autosave the agent is still taking (then its
+    snapshot landed unrecorded, newer than the resume point); it records it once it lands."""
+    first = Loop(tmp_path)
+    first.register("node-1")
+    episode_id = first.running()
+    e = first.store.get(episode_id)
+    agents = first.agents
+    pending = ids.snapshot_id(episode_id, 1)
+    first.store.update(episode_id, pending_snapshot_id=pending, pending_reason="autosave")
+    view = agents.get(e.node).sandboxes[e.sandbox_id]
+    agents.get(e.node).sandboxes[e.sandbox_id] = replace(view, busy=True)  # the agent is still at it
+    first.control.stop()
+    first.store.close()
+
+    second = Loop(tmp_path, agents=agents)
+    try:
+        for _ in range(20):
+            second.report()
+            second.control.tick()
+            time.sleep(0.02)
+        assert second.store.get(episode_id).pending_snapshot_id == pending, "not given up while busy"
+        snapshot = SnapshotRequest(pending, episode_id, 1, "", "autosave", None)
+        agents.get(e.node).checkpoint(e.sandbox_id, snapshot, leave_running=True)
+        agents.get(e.node).sandboxes[e.sandbox_id] = view
+        second.until("recorded", lambda: second.store.get(episode_id).last_snapshot_id == pending)
+        assert second.store.get(episode_id).pending_snapshot_id == ""
+    finally:
+        second.close()
+        first.snapshots.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_resume_point_gone_from_the_store_falls_back_to_the_newest_snapshot_before_it(loop: Loop) -> None:
+    """Issue 45, F4: a restore that finds its snapshot gone resumes from the one before it that
+    the store still holds, never FAILED while one exists."""
+    episode_id = loop.running()
+    for n in (1, 2, 3):
+        loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, f"save {n}", leave_running=True)
+        loop.until(f"snapshot {n}", lambda n=n: loop.store.get(episode_id).snapshots == n)
+    loop.control.commands.preempt(episode_id, "move")
+    loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
+    _first, second, third, latest = (r.id for r in loop.store.snapshots(episode_id))
+    loop.snapshots.delete(latest)
+    loop.snapshots.delete(third)
+    loop.control.commands.resume(episode_id)
+    loop.until("RUNNING from an older snapshot", lambda: loop.state(episode_id) == S.RUNNING)
+    assert loop.store.get(episode_id).restored_from == second
+    reasons = [ev.reason for ev in loop.store.events(0, [episode_id])]
+    assert any(f"snapshot {latest} is gone" in r and f"falling back to {second}" in r for r in reasons)
