@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from sandbox_agent.host import network
+from tests import faults
 
 
 def _mounts() -> list[str]:
@@ -37,11 +38,12 @@ def leftovers() -> dict[str, list[str]]:
         "netns": [line.split()[0] for line in netns if line.startswith(network.NETNS_PREFIX)],
         "veths": veths,
         "cgroups": cgroups,
+        "fault rules": faults.leftover_rules(),
     }
 
 
 def sandbox_leftovers() -> dict[str, list[str]]:
-    """What any one test must not leave: sandbox netns, veths and mounts (a stale /32 route goes
+    """What any one test must not leave: sandbox netns, veths, mounts and fault rules (a stale /32 route goes
     with its veth, and would refuse every later sandbox that is given the same address)."""
     found = leftovers()
     found["mounts"] = [
@@ -59,6 +61,8 @@ def remove(leaked: dict[str, list[str]]) -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     for link in leaked.get("veths", []):
         subprocess.run(["ip", "link", "del", link], capture_output=True)
+    for rule in leaked.get("fault rules", []):  # as `iptables -S` spells it: "-A OUTPUT ..."
+        subprocess.run(["iptables", "-w", "-D", *rule.split()[1:]], capture_output=True)
 
 
 def forget_allowances(before: list[tuple[str, ...]]) -> None:

@@ -20,6 +20,9 @@ BIN = Path("/usr/lib/postgresql/15/bin")
 USER = "postgres"
 """The system user the Debian package creates; the server runs as it."""
 ROLE, PASSWORD = "stasis", "pw-Not/In:Logs@1"
+HOSTS = ("127.0.0.1", "127.0.0.2")
+"""Where the server listens: loopback, and a second loopback address so that a test can silence
+one orchestrator's link to it (`tests.faults.silent_link`) while another keeps its own."""
 """The database role the stores connect as; the password has URL-special characters on purpose."""
 
 
@@ -61,7 +64,7 @@ class PostgresServer:
             self.process = subprocess.Popen(
                 _as_postgres([
                     str(BIN / "postgres"), "-D", str(data), "-p", str(self.port),
-                    "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
+                    "-c", f"listen_addresses={','.join(HOSTS)}", "-c", f"unix_socket_directories={self.root}",
                 ]),
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
@@ -75,8 +78,8 @@ class PostgresServer:
                     raise RuntimeError(f"postgres did not start: {self.log.read_text()[-2000:]}") from None
                 time.sleep(0.1)
 
-    def url(self, database: str) -> str:
-        return f"postgresql://{ROLE}:{quote(PASSWORD, safe='')}@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str, host: str = HOSTS[0]) -> str:
+        return f"postgresql://{ROLE}:{quote(PASSWORD, safe='')}@{host}:{self.port}/{database}"
 
     def database(self) -> str:
         """The URL of a new, empty database."""

@@ -44,6 +44,16 @@ POOL_SIZE = 16
 at a time, so more would only hold server memory; PostgreSQL allows 100 by default."""
 CONNECT_TIMEOUT_S = 10
 """How long to wait for the server at start-up or on a reconnect before calling it unavailable."""
+LINK = {
+    "keepalives": 1, "keepalives_idle": 2, "keepalives_interval": 1, "keepalives_count": 2,
+    "tcp_user_timeout": 4000,
+}  # fmt: skip
+"""libpq's TCP settings on every connection to the server: a link that goes silent ends the
+connection within about 4 s of the first packet left unanswered (`tcp_user_timeout`, ms), data
+and keepalive probes alike, rather than leaving a query hanging for the kernel's ~15 minutes of
+retransmissions. A leader checking its lease every second so learns of a silent link within
+about 5 s, before the server's own timeouts (`SERVER_KEEPALIVE`) free the lease for a standby.
+A slow server is not a silent one: its kernel still acknowledges."""
 LISTEN_POLL_S = 0.25
 """How often the listener looks up from its socket to see whether the store was closed."""
 RELISTEN_S = 1.0
@@ -104,7 +114,7 @@ class PostgresDatabase:
         self._pool = ConnectionPool(
             url,
             connection_class=_Pooled,
-            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S},
+            kwargs=dict(autocommit=True, row_factory=dict_row, connect_timeout=CONNECT_TIMEOUT_S, **LINK),
             min_size=1,
             max_size=POOL_SIZE,
             timeout=CONNECT_TIMEOUT_S,
@@ -127,8 +137,9 @@ class PostgresDatabase:
 
     def _connect(self) -> _Pooled:
         return psycopg.connect(
-            self._url, autocommit=True, row_factory=dict_row, connect_timeout=CONNECT_TIMEOUT_S
-        )
+            make_conninfo(self._url, **LINK), autocommit=True, row_factory=dict_row,
+            connect_timeout=CONNECT_TIMEOUT_S,
+        )  # fmt: skip
 
     @property
     def closed(self) -> bool:
@@ -281,14 +292,15 @@ def _durable(db: _Pooled) -> None:
 LEADER_LOCK = (0x5354_4153, 0x4C45_4144)  # "STAS", "LEAD"
 """Key of the session advisory lock the leading orchestrator holds (two int4 halves, so it shows
 in pg_locks as classid, objid with objsubid 2)."""
-KEEPALIVE = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
-"""The lease connection's own TCP keepalives (libpq parameters): a leader whose network vanished learns it within
-about 11 s, rather than when a query hangs."""
 SERVER_KEEPALIVE = (
-    "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3"
+    "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3;"
+    " SET tcp_user_timeout = 5000"
 )
-"""The same on the server's side of it: the server ends the session of a leader whose host
-vanished, and so frees the lock, within about 11 s instead of the kernel's two hours."""
+"""The server's TCP settings on the lease's session: it ends the session of a leader whose host
+or link went silent, and so frees the lock, about 7 s after it last heard from it (a first
+probe after 5 s idle; the next, 2 s on, finds 5 s passed unanswered), or 5 s after a reply it
+sent went unacknowledged, instead of the kernel's two hours. The leader's own connection gives up
+sooner (`LINK`): it stops leading before a standby can take the lease."""
 
 
 class PostgresLease:
@@ -297,7 +309,8 @@ class PostgresLease:
     The lock lives as long as that session: a leader that dies, or whose connection drops, loses
     it at once, and a standby's next `try_acquire` takes it. It also fences the database: every
     write transaction first checks, under the writer lock, that this lease's session still
-    holds the lock, and refuses otherwise (StandingBy). A leader that lost the lease and has not
+    holds the lock and that the stored term is still the one it took, and refuses otherwise
+    (StandingBy). A leader that lost the lease and has not
     noticed yet can therefore change nothing, and a new leader reads all its predecessor wrote.
     """
 
@@ -317,25 +330,24 @@ class PostgresLease:
             if self._pid is not None:
                 return True
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(
-                    make_conninfo(self._database._url, **KEEPALIVE),
-                    autocommit=True, row_factory=dict_row, connect_timeout=CONNECT_TIMEOUT_S,
-                )  # fmt: skip
+                self._conn = self._database._connect()
                 self._conn.execute(SERVER_KEEPALIVE)
+                _durable(self._conn)
             row = self._conn.execute(
                 "SELECT pg_try_advisory_lock(%s, %s) AS taken, pg_backend_pid() AS pid", LEADER_LOCK
             ).fetchone()
             if not row or not row["taken"]:
                 return False
-            self._pid = int(row["pid"])
-        with self._database.tx() as db:
-            taken = db.execute(
-                "INSERT INTO leader (lease, holder, since, term) VALUES (1, ?, ?, 1) ON CONFLICT (lease)"
+            # Written on the lease's own session, which alone may change the row while it holds
+            # the lock; the fence then admits writes of this term only.
+            taken = self._conn.execute(
+                "INSERT INTO leader (lease, holder, since, term) VALUES (1, %s, %s, 1) ON CONFLICT (lease)"
                 " DO UPDATE SET holder = EXCLUDED.holder, since = EXCLUDED.since, term = leader.term + 1"
                 " RETURNING term",
                 (self.holder, time.time()),
             ).fetchone()
-        self.term = int(taken["term"]) if taken else 0
+            self.term = int(taken["term"]) if taken else 0
+            self._pid = int(row["pid"])
         return True
 
     def held(self) -> bool:
@@ -374,13 +386,15 @@ class PostgresLease:
             self._conn = None
 
     def _fence(self, db: Connection) -> None:
-        pid = self._pid
+        """Refuse the write unless this lease's session holds the lock and the term is still
+        the one it took: a backend pid is reused, and a later leader's session may get it."""
+        pid, term = self._pid, self.term
         if (
             pid is not None
             and db.execute(
-                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = ? AND objid = ?"
-                " AND objsubid = 2 AND pid = ? AND granted",
-                (*LEADER_LOCK, pid),
+                "SELECT 1 FROM pg_locks, leader WHERE locktype = 'advisory' AND classid = ? AND objid = ?"
+                " AND objsubid = 2 AND pid = ? AND granted AND lease = 1 AND term = ?",
+                (*LEADER_LOCK, pid, term),
             ).fetchone()
         ):
             return

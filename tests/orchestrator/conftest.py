@@ -124,7 +124,8 @@ class Cluster:
     Set up as an operator would: a cluster CA, certificates on the command lines, a tokens file.
 
     With a `database_url`, its `replicas` orchestrators share that PostgreSQL database: the first
-    leads, and the agents know them all. Replica i listens on `addresses[i]`; `address` is the
+    leads, and the agents know them all. A list gives each replica its own URL of the database
+    (another address of the server, for a link that one of them loses). Replica i listens on `addresses[i]`; `address` is the
     first's."""
 
     def __init__(
@@ -134,7 +135,7 @@ class Cluster:
         nodes: int = 2,
         slots: int = 2,
         lost_after: float = 30,
-        database_url: str = "",
+        database_url: str | list[str] = "",
         replicas: int = 1,
     ) -> None:
         self.state_dir = state_dir
@@ -144,7 +145,7 @@ class Cluster:
         self.health_addresses = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
         """Plaintext gRPC health checking alone, as the kubelet probes it."""
         self.lost_after = lost_after
-        self.database_url = database_url
+        self.database_urls = database_url if isinstance(database_url, list) else [database_url] * replicas
         self.orchestrators: list[subprocess.Popen[bytes] | None] = [None] * replicas
         self.logs = [state_dir / "logs" / f"orchestrator-{i}.log" for i in range(replicas)]
         self.log = self.logs[0]
@@ -191,7 +192,8 @@ class Cluster:
         ]  # fmt: skip
 
     def start_orchestrator(self, replica: int = 0) -> None:
-        env = dict(os.environ, STASIS_DATABASE_URL=self.database_url) if self.database_url else None
+        url = self.database_urls[replica]
+        env = dict(os.environ, STASIS_DATABASE_URL=url) if url else None
         with open(self.logs[replica], "ab") as out:
             process = subprocess.Popen(
                 self.server_command(replica), stdout=out, stderr=subprocess.STDOUT, env=env

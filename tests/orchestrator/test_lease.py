@@ -83,6 +83,32 @@ def test_a_leader_cut_off_is_fenced_before_it_notices(
     assert [n.name for n in a.nodes()] == ["node-1"]
 
 
+@pytest.mark.timeout(60)
+def test_a_leader_is_fenced_by_its_term_even_when_its_backend_pid_comes_back(
+    two: tuple[str, PostgresStateStore, PostgresStateStore],
+) -> None:
+    """Backend pids are reused: the session that took the lease after the old leader's ended
+    may get the old one's pid. The stored term tells them apart."""
+    url, a, b = two
+    first, second = a.lease("orchestrator-a"), b.lease("orchestrator-b")
+    assert first.try_acquire() and first.term == 1
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+    deadline = time.monotonic() + 10
+    while not second.try_acquire():
+        assert time.monotonic() < deadline, "the standby never took the free lease"
+        time.sleep(0.1)
+    assert second.term == 2
+    first._pid = second._pid  # the new leader's session got the pid the old one had
+    with pytest.raises(StandingBy, match="the leader is orchestrator-b"):
+        a.upsert_node(_node("node-1"))
+    b.upsert_node(_node("node-1"))
+    assert [n.name for n in a.nodes()] == ["node-1"], "the new leader's write alone landed"
+
+
 @pytest.mark.timeout(30)
 def test_the_embedded_store_always_leads(tmp_path: Path) -> None:
     store = SqliteStateStore(tmp_path / "state.db")

@@ -7,6 +7,7 @@ agents as processes with the cluster's certificates, and runc sandboxes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import grpc
@@ -14,9 +15,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.domain import TemporaryError
+from tests.faults import silent_link
 from tests.orchestrator.conftest import Cluster, assert_history_is_whole, wait_until
 from tests.orchestrator.programs import counter
-from tests.postgres import PostgresServer
+from tests.postgres import HOSTS, PostgresServer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -29,6 +31,20 @@ def _serving(cluster: Cluster, replica: int, service: str = "stasis.v1.Stasis") 
             health_pb2.HealthCheckRequest(service=service), timeout=5
         )
     return reply.status == SERVING
+
+
+def _ready(cluster: Cluster, replica: int) -> bool:
+    """As a readiness probe judges: a replica that does not answer is not ready either."""
+    try:
+        return _serving(cluster, replica)
+    except grpc.RpcError:
+        return False
+
+
+LEASE_TERM_S = 7
+"""How soon after its link to the database goes silent a leader must stop being ready: the
+server frees the lease for a standby 5 to 7 s after it last heard from the leader
+(`postgres_database.SERVER_KEEPALIVE`), and a standby may lead from then on."""
 
 
 @pytest.mark.timeout(300)
@@ -100,3 +116,41 @@ def test_a_restarted_leader_stands_by_while_the_other_leads(
         wait_until(lambda: [n.state for n in c.nodes()] == ["READY"], 30, "the node to follow the leader")
         done = c.wait(c.submit({"image": "base", "command": ["true"]}).id, ["SUCCEEDED"], timeout_s=60)
         assert done.exit_code == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_leader_whose_database_link_goes_silent_stops_within_the_lease_term(
+    make_cluster: Callable[..., Cluster], postgres: PostgresServer
+) -> None:
+    """The link between the leader and PostgreSQL starts dropping every packet: no reset, no
+    error. The leader stops being ready before the lease can pass to the standby, and exits; its
+    node moves to the new leader in time, so the episode runs on, never declared lost."""
+    url = postgres.database()
+    cut_off = postgres.url(url.rsplit("/", 1)[1], HOSTS[1])
+    cluster = make_cluster(nodes=1, slots=1, lost_after=10, database_url=[cut_off, url], replicas=2)
+    spec = {"image": "base", "command": ["python3", "-c", counter(240)]}  # a minute
+    with cluster.client(0) as c:
+        episode = c.submit(spec)
+        c.wait(episode.id, ["RUNNING"], timeout_s=60)
+
+    with silent_link(HOSTS[1], postgres.port):
+        silenced = time.monotonic()
+        stopped = led = 0.0
+        while not led and time.monotonic() - silenced < 60:
+            stopped = stopped or (0.0 if _ready(cluster, 0) else time.monotonic() - silenced)
+            led = 0.0 if not _ready(cluster, 1) else time.monotonic() - silenced
+            time.sleep(0.1)
+        print(f"the cut-off leader stopped after {stopped:.1f} s; the standby led after {led:.1f} s")
+        assert stopped, "the cut-off leader was still ready beside the new leader"
+        assert stopped < LEASE_TERM_S and (not led or stopped < led), "two replicas were ready at once"
+        assert led, "the standby never led"
+        leader = cluster.orchestrators[0]
+        assert leader is not None and leader.wait(timeout=30) == 1, "it exits, to come back standing by"
+
+    with cluster.client(1) as c:
+        time.sleep(cluster.lost_after + 2)  # longer than a node may go unheard
+        assert [n.state for n in c.nodes()] == ["READY"], "the node followed the new leader in time"
+        final = c.wait(episode.id, ["SUCCEEDED"], timeout_s=120)
+        assert final.exit_code == 0
+        transitions = [e.to_state for e in c.events(episode.id) if e.kind == "transition"]
+        assert transitions.count("RUNNING") == 1, f"the episode ran once, never recovered: {transitions}"

@@ -1,0 +1,50 @@
+"""Faults a test injects on this machine, for the suite and the soak alike: each a context
+manager that undoes itself however the block ends."""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+TAG = "stasis-test-fault"
+"""The comment on every rule a fault adds, so a leftover one is easy to find and remove."""
+
+
+def _iptables(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["iptables", "-w", *args], capture_output=True, text=True, check=False)
+
+
+@contextmanager
+def silent_link(host: str, port: int) -> Iterator[None]:
+    """Drop every TCP packet to or from `host`:`port`, as a link that goes silent does: no reset,
+    no error, nothing answered, so each end's kernel retransmits until its own timeouts give up.
+
+    Only for a loopback `host` (the rules sit in OUTPUT, which every packet between two local
+    addresses passes). Give the server a second loopback address of its own to silence one
+    client's link while others keep theirs (`tests.postgres.HOSTS`)."""
+    if not ipaddress.ip_address(host).is_loopback:
+        raise ValueError(f"silent_link: {host} is not a loopback address; tests stay on this machine")
+    rules = [
+        ["-d", host, "-p", "tcp", "--dport", str(port)],
+        ["-s", host, "-p", "tcp", "--sport", str(port)],
+    ]
+    added: list[list[str]] = []
+    try:
+        for match in rules:
+            rule = [*match, "-m", "comment", "--comment", TAG, "-j", "DROP"]
+            done = _iptables("-I", "OUTPUT", "1", *rule)
+            if done.returncode != 0:
+                raise RuntimeError(f"iptables could not add {rule}: {done.stderr.strip()}")
+            added.append(rule)
+        yield
+    finally:
+        for rule in added:
+            _iptables("-D", "OUTPUT", *rule)
+
+
+def leftover_rules() -> list[str]:
+    """Rules a fault added and did not take away (for the suite's check of what tests leave)."""
+    listed = _iptables("-S", "OUTPUT").stdout.splitlines()
+    return [line for line in listed if TAG in line]
