@@ -22,6 +22,7 @@ import json
 import socket
 import struct
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +50,10 @@ class StandInApiServer:
     """Manifests by plural kind ("services", "pods", "secrets"), listed by label selector."""
     forwards: dict[tuple[str, str, int], int] = field(default_factory=dict)
     """(namespace, pod, port) -> the loopback port a port-forward to it reaches."""
+    audience_aware: bool = True
+    """False: token reviews name no audience, as an authenticator that ignores them answers."""
+    review_delay_s: float = 0.0
+    """How long each token review takes to answer (a slow or stuck API server)."""
 
     def __post_init__(self) -> None:
         api = self
@@ -70,6 +75,7 @@ class StandInApiServer:
                 if self.path != "/apis/authentication.k8s.io/v1/tokenreviews":
                     return self._send(404, _status(404, f"no route {self.path}"))
                 api.reviews.append(body)
+                time.sleep(api.review_delay_s)
                 self._send(201, api.review(body))
 
             def do_GET(self) -> None:
@@ -175,7 +181,7 @@ class StandInApiServer:
             namespace, _, name = account.partition(":")
             status = {
                 "authenticated": True,
-                "audiences": spec.get("audiences") or [],
+                "audiences": (spec.get("audiences") or []) if self.audience_aware else [],
                 "user": {
                     "username": f"system:serviceaccount:{namespace}:{name}",
                     "uid": str(uuid.uuid5(uuid.NAMESPACE_OID, account)),

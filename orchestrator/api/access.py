@@ -1,12 +1,15 @@
 """Who may call what on the public API: bearer tokens with roles, checked before each call runs.
 
 A tokens file holds each token's name, role and SHA-256 digest, never the token itself. It is
-re-read when it changes, so an operator issues or revokes a token without a restart.
+re-read when it changes, so an operator issues or revokes a token without a restart. An edit
+that leaves it unreadable admits no one until it is mended: keeping the tokens last read would
+keep a token the edit meant to revoke.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import threading
@@ -21,6 +24,8 @@ import yaml
 
 from orchestrator.domain import Caller, Role, acting_for
 from protos.stasis.v1 import stasis_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Stasis"].full_name
 
@@ -70,25 +75,31 @@ class Tokens:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int, int] | None = None
         self._by_digest: dict[str, Caller] = {}
-        self._reload()  # a bad file stops the server at start, not at its first call
+        self._reload(at_start=True)  # a bad file stops the server at start, not at its first call
 
     def caller(self, token: str) -> Caller | None:
         """Who holds `token`, or None if no entry has its digest."""
         with self._lock:
             try:
                 self._reload()
-            except ValueError:
-                pass  # a bad edit keeps the tokens last read, so it locks no one out
             except OSError:
                 self._by_digest, self._stamp = {}, None  # no file, no tokens
             return self._by_digest.get(token_digest(token))
 
-    def _reload(self) -> None:
+    def _reload(self, at_start: bool = False) -> None:
+        """Read the file again if it changed. One that does not parse raises ValueError at start;
+        later it admits no token until an edit mends it (logged once per edit)."""
         st = os.stat(self.path)
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
             return
-        entries = read_tokens(self.path)
+        try:
+            entries = read_tokens(self.path)
+        except ValueError as exc:
+            if at_start:
+                raise
+            log.error("%s; no token is admitted until the file is mended", exc)
+            entries = []
         self._by_digest = {e.sha256: Caller(e.name, e.role) for e in entries}
         self._stamp = stamp
 

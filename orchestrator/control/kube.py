@@ -181,6 +181,9 @@ def _in_cluster_api() -> client.CoreV1Api:
 
 AUDIENCE = "stasis"
 """The audience of the service-account tokens agents join with: a token for this use alone."""
+KUBE_TIMEOUT_S = 5.0
+"""How long a join waits on each call to the Kubernetes API before it is refused as unavailable
+(the agent retries): a slow API server holds no join, and no thread of the orchestrator, longer."""
 
 
 class NodeIdentities:
@@ -206,12 +209,20 @@ class NodeIdentities:
 
     def _node_of(self, token: str) -> str:
         review = client.AuthenticationV1Api(self.api).create_token_review(
-            client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[AUDIENCE]))
+            client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[AUDIENCE])),
+            _request_timeout=KUBE_TIMEOUT_S,
         )
         status = review.status
         if status is None or not status.authenticated or status.user is None:
             raise Unauthenticated(
                 f"token: Kubernetes does not vouch for it ({getattr(status, 'error', '') or 'no reason given'})"
+            )
+        # An authenticator that ignores the audiences asked for vouches for a token minted for
+        # any use: it must name ours among those it checked.
+        if AUDIENCE not in (status.audiences or []):
+            raise Unauthenticated(
+                f"token: Kubernetes did not confirm it is for the audience {AUDIENCE!r}"
+                f" (it named {status.audiences or []}); agents join with a projected token for it"
             )
         who = status.user.username or ""
         if who != f"system:serviceaccount:{self.namespace}:{self.account}":
@@ -224,7 +235,9 @@ class NodeIdentities:
         if not pod_name:
             raise PermissionDenied("token: it is bound to no pod; agents join with a projected pod token")
         try:
-            pod = client.CoreV1Api(self.api).read_namespaced_pod(pod_name, self.namespace)
+            pod = client.CoreV1Api(self.api).read_namespaced_pod(
+                pod_name, self.namespace, _request_timeout=KUBE_TIMEOUT_S
+            )
         except ApiException as exc:
             if exc.status == 404:
                 raise PermissionDenied(

@@ -183,9 +183,13 @@ def test_tokens_are_issued_and_revoked_without_a_restart(secured: Secured) -> No
         assert status_of(channel, list_nodes, _bearer(late))[0] == grpc.StatusCode.OK
         add_token(secured.tokens_file, "late", Role.VIEWER, replace=True)
         assert status_of(channel, list_nodes, _bearer(late))[0] == grpc.StatusCode.UNAUTHENTICATED
-        # A broken edit keeps the tokens last read, rather than locking every caller out.
-        secured.tokens_file.write_text("tokens: [{name: x, role: wizard, sha256: nope}]\n")
+        # An edit that breaks the file admits no one: keeping the tokens last read would keep
+        # one the edit meant to revoke. Mending the file admits its tokens again.
         ops = _bearer(secured.tokens[Role.OPERATOR])
+        good = secured.tokens_file.read_text()
+        secured.tokens_file.write_text(good + "  - {name: typo, role: wizard\n")
+        assert status_of(channel, list_nodes, ops)[0] == grpc.StatusCode.UNAUTHENTICATED
+        secured.tokens_file.write_text(good)
         assert status_of(channel, list_nodes, ops)[0] == grpc.StatusCode.OK
 
 

@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,10 @@ import pytest
 from cryptography import x509
 
 from orchestrator.api import AuthSettings, Orchestrator, OrchestratorSettings, add_token
+from orchestrator.api.join import JOIN_BURST, JOIN_RATE, Throttle
 from orchestrator.cli.local import free_port
 from orchestrator.cli.pki import ClusterPki
+from orchestrator.control.kube import KUBE_TIMEOUT_S
 from orchestrator.domain import NodeState, Role
 from protos import pki
 from protos.stasis.v1 import agent_pb2 as apb
@@ -140,6 +143,18 @@ def test_no_other_proof_gets_a_certificate(cluster: Cluster) -> None:
     del cluster.kube.pods[("stasis", cluster.pods["node-a"].name)]
     code, details = cluster.ask("node-a", a)
     assert code == grpc.StatusCode.PERMISSION_DENIED and "no longer exists" in details
+    # A token Kubernetes vouches for without naming the audience asked for could be one minted
+    # for any use: an authenticator that ignores audiences proves nothing.
+    cluster.kube.audience_aware = False
+    code, details = cluster.ask("node-a", cluster.kube.issue_token(AGENTS, cluster.pods["node-a"]))
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "did not confirm it is for the audience" in details
+    cluster.kube.audience_aware = True
+    # A stuck API server holds a join no longer than KUBE_TIMEOUT_S; the agent asks again.
+    cluster.kube.review_delay_s = KUBE_TIMEOUT_S + 5
+    asked = time.monotonic()
+    code, details = cluster.ask("node-b", cluster.kube.issue_token(AGENTS, cluster.pods["node-b"]))
+    assert code == grpc.StatusCode.UNAVAILABLE and "Kubernetes API did not answer" in details
+    assert time.monotonic() - asked < KUBE_TIMEOUT_S + 2
     cluster.kube.stop()
     code, details = cluster.ask("node-b", cluster.kube.issue_token(AGENTS, cluster.pods["node-b"]))
     assert code == grpc.StatusCode.UNAVAILABLE and "Kubernetes API did not answer" in details
@@ -221,3 +236,31 @@ def test_the_cluster_configuration_serves_and_signs_from_the_ca_alone(tmp_path: 
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_flood_of_join_requests_reaches_kubernetes_at_a_bounded_rate(cluster: Cluster) -> None:
+    """Anyone may ask to join, and each request costs a TokenReview: one peer's flood is cut to
+    its burst, then to JOIN_RATE a second, and the rest refused as worth retrying."""
+    reviews = len(cluster.kube.reviews)
+    answers = [cluster.ask("node-a", "forged") for _ in range(JOIN_BURST + 5)]
+    codes = [code for code, _ in answers]
+    assert codes.count(grpc.StatusCode.UNAUTHENTICATED) == JOIN_BURST, codes
+    throttled = [details for code, details in answers if code == grpc.StatusCode.UNAVAILABLE]
+    assert len(throttled) == 5 and all("too many join requests" in d for d in throttled), throttled
+    assert len(cluster.kube.reviews) - reviews == JOIN_BURST, "the refused ones cost Kubernetes nothing"
+    time.sleep(1.2 / JOIN_RATE)
+    token = cluster.kube.issue_token(AGENTS, cluster.pods["node-a"])
+    assert cluster.ask("node-a", token)[0] == grpc.StatusCode.OK, "and the peer may ask again soon"
+
+
+def test_the_join_throttle_refills_per_peer_and_bounds_all_peers() -> None:
+    now = [0.0]
+    throttle = Throttle(rate=2, burst=3, peers=2, clock=lambda: now[0])
+    assert [throttle.admit("a") for _ in range(4)] == [0, 0, 0, 0.5], "a burst, then 1/rate apart"
+    now[0] += 0.5
+    assert throttle.admit("a") == 0 and throttle.admit("a") == 0.5
+    # All peers together may make ten times as many: a burst of 30, of which 29 are left.
+    assert all(throttle.admit(f"peer-{i}") == 0 for i in range(29))
+    assert throttle.admit("d") == pytest.approx(1 / 20), "the total's budget is spent"
+    assert len(throttle._by_peer) == 2, "only the peers heard from last are remembered"

@@ -66,7 +66,9 @@ def test_example_harness_through_three_preemptions(
 ) -> None:
     stack = make_stack(nodes=2, slots=1, upstream=model.url)
     with stack.client() as c:
-        episode = c.submit(harness_spec(HARNESS_STEP_DELAY_S="0.6"))
+        # Slow enough that three preemptions (each a few seconds on a busy machine) land well
+        # before the model's mean of 14 tool turns is reached.
+        episode = c.submit(harness_spec(HARNESS_STEP_DELAY_S="1.0"))
         nodes = []
         for target in ("node-2", "node-1", "node-2"):
             running = c.wait(episode.id, ["RUNNING"], timeout_s=90)
