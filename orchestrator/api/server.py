@@ -44,6 +44,7 @@ from orchestrator.gateway import (
     live_peer,
 )
 from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock, StateStore, standing_by
+from orchestrator.state.sql import live_run
 from protos import pki
 from protos.admission import OPEN, Admission
 from protos.stasis.v1 import stasis_pb2 as pb
@@ -235,8 +236,9 @@ class Orchestrator:
         if not g.upstream:
             raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
         self.gateway = Gateway(
-            g, self.ledger, self.store.by_token, self.resumed_at, self.live_from, renderer=self.renderer
-        ).start()
+            g, self.ledger, self.store.by_token, self.resumed_at, self.live_from, renderer=self.renderer,
+            live_run=live_run,
+        ).start()  # fmt: skip
         log.info("gateway listening on %s, forwarding to %s", g.listen, g.upstream)
         return self.gateway
 

@@ -115,6 +115,8 @@ class CheckpointOutcome:
     stored_bytes: int
     new_bytes: int
     timings_ms: dict[str, float]
+    since_freeze_ms: float = 0.0
+    """How long before its reply the sandbox froze, by the node's clock (0: not said)."""
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,17 @@ def _moments(record: SnapshotRecord) -> str:
     return f" (frozen {t.get('frozen_ms', 0):.0f} ms, node free after {t['node_free_ms']:.0f} ms, durable after {t['durable_ms']:.0f} ms)"
 
 
+def frozen_at(outcome: CheckpointOutcome) -> float:
+    """When the sandbox froze, by this orchestrator's clock, which also stamps each delivery of a
+    turn: the two are compared to tell what a restored harness had (`Ledger.record`). The node's
+    clock may be off by any amount; how long before its reply the sandbox froze is not. Called as
+    the reply arrives, so off by the reply's time on the wire; the node's clock is the fallback
+    for an agent that does not say."""
+    if outcome.since_freeze_ms > 0:
+        return time.time() - outcome.since_freeze_ms / 1000
+    return outcome.created_at
+
+
 def snapshot_record(e: Episode, request: SnapshotRequest, outcome: CheckpointOutcome) -> SnapshotRecord:
     """The record of a snapshot a node reported committed."""
     return SnapshotRecord(
@@ -169,7 +180,7 @@ def snapshot_record(e: Episode, request: SnapshotRequest, outcome: CheckpointOut
         parent_id=request.parent_id,
         node=e.node,
         reason=request.reason,
-        created_at=outcome.created_at,
+        created_at=frozen_at(outcome),
         logical_bytes=outcome.logical_bytes,
         stored_bytes=outcome.stored_bytes,
         new_bytes=outcome.new_bytes,

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 
 import zstandard
 
-from orchestrator.domain import FailedPrecondition
+from orchestrator.domain import Conflict, FailedPrecondition
 from orchestrator.gateway import ledger_schema
 from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.state.database import Database
@@ -402,8 +402,16 @@ class Ledger:
         sampling: Sampling = Sampling(),
         logprobs_mode: str = "",
         tools_key: str = "",
+        live_run: Callable[[Connection], tuple[int, str]] | None = None,
     ) -> Turn:
         """Commit a freshly sampled turn, placing it in the tree (see the module docstring).
+
+        `live_run` is asked first, inside the transaction: the episode's current run, and why its
+        trajectory takes no more turns. An episode that ended refuses the turn (Conflict). A turn
+        sampled for a run that a later one replaced while it generated (its node was lost, or it
+        was preempted and restored) is recorded abandoned if the later run already went its own
+        way from the same parent, as it would be were the later turn recorded after it: the tree
+        does not depend on which commits first.
 
         `lineage` names the parent the prompt was built on and how the prompt extends it; without
         one the parent is looked up here and the prompt ids checked against it (text mode).
@@ -412,6 +420,11 @@ class Ledger:
         had finished by then, or it was delivered again to this run.
         """
         with self._tx() as db:
+            current = run
+            if live_run is not None:
+                current, ended = live_run(db)
+                if ended:
+                    raise Conflict(ended)
             if lineage is None:
                 lineage = extension(self._parent(db, episode_id, request), prompt_token_ids)
             parent_id = lineage.parent_id
@@ -428,6 +441,13 @@ class Ledger:
                 (episode_id, parent_id, run),
             ).fetchall()
             stale = [s for s in earlier if s["delivered_at"] is None or s["delivered_at"] > resumed_at]
+            overtaken = current > run and (
+                db.execute(
+                    f"SELECT 1 FROM turns WHERE {where} AND delivered_run > ? LIMIT 1",
+                    (episode_id, parent_id, run),
+                ).fetchone()
+                is not None
+            )
             siblings = db.execute(
                 f"SELECT COUNT(*) AS n FROM turns WHERE {where}", (episode_id, parent_id)
             ).fetchone()["n"]
@@ -452,7 +472,7 @@ class Ledger:
                 next_branch += 1
             branch = (
                 base
-                if not live and not (parent is None and self._has_live_root(db, episode_id))
+                if not live and not overtaken and not (parent is None and self._has_live_root(db, episode_id))
                 else next_branch
             )
             after_hash, after_len = request.after(answer)
@@ -464,15 +484,15 @@ class Ledger:
                 "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
                 " request, request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs,"
                 " prompt_token_ids, policy_version, upstream_ms, created_at, mode, prefix_exact, common_prefix,"
-                " break_reason, finish_reason, sampling, logprobs_mode, tools_key, prompt_base)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                " break_reason, finish_reason, sampling, logprobs_mode, tools_key, prompt_base, abandoned)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
                 (
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
                     json.dumps({"params": request.params, "size": request.size}), _packed(request_raw),
                     json.dumps(answer), response, protocol, delivered, run, json.dumps(token_ids), json.dumps(logprobs),
                     json.dumps(prompt_token_ids[base:]), policy_version, upstream_ms, now, mode, exact,
                     lineage.common_prefix, lineage.break_reason, finish_reason, json.dumps(dataclasses.asdict(sampling)),
-                    logprobs_mode, tools_key, base,
+                    logprobs_mode, tools_key, base, int(overtaken),
                 ),
             ).fetchone()  # fmt: skip
             self._sequences.put(inserted["id"], prompt_token_ids + token_ids)
@@ -480,7 +500,7 @@ class Ledger:
                 id=inserted["id"], episode_id=episode_id, parent_id=parent_id, branch=branch, run=run,
                 kind=request.kind, request_raw=request_raw, response=response, protocol=protocol,
                 delivered=delivered, delivered_run=run, delivered_at=None, token_ids=token_ids, logprobs=logprobs,
-                prompt_token_ids=prompt_token_ids, policy_version=policy_version, abandoned=False, replays=0,
+                prompt_token_ids=prompt_token_ids, policy_version=policy_version, abandoned=overtaken, replays=0,
                 created_at=now, after_len=after_len, mode=mode, lineage=lineage, finish_reason=finish_reason,
                 sampling=sampling, logprobs_mode=logprobs_mode, tools_key=tools_key, upstream_ms=upstream_ms,
             )  # fmt: skip

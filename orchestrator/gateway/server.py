@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from orchestrator.domain import Episode, EpisodeState
+from orchestrator.domain import Conflict, Episode, EpisodeState
 from orchestrator.gateway.dialects import DIALECTS
 from orchestrator.gateway.door import Door
 from orchestrator.gateway.generation import Generation, UpstreamFault
@@ -48,6 +48,7 @@ from orchestrator.gateway.rendering import ChatRenderer
 from orchestrator.gateway.settings import GatewaySettings
 from orchestrator.gateway.slots import FairSlots, SlotTimeout
 from orchestrator.gateway.upstream import Stream, Upstream, UpstreamUnreachable
+from orchestrator.state.sql import Connection
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -180,6 +181,7 @@ class Gateway:
         resumed_at: Callable[[Episode], float],
         live_from: Callable[[Episode, str], bool],
         renderer: ChatRenderer | None = None,
+        live_run: Callable[[Connection, str], tuple[int, str]] | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -190,6 +192,10 @@ class Gateway:
         self.live_from = live_from
         """Whether a connection from this peer address can be the episode's live run. A stale
         sandbox (on a node declared lost, or thawed after its episode moved) cannot: 409."""
+        self.live_run = live_run
+        """An episode's current run, and why its trajectory takes no more turns, read again in
+        the transaction that records a turn (`Ledger.record`): a generation that outlives its run
+        is placed by what holds when it commits, and one that outlives its episode is refused."""
         self.upstream = Upstream(settings)
         self.metrics = Metrics()
         self.renderer = renderer or (
@@ -614,7 +620,15 @@ class Gateway:
         delivered += tail
         await send(tail)
         upstream_ms = (time.monotonic() - started) * 1000
-        recorded = await self._record(turn, g, bytes(upstream.raw), bytes(delivered + terminal), upstream_ms)
+        try:
+            recorded = await self._record(
+                turn, g, bytes(upstream.raw), bytes(delivered + terminal), upstream_ms
+            )
+        except GatewayError as err:  # the episode ended meanwhile: no terminal event
+            await send(protocol.stream_error(err))
+            if not gone:
+                await self._to_harness(request, response, b"", eof=True)
+            return response
         await send(terminal)
         if not gone:
             # The terminal event is out: delivered. A harness that hangs up once it has read it
@@ -636,14 +650,19 @@ class Gateway:
         lineage = (
             turn.prompt.lineage if turn.prompt is not None else extension(turn.parent, g.prompt_token_ids)
         )
-        recorded = await self._ledger.run(
-            lambda: self.ledger.record(
-                e.id, e.runs, turn.resumed_at, req.canonical, turn.raw, g.answer(), response,
-                turn.protocol.name, delivered, g.token_ids, g.logprobs, g.prompt_token_ids, g.policy_version,
-                upstream_ms, lineage=lineage, mode=g.mode, finish_reason=g.finish_reason, sampling=turn.sampling,
-                logprobs_mode=turn.logprobs_mode, tools_key=req.canonical.tools_key,
-            )
-        )  # fmt: skip
+        live_run = self.live_run
+        try:
+            recorded = await self._ledger.run(
+                lambda: self.ledger.record(
+                    e.id, e.runs, turn.resumed_at, req.canonical, turn.raw, g.answer(), response,
+                    turn.protocol.name, delivered, g.token_ids, g.logprobs, g.prompt_token_ids, g.policy_version,
+                    upstream_ms, lineage=lineage, mode=g.mode, finish_reason=g.finish_reason, sampling=turn.sampling,
+                    logprobs_mode=turn.logprobs_mode, tools_key=req.canonical.tools_key,
+                    live_run=(lambda db: live_run(db, e.id)) if live_run is not None else None,
+                )
+            )  # fmt: skip
+        except Conflict as exc:
+            raise GatewayError(409, f"{exc}; nothing is recorded", "conflict_error") from None
         self.metrics.turn(recorded)
         return recorded
 

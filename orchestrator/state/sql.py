@@ -57,6 +57,17 @@ OpenConnection = Callable[[], AbstractContextManager[Connection]]
 Grouped = Callable[[Callable[[Any], list[Episode]]], list[Episode]]
 
 
+def live_run(db: Connection, episode_id: str) -> tuple[int, str]:
+    """The episode's current run, and why its trajectory takes no more turns ('' while it does),
+    read on `db` inside the caller's write transaction (the trajectory ledger's record of a turn),
+    so that no transition can commit between this read and that record."""
+    row = db.execute("SELECT state, runs FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+    if row is None:
+        return 0, f"episode {episode_id} is gone"
+    ended = EpisodeState(row["state"]).terminal
+    return int(row["runs"]), f"episode {episode_id} has ended ({row['state']})" if ended else ""
+
+
 class SqlStateStore:
     """The store's logic; a subclass names its database's transactions and dialect."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import signal as signals
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -142,6 +143,7 @@ def checkpoint_to_pb(c: Checkpoint) -> pb.CheckpointResult:
         criu_bytes=c.sizes.criu_bytes,
         layer_bytes=c.sizes.layer_bytes,
         created_at=c.created_at,
+        since_freeze_ms=max(0.0, (time.time() - c.created_at) * 1000),
     )
 
 

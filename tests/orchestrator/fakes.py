@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -49,6 +50,8 @@ class FakeAgent:
         self.logs: dict[str, bytes] = logs if logs is not None else {}
         """Harness logs by sandbox or snapshot id (shared by the nodes, as a snapshot store is)."""
         self.calls: list[tuple[str, str]] = []
+        self.clock_skew_s = 0.0
+        """How far this node's clock is ahead of the orchestrator's."""
         self._lock = threading.Lock()
 
     def _enter(self, method: str, sandbox_id: str) -> None:
@@ -99,7 +102,7 @@ class FakeAgent:
                     parent_id=snapshot.parent_id or None,
                     node=self.node,
                     reason=snapshot.reason,
-                    created_at=datetime.now(UTC),
+                    created_at=datetime.fromtimestamp(time.time() + self.clock_skew_s, UTC),
                     image_digest="sha256:" + "0" * 64,
                     runtime_backend="runc",
                     criu_version="4.2.1",
@@ -120,6 +123,7 @@ class FakeAgent:
             stored_bytes=manifest.sizes.stored_bytes,
             new_bytes=manifest.sizes.new_bytes,
             timings_ms={"dump_ms": 12.5, "put_ms": 3.0},
+            since_freeze_ms=(time.time() + self.clock_skew_s - manifest.created_at.timestamp()) * 1000,
         )
 
     def restore(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxView:

@@ -140,6 +140,19 @@ def test_preempt_records_the_agents_snapshot_and_resume_restores_it_elsewhere(lo
 
 
 @pytest.mark.timeout(30)
+def test_a_snapshot_is_dated_by_the_orchestrators_clock_whatever_the_nodes_says(loop: Loop) -> None:
+    """When a snapshot froze its sandbox is compared with when turns were delivered, which the
+    orchestrator's clock stamps: a node whose clock is an hour ahead must not move the freeze."""
+    episode_id = loop.running()
+    loop.node(loop.store.get(episode_id).node).clock_skew_s = 3600.0
+    asked = time.time()
+    loop.control.commands.preempt(episode_id, "by hand")
+    loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
+    (record,) = loop.store.snapshots(episode_id)
+    assert asked - 1 <= record.created_at <= time.time(), record.created_at - asked
+
+
+@pytest.mark.timeout(30)
 def test_a_lost_checkpoint_reply_is_settled_from_the_snapshot_store(loop: Loop) -> None:
     episode_id = loop.running()
     agent = loop.node(loop.store.get(episode_id).node)

@@ -113,8 +113,14 @@ def _world(
         lambda token: next((e for e in episodes.values() if e.token == token), None),
         lambda e: resumed.get(e.id, 0.0),
         lambda e, peer: live_peer(e, peer, NODES.get(e.node, "")),
+        live_run=lambda db, episode_id: _live_run(episodes[episode_id]),
     ).start()
     return World(gateway, ledger, model, episodes, resumed)
+
+
+def _live_run(e: Episode) -> tuple[int, str]:
+    """As `state.sql.live_run` reads it from the episodes table, here from the test's records."""
+    return e.runs, f"episode {e.id} has ended ({e.state})" if e.state.terminal else ""
 
 
 def _delivered(world: World, index: int = -1) -> Any:
@@ -633,6 +639,29 @@ def test_only_the_live_run_is_heard_and_a_stale_sandbox_gets_409(world: World) -
     status, body = world.post(_chat(USER, seed=3), source="127.0.0.2")
     assert status == 409 and b"PREEMPTED" in body, "a preempted episode has no live run"
     assert len(world.ledger.turns("ep-1")) == 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_that_outlives_its_episode_is_refused_and_not_recorded(
+    world: World, stream: bool
+) -> None:
+    """The episode is cancelled while its turn generates: the record re-reads the episode, so the
+    turn joins no trajectory that has ended, and the harness hears 409 (no terminal event)."""
+    world.upstream_calls.clear()
+    _count(world, delay_s=1.0)
+    replies: list[tuple[int, bytes]] = []
+    asking = threading.Thread(target=lambda: replies.append(world.post({**_chat(USER), "stream": stream})))
+    asking.start()
+    wait_until(lambda: world.upstream_calls, 10, "the generation to begin")
+    world.episodes["ep-1"] = replace(world.episodes["ep-1"], state=EpisodeState.CANCELLED)
+    asking.join()
+    ((status, body),) = replies
+    assert b"has ended (CANCELLED)" in body and b"nothing is recorded" in body, body
+    assert status == (200 if stream else 409), "a stream's status went out with its first event"
+    if stream:
+        assert b"[DONE]" not in body and b'finish_reason":"stop' not in body
+    assert world.ledger.turns("ep-1") == []
 
 
 @pytest.mark.timeout(60)

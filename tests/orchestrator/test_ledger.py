@@ -5,6 +5,7 @@ restarted) see every turn the others recorded."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sqlite3
 import threading
@@ -14,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator.domain import FailedPrecondition, StandingBy
+from orchestrator.domain import Conflict, EpisodeSpec, EpisodeState, FailedPrecondition, StandingBy
 from orchestrator.gateway import CanonicalRequest, Ledger, Sampling, Turn, Verification
 from orchestrator.gateway.canonical import canonical_message
 from orchestrator.gateway.generation import Generation, ToolCall
 from orchestrator.gateway.protocols import anthropic
-from orchestrator.state import PostgresStateStore
+from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore
+from orchestrator.state.sql import live_run
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
 from tests.postgres import PostgresServer
 
@@ -113,6 +115,78 @@ def test_a_restored_harness_that_diverges_abandons_what_it_never_had(ledger: Led
     assert [b.id for b in ledger.branches("ep-1")] == [0, 1, 2, 3] and not ledger.branches("ep-1")[
         0
     ].abandoned
+
+
+def _shape(ledger: Ledger) -> dict[str, tuple[bool, int]]:
+    """Each turn by what it delivered: whether it is abandoned, and whether it is on the main branch."""
+    return {t.delivered.decode(): (t.abandoned, t.branch == 0) for t in ledger.turns("ep-1")}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("late_commits", ["first", "last"])
+def test_a_turn_that_outlives_its_run_is_placed_alike_whichever_commits_first(
+    ledger: Ledger, late_commits: str
+) -> None:
+    """Run 1's node is lost while its turn generates; run 2, restored from a snapshot taken
+    before it, asks something else of the same parent. Whichever of the two turns commits first,
+    run 2's is live on the main branch and run 1's late one abandoned."""
+    a = _record(ledger, _chat("hi"), "a", delivered=b"a")
+    ledger.delivered(a.id, 10.0)
+
+    def late() -> Turn:
+        return _record(ledger, _chat("hi", "a", "more"), "b", delivered=b"late", live_run=lambda db: (2, ""))
+
+    def diverged() -> Turn:
+        return _record(ledger, _chat("hi", "a", "different"), "c", run=2, resumed_at=20.0, delivered=b"new")
+
+    turns = [late(), diverged()] if late_commits == "first" else [diverged(), late()]
+    assert all(t.parent_id == a.id for t in turns)
+    assert _shape(ledger) == {"a": (False, True), "late": (True, False), "new": (False, True)}
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_that_outlives_its_episode_is_refused(ledger: Ledger) -> None:
+    _record(ledger, _chat("hi"), "a")
+    with pytest.raises(Conflict, match="has ended"):
+        _record(
+            ledger,
+            _chat("hi", "a", "more"),
+            "b",
+            live_run=lambda db: (1, "episode ep-1 has ended (CANCELLED)"),
+        )
+    assert [t.delivered for t in ledger.turns("ep-1")] == [b"delivered:" + BYTES], "nothing was recorded"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("database", DATABASES)
+def test_the_record_reads_the_episode_in_its_own_transaction(
+    database: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """As the orchestrator runs them, the ledger beside the state store on one database: the
+    transaction that records a turn reads the episode's run and state from the store's table."""
+    if database == "postgres":
+        store: StateStore = PostgresStateStore(request.getfixturevalue("postgres").database())
+        ledger = Ledger.postgres(store.database)
+    else:
+        store, ledger = SqliteStateStore(tmp_path / "state.db"), Ledger.sqlite(tmp_path / "state.db")
+    try:
+        e = store.submit(
+            EpisodeSpec(image="base", command=("true",)), "", ipaddress.ip_network("10.200.0.0/16")
+        )
+        store.update(e.id, runs=1)
+        live = {"episode_id": e.id, "live_run": lambda db: live_run(db, e.id)}
+        a = _record(ledger, _chat("hi"), "a", **live)
+        store.update(e.id, runs=2)  # a new run begins while run 1's next turn generates
+        new = _record(ledger, _chat("hi", "a", "different"), "c", run=2, resumed_at=20.0, **live)
+        late = _record(ledger, _chat("hi", "a", "more"), "b", **live)
+        assert (a.abandoned, new.abandoned, late.abandoned) == (False, False, True)
+        store.transition(e.id, EpisodeState.CANCELLED, "cancelled")
+        with pytest.raises(Conflict, match=rf"episode {e.id} has ended \(CANCELLED\)"):
+            _record(ledger, _chat("hi", "a", "different", "c", "next"), "d", run=2, **live)
+        assert len(ledger.turns(e.id)) == 3
+    finally:
+        ledger.close()
+        store.close()
 
 
 @pytest.mark.timeout(30)

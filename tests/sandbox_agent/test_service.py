@@ -56,6 +56,8 @@ def test_lifecycle_over_grpc(
 
     result = a.Checkpoint(pb.CheckpointRequest(sandbox_id="s1", directory=str(tmp_path / "ck")))
     assert result.timings_ms["dump_ms"] > 0 and result.criu_bytes > 0 and result.layer_bytes > 0
+    # How long before the reply it froze: at least the dump, by the node's own clock.
+    assert result.timings_ms["dump_ms"] <= result.since_freeze_ms < 60_000
     assert _code(lambda: a.GetSandbox(pb.GetSandboxRequest(sandbox_id="s1"))) == grpc.StatusCode.NOT_FOUND
 
     restored = b.Restore(pb.RestoreRequest(sandbox_id="s1", directory=str(tmp_path / "ck")))
