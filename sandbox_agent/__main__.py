@@ -68,6 +68,12 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     )
     p.add_argument("--slots", type=int, default=int(env("STASIS_SLOTS", "4")))
     p.add_argument("--memory-mb", type=int, default=int(env("STASIS_MEMORY_MB", "16384")))
+    p.add_argument(
+        "--disk-mb",
+        type=int,
+        default=int(env("STASIS_DISK_MB", "0")),
+        help="disk the node offers its sandboxes' layers and checkpoints, in MiB; 0: 90%% of what is free at start",
+    )
     p.add_argument("--label", action="append", default=[], help="KEY=VALUE")
     p.add_argument(
         "--snapshot-store", default=env("STASIS_SNAPSHOT_STORE", ""), help="file:///dir or s3://bucket/prefix"
@@ -163,6 +169,7 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         allowed_ports=tuple(dict.fromkeys([*a.allow_port, *([a.gateway_port] if a.gateway_forward else [])])),
         slots=a.slots,
         memory_mb=a.memory_mb,
+        disk_mb=a.disk_mb,
         labels=labels,
         snapshot_store=a.snapshot_store,
         orchestrator=a.orchestrator,

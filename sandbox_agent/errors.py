@@ -30,6 +30,10 @@ class FailedPrecondition(AgentError):
     """The request is well formed but the node's state refuses it."""
 
 
+class NoRoom(AgentError):
+    """The node cannot hold what is asked now (its disk for sandboxes): another node may."""
+
+
 class Busy(AgentError):
     """Another operation on the same sandbox is in progress; retry once it is done."""
 

@@ -64,6 +64,11 @@ class AgentSettings:
     """Sandboxes this node runs at once; the scheduler never places more."""
     memory_mb: int = 16384
     """Memory the node offers to sandboxes, in MiB."""
+    disk_mb: int = 0
+    """Disk the node offers to sandboxes, in MiB (`node/disk.py`): each holds its layer's
+    `resources.disk_mb` while it exists, and a checkpoint or restore the room to stage it. 0
+    offers 90 % of what the filesystem of `root` has free at start; nodes that share a disk
+    should be given their shares."""
     docker_url: str = "unix:///var/run/docker.sock"
     """Docker Engine for the docker backend."""
     snapshot_store: str = ""

@@ -62,6 +62,7 @@ def node_to_pb(n: NodeRecord, episodes: list[Episode], last_heartbeat: float) ->
         n, pb.Node,
         slots_used=len(episodes),
         memory_used_mb=sum(e.spec.resources.memory_mb for e in episodes),
+        disk_used_mb=sum(e.spec.resources.disk_mb for e in episodes),
         images=[apb.Image(digest=d, names=names) for d, names in sorted(n.images.items())],
         last_heartbeat=last_heartbeat,
         episodes=[e.id for e in episodes],

@@ -402,10 +402,11 @@ class Commands:
             _dump({"items": [n.to_json() for n in items]}, self.args.output, self.out)
             return 0
         now = time.time()
-        rows = [["NAME", "STATE", "SLOTS", "MEMORY", "EPISODES", "BACKEND", "HEARTBEAT"]]
+        rows = [["NAME", "STATE", "SLOTS", "MEMORY", "DISK", "EPISODES", "BACKEND", "HEARTBEAT"]]
         for n in items:
             rows.append([
                 n.name, n.state, f"{n.slots_used}/{n.slots}", f"{n.memory_used_mb}/{n.memory_mb}Mi",
+                f"{n.disk_used_mb}/{n.disk_mb}Mi" if n.disk_mb else "-",
                 ",".join(n.episodes) or "-", n.backend, _age(n.last_heartbeat, now) + " ago" if n.last_heartbeat else "-",
             ])  # fmt: skip
         _table(rows, self.out)

@@ -108,6 +108,8 @@ class NodeInfo(_Plain):
     episodes: list[str]
     last_heartbeat: float
     labels: dict[str, str]
+    disk_mb: int = 0
+    disk_used_mb: int = 0
 
 
 @dataclass(frozen=True)

@@ -47,19 +47,44 @@ class Checkpoint:
 Decision = Start | Restore | Checkpoint
 
 
+def staging_mb(e: Episode) -> int:
+    """What a checkpoint of the episode stages on its node's disk: its layer's tar and memory."""
+    return e.spec.resources.disk_mb + e.spec.resources.memory_mb
+
+
 @dataclass
 class _Room:
+    """What a node has left. Its disk holds every layer whole, and room beside them to stage the
+    largest checkpoint among its episodes, as its agent counts (`sandbox_agent/node/disk.py`)."""
+
     node: NodeRecord
     slots: int
     memory_mb: int
     episodes: list[Episode] = field(default_factory=list)
+    layers_mb: int = 0
+    staging_mb: int = 0
 
-    def fits(self, e: Episode) -> bool:
-        return self.slots >= 1 and self.memory_mb >= e.spec.resources.memory_mb
+    def fits(self, e: Episode, freed: Episode | None = None) -> bool:
+        """Whether `e` fits, once `freed` (an episode of the node's) is gone."""
+        r, gone = e.spec.resources, freed.spec.resources if freed else None
+        return (
+            self.slots + (freed is not None) >= 1
+            and self.memory_mb + (gone.memory_mb if gone else 0) >= r.memory_mb
+            and (
+                not self.node.disk_mb
+                or self.layers_mb
+                - (gone.disk_mb if gone else 0)
+                + r.disk_mb
+                + max(self.staging_mb, staging_mb(e))
+                <= self.node.disk_mb
+            )
+        )
 
     def take(self, e: Episode) -> None:
         self.slots -= 1
         self.memory_mb -= e.spec.resources.memory_mb
+        self.layers_mb += e.spec.resources.disk_mb
+        self.staging_mb = max(self.staging_mb, staging_mb(e))
 
 
 def occupies_node(e: Episode) -> bool:
@@ -158,8 +183,8 @@ def plan(
         room = rooms.get(victim.node)
         if room is None or room.node.state != NodeState.READY or not usable_for(waiter, room.node):
             return False
-        # The victim's slot frees; its memory must make room for the waiter too.
-        return room.memory_mb + victim.spec.resources.memory_mb >= waiter.spec.resources.memory_mb
+        # The victim's slot frees; its memory and disk must make room for the waiter too.
+        return room.fits(waiter, freed=victim)
 
     in_line = itertools.chain(unplaced, waiting)
     still_waiting: list[Episode] = []

@@ -26,6 +26,9 @@ class NodeRecord:
     labels: dict[str, str]
     registered_at: float
     last_heartbeat: float = 0.0
+    disk_mb: int = 0
+    """Disk the node offers sandboxes (their layers and a checkpoint's staging); 0 if it does
+    not say (an agent from before it counted), and then disk does not limit placement."""
 
     def has_image(self, ref: str) -> bool:
         return ref in self.images or any(ref in names for names in self.images.values())

@@ -33,7 +33,18 @@ class PostgresStateStore(SqlStateStore):
     INSERT_SNAPSHOT = "INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING"
     REPLACE_NODE = _replace(
         "nodes",
-        ("name", "address", "state", "backend", "slots", "memory_mb", "images", "labels", "registered_at"),
+        (
+            "name",
+            "address",
+            "state",
+            "backend",
+            "slots",
+            "memory_mb",
+            "images",
+            "labels",
+            "registered_at",
+            "disk_mb",
+        ),
     )
     REPLACE_IMAGE = _replace("images", ("name", "reference", "digest", "size_bytes", "source", "created_at"))
     REPLACE_LOG = _replace("logs", ("episode_id", "start", "content"))

@@ -83,8 +83,11 @@ CREATE TABLE IF NOT EXISTS nodes (
     memory_mb BIGINT NOT NULL,
     images TEXT NOT NULL,
     labels TEXT NOT NULL,
-    registered_at DOUBLE PRECISION NOT NULL
+    registered_at DOUBLE PRECISION NOT NULL,
+    disk_mb BIGINT NOT NULL DEFAULT 0
 );
+-- Nodes registered before the disk was counted.
+ALTER TABLE nodes ADD COLUMN IF NOT EXISTS disk_mb BIGINT NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS images (
     name TEXT COLLATE "C" PRIMARY KEY,
     reference TEXT NOT NULL,

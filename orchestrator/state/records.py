@@ -117,7 +117,7 @@ def node_row(node: NodeRecord, state: NodeState) -> tuple[Any, ...]:
     """The values of a `nodes` row, in column order."""
     return (
         node.name, node.address, str(state), node.backend, node.slots, node.memory_mb,
-        json.dumps(node.images), json.dumps(node.labels), node.registered_at,
+        json.dumps(node.images), json.dumps(node.labels), node.registered_at, node.disk_mb,
     )  # fmt: skip
 
 
@@ -132,6 +132,7 @@ def node_from_row(row: Mapping[str, Any]) -> NodeRecord:
         images=json.loads(row["images"]),
         labels=json.loads(row["labels"]),
         registered_at=row["registered_at"],
+        disk_mb=row["disk_mb"],
     )
 
 

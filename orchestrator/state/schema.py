@@ -85,7 +85,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     memory_mb INTEGER NOT NULL,
     images TEXT NOT NULL,
     labels TEXT NOT NULL,
-    registered_at REAL NOT NULL
+    registered_at REAL NOT NULL,
+    disk_mb INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS images (
     name TEXT PRIMARY KEY,

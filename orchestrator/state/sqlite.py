@@ -23,7 +23,7 @@ class SqliteStateStore(SqlStateStore):
     """The embedded store: one SQLite file in WAL mode, fsync on every commit."""
 
     INSERT_SNAPSHOT = "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
-    REPLACE_NODE = "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?)"
+    REPLACE_NODE = "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?)"
     REPLACE_IMAGE = "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?)"
     REPLACE_LOG = "INSERT OR REPLACE INTO logs VALUES (?,?,?)"
     # Without statistics (nothing runs ANALYZE), SQLite's planner picks the state index instead,
@@ -39,6 +39,9 @@ class SqliteStateStore(SqlStateStore):
         columns = {r["name"] for r in self._db.execute("PRAGMA table_info(events)")}
         if "actor" not in columns:  # a state directory from before events recorded who asked
             self._db.execute("ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
+        if "disk_mb" not in {r["name"] for r in self._db.execute("PRAGMA table_info(nodes)")}:
+            # a state directory from before nodes offered their disk
+            self._db.execute("ALTER TABLE nodes ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0")
 
     @property
     def closed(self) -> bool:

@@ -24,10 +24,11 @@ from sandbox_agent.errors import AlreadyExists, FailedPrecondition, ImageMismatc
 from sandbox_agent.host import network, overlay
 from sandbox_agent.images import oci
 from sandbox_agent.images.cache import Image, ImageCache
-from sandbox_agent.node import logs
+from sandbox_agent.node import disk, logs
 from sandbox_agent.node.backends import criu_version, make_backend
+from sandbox_agent.node.disk import DiskBudget, Footprint
 from sandbox_agent.node.sandboxes import Sandboxes, in_thread, partial
-from sandbox_agent.node.staging import PAGES, checkpoint_shaped, private_dir, staging_for
+from sandbox_agent.node.staging import PAGES, checkpoint_shaped, private_dir, staged_bytes, staging_for
 from sandbox_agent.phases import Phase, PhaseHooks, Timeline
 from sandbox_agent.runtime import launch
 from sandbox_agent.runtime.backend import Backend, SandboxLayout
@@ -104,8 +105,9 @@ class Node:
         self.backend = backend or make_backend(settings)
         self.criu_version = criu_version(settings.criu)
         self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
+        self.disk = DiskBudget(self.name, settings.disk_mb or disk.offered_mb(settings.root))
         self.sandboxes = Sandboxes(
-            self.name, self.backend, settings.root / "sandboxes", settings.run_dir / self.name
+            self.name, self.backend, settings.root / "sandboxes", settings.run_dir / self.name, self.disk
         )
         self._userns_base = settings.userns_base if isinstance(self.backend, RuncBackend) else 0
         """Where new sandboxes' ids start on the host; the docker backend has no user namespaces."""
@@ -306,76 +308,80 @@ class Node:
                 )
             parent.mkdir(parents=True, exist_ok=True)
             staging = parent / f"{partial(sandbox_id)}{uuid.uuid4().hex[:8]}"
-            staging.mkdir()
-            images = staging / ckpt.CRIU_DIR
-            frozen = False
-            stopped = False
-            try:
-                frozen_wall = time.time()
-                began = time.monotonic()
-                if leave_running:
-                    with timeline.phase(Phase.FREEZE):
-                        self.backend.freeze(record, layout)
-                    frozen = True
-                    with timeline.phase(Phase.DUMP):
-                        self.backend.dump(record, layout, images)
-                else:
-                    # Stopping: the processes go as soon as their memory is written. The layer
-                    # can wait, since nothing writes to it once they are gone; if anything
-                    # after this fails, they are revived from these images. The mark goes
-                    # first, so an agent that dies once they are gone still revives them.
-                    layout.stopped.write_text(str(images))
-                    try:
+            need = Footprint.of(record.spec.resources).staging_mb
+            with self.disk.staging(sandbox_id, need, "checkpoint", disk.STAGING_WAIT_S):
+                staging.mkdir()
+                images = staging / ckpt.CRIU_DIR
+                frozen = False
+                stopped = False
+                try:
+                    frozen_wall = time.time()
+                    began = time.monotonic()
+                    if leave_running:
+                        with timeline.phase(Phase.FREEZE):
+                            self.backend.freeze(record, layout)
+                        frozen = True
                         with timeline.phase(Phase.DUMP):
-                            frozen_ms = self.backend.dump_and_stop(record, layout, images)
-                    except BaseException:
-                        layout.stopped.unlink(missing_ok=True)  # it runs on, as it was
-                        raise
-                    stopped = True
-                    free_ms = (time.monotonic() - began) * 1000
-                    # Frozen for part of the dump, where CRIU says how long; else for all of it.
-                    timeline.measured(Phase.FROZEN, free_ms if frozen_ms is None else min(frozen_ms, free_ms))
-                    timeline.measured(Phase.NODE_FREE, free_ms)
-                with timeline.phase(Phase.LAYER):
-                    upper = self.backend.upper_dir(record, layout)
-                    layer_bytes = overlay.export_layer(upper, staging / ckpt.LAYER)
-                    log_bytes = logs.read(upper, 0, None)[1]
-                if leave_running:
-                    self.backend.thaw(record, layout)
-                    frozen = False
-                    timeline.record(Phase.FROZEN, began)
-                captured = ckpt.seal(
-                    ckpt.Checkpoint(
-                        sandbox_id=sandbox_id,
-                        node=self.name,
-                        backend=self.backend.name,
-                        spec=record.spec,
-                        image_digest=record.image_digest,
-                        criu_version=self.criu_version,
-                        # The instant the state is of: what the harness had done when it froze.
-                        created_at=frozen_wall,
-                        leave_running=leave_running,
-                        timings_ms=timeline.timings_ms(),
-                        sizes=ckpt.Sizes(
-                            criu_bytes=sum(p.stat().st_size for p in (staging / ckpt.CRIU_DIR).iterdir()),
-                            layer_bytes=layer_bytes,
-                            log_bytes=log_bytes,
+                            self.backend.dump(record, layout, images)
+                    else:
+                        # Stopping: the processes go as soon as their memory is written. The layer
+                        # can wait, since nothing writes to it once they are gone; if anything
+                        # after this fails, they are revived from these images. The mark goes
+                        # first, so an agent that dies once they are gone still revives them.
+                        layout.stopped.write_text(str(images))
+                        try:
+                            with timeline.phase(Phase.DUMP):
+                                frozen_ms = self.backend.dump_and_stop(record, layout, images)
+                        except BaseException:
+                            layout.stopped.unlink(missing_ok=True)  # it runs on, as it was
+                            raise
+                        stopped = True
+                        free_ms = (time.monotonic() - began) * 1000
+                        # Frozen for part of the dump, where CRIU says how long; else for all of it.
+                        timeline.measured(
+                            Phase.FROZEN, free_ms if frozen_ms is None else min(frozen_ms, free_ms)
+                        )
+                        timeline.measured(Phase.NODE_FREE, free_ms)
+                    with timeline.phase(Phase.LAYER):
+                        upper = self.backend.upper_dir(record, layout)
+                        layer_bytes = overlay.export_layer(upper, staging / ckpt.LAYER)
+                        log_bytes = logs.read(upper, 0, None)[1]
+                    if leave_running:
+                        self.backend.thaw(record, layout)
+                        frozen = False
+                        timeline.record(Phase.FROZEN, began)
+                    captured = ckpt.seal(
+                        ckpt.Checkpoint(
+                            sandbox_id=sandbox_id,
+                            node=self.name,
+                            backend=self.backend.name,
+                            spec=record.spec,
+                            image_digest=record.image_digest,
+                            criu_version=self.criu_version,
+                            # The instant the state is of: what the harness had done when it froze.
+                            created_at=frozen_wall,
+                            leave_running=leave_running,
+                            timings_ms=timeline.timings_ms(),
+                            sizes=ckpt.Sizes(
+                                criu_bytes=sum(p.stat().st_size for p in (staging / ckpt.CRIU_DIR).iterdir()),
+                                layer_bytes=layer_bytes,
+                                log_bytes=log_bytes,
+                            ),
+                            oci_spec=self.backend.oci_spec(record, layout),
+                            directory=staging,
                         ),
-                        oci_spec=self.backend.oci_spec(record, layout),
-                        directory=staging,
-                    ),
-                    hash_files=hash_files,
-                )
-                yield captured
-                timeline.record(Phase.DURABLE, began)
-            except BaseException:
-                if frozen:
-                    self.backend.thaw(record, layout)
-                elif stopped:
-                    self._revive(record, layout, images)
-                raise
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+                        hash_files=hash_files,
+                    )
+                    yield captured
+                    timeline.record(Phase.DURABLE, began)
+                except BaseException:
+                    if frozen:
+                        self.backend.thaw(record, layout)
+                    elif stopped:
+                        self._revive(record, layout, images)
+                    raise
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
             if not leave_running:
                 self.sandboxes.teardown(record, layout)
 
@@ -428,6 +434,8 @@ class Node:
 
         head: Future[ckpt.Checkpoint] = Future()
         tree: Future[None] = Future()
+        room = ExitStack()
+        """The disk held for the files staged on it, until they are removed."""
 
         def fetch() -> dict[int, lazy.Memory]:
             """The snapshot's metadata (`head`), then its tree (`tree`), then, for a lazy
@@ -439,10 +447,13 @@ class Node:
                     metadata = reader.open(ckpt.METADATA)
                     raw = metadata.read(0, metadata.size)
                     head.set_result(ckpt.parse(raw, f"{snapshot_id}:{ckpt.METADATA}"))
-                    staging = (
-                        staging_for(reader.manifest, leave_out, self._staging, self._memory_staging)
-                        / staged_as
-                    )
+                    where = staging_for(reader.manifest, leave_out, self._staging, self._memory_staging)
+                    staging = where / staged_as
+                    if where == self._staging:
+                        need = -(-staged_bytes(reader.manifest, leave_out) >> 20)
+                        room.enter_context(
+                            self.disk.staging(sandbox_id, need, "restore", disk.STAGING_WAIT_S)
+                        )
                     reader.fetch(staging, leave_out=leave_out)
                     tree.set_result(None)
                     return lazy.prepare(staging / ckpt.CRIU_DIR, images) if lazily else {}
@@ -467,6 +478,7 @@ class Node:
             wait([fetching])  # its files are not removed under it
             reader.close()
             shutil.rmtree(staging, ignore_errors=True)
+            room.close()
 
         try:
             status, transfer = self._restore(

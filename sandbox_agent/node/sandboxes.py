@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from sandbox_agent.errors import AlreadyExists, Busy, FailedPrecondition, NotFound
 from sandbox_agent.host import confined, network, overlay
+from sandbox_agent.node.disk import DiskBudget
 from sandbox_agent.runtime.backend import EXIT_CODE, Backend, SandboxLayout
 from sandbox_agent.spec import SandboxRecord, SandboxState, SandboxStatus, validate_id
 
@@ -28,9 +29,13 @@ T = TypeVar("T")
 class Sandboxes:
     """Every sandbox's record and layout on one node; safe to call from many threads."""
 
-    def __init__(self, node: str, backend: Backend, root: Path, reachable_dir: Path) -> None:
+    def __init__(
+        self, node: str, backend: Backend, root: Path, reachable_dir: Path, disk: DiskBudget
+    ) -> None:
         self.node = node
         self.backend = backend
+        self.disk = disk
+        """Every sandbox here holds its layer's room from `new` until `teardown`."""
         self.dir = root
         self.dir.mkdir(exist_ok=True)
         # Harnesses' layers lie there as the sandboxes see them: no other user of the node reaches them.
@@ -48,6 +53,7 @@ class Sandboxes:
                 remove(self.layout(d.name))
                 continue
             known.add(d.name)
+            self.disk.hold(d.name, self.record(d.name).spec.resources, admit=False)
         for d in self.reachable_dir.iterdir():
             if d.name not in known:
                 remove(self.layout(d.name))
@@ -97,6 +103,7 @@ class Sandboxes:
         with self._lock:
             if layout.dir.exists() or sandbox_id in self._busy:
                 raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.node}")
+            self.disk.hold(sandbox_id, record.spec.resources)
             layout.dir.mkdir(parents=True)
             reachable(layout.reachable)
             self._busy.add(sandbox_id)
@@ -130,6 +137,7 @@ class Sandboxes:
         finally:
             network.destroy(self.node, record.id)
             remove(layout)
+            self.disk.release(record.id)
 
     def status(self, record: SandboxRecord) -> SandboxStatus:
         layout = self.layout(record.id)

@@ -41,6 +41,11 @@ def private_dir(base: Path | None, name: str) -> Path | None:
     return path
 
 
+def staged_bytes(manifest: Manifest, leave_out: Callable[[str], object]) -> int:
+    """What a restore that leaves out the files `leave_out` names stages of the snapshot."""
+    return sum(e.size for e in manifest.entries if e.kind is EntryKind.FILE and not leave_out(e.path))
+
+
 def staging_for(
     manifest: Manifest, leave_out: Callable[[str], object], disk: Path, memory: Path | None
 ) -> Path:
@@ -48,7 +53,7 @@ def staging_for(
     directory in `AgentSettings.memory_dir`) if they are few, else on `disk`."""
     if memory is None:
         return disk
-    size = sum(e.size for e in manifest.entries if e.kind is EntryKind.FILE and not leave_out(e.path))
+    size = staged_bytes(manifest, leave_out)
     if size > MEMORY_STAGING_MAX_BYTES or 2 * size > shutil.disk_usage(memory).free:
         return disk
     return memory

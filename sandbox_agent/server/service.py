@@ -31,6 +31,7 @@ from sandbox_agent.errors import (
     CommandFailed,
     FailedPrecondition,
     InvalidSpec,
+    NoRoom,
     NotFound,
     ToolUnavailable,
 )
@@ -49,6 +50,7 @@ _STATUS: list[tuple[type[AgentError], grpc.StatusCode]] = [
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (ToolUnavailable, grpc.StatusCode.UNAVAILABLE),
     (Busy, grpc.StatusCode.ABORTED),
+    (NoRoom, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CommandFailed, grpc.StatusCode.INTERNAL),
 ]
 
@@ -163,6 +165,7 @@ def node_info_pb(node: Node, sandboxes: list[SandboxStatus] | None = None) -> pb
         images=[image_to_pb(i) for i in node.images.list()],
         running=sum(1 for st in sandboxes if st.state != SandboxState.EXITED),
         labels=s.labels,
+        disk_mb=node.disk.capacity_mb,
     )
 
 

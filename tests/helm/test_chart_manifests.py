@@ -80,6 +80,7 @@ def test_agent_flags_point_at_the_orchestrator_service(reference_install: list[M
         "--allow-port", "8080",
         "--slots", "4",
         "--memory-mb", "16384",
+        "--disk-mb", "0",
         "--backend", "runc",
         "--run-dir", "/run/stasis",
         "--userns-base", "100000",

@@ -27,10 +27,11 @@ def node(
     memory_mb: int = 4096,
     state: NodeState = NodeState.READY,
     images: tuple[str, ...] = ("base",),
+    disk_mb: int = 0,
 ) -> NodeRecord:
     return NodeRecord(
         name=name, address="", state=state, backend="runc", slots=slots, memory_mb=memory_mb,
-        images={f"sha256:{i}": [i] for i in images}, labels={}, registered_at=0,
+        images={f"sha256:{i}": [i] for i in images}, labels={}, registered_at=0, disk_mb=disk_mb,
     )  # fmt: skip
 
 
@@ -44,12 +45,13 @@ def episode(
     queued_at: float = 0,
     image: str = "base",
     memory_mb: int = 1024,
+    disk_mb: int = 10240,
     **kw: object,
 ) -> Episode:
     spec = EpisodeSpec(
         image=image,
         command=("true",),
-        resources=Resources(memory_mb=memory_mb),
+        resources=Resources(memory_mb=memory_mb, disk_mb=disk_mb),
         preemption=Preemption(priority=priority, time_slice_s=slice_s),
     )
     return Episode(
@@ -86,6 +88,26 @@ def test_memory_and_pinning_are_respected() -> None:
     pinned = episode("pinned", state=EpisodeState.PREEMPTED, pinned_node="a", memory_mb=100)
     decisions = scheduler.plan([big, pinned], nodes, NOW)
     assert {d.episode.id: getattr(d, "node", "") for d in decisions} == {"big": "b", "pinned": "a"}
+
+
+def test_a_node_takes_only_what_its_disk_holds_with_room_to_stage_a_checkpoint() -> None:
+    """As the agent counts (`sandbox_agent/node/disk.py`): every layer whole, and beside them the
+    largest checkpoint's staging (layer and memory) of the node's episodes."""
+    nodes = [node("a", slots=4, disk_mb=32_000), node("b", slots=4, disk_mb=64_000), node("old", slots=4)]
+    on_a = episode("on-a", EpisodeState.RUNNING, "a", ran_s=10)  # 10240 + 11264 to stage
+    wide = episode("wide", disk_mb=50_000, memory_mb=1024)
+    fits_a = episode("fits-a", disk_mb=4096, memory_mb=1024, pinned_node="a")
+    too_big = episode("too-big", disk_mb=12_000, memory_mb=1024, pinned_node="a")
+    placed = {d.episode.id: d.node for d in scheduler.plan([on_a, wide, fits_a, too_big], nodes[:2], NOW)
+              if isinstance(d, scheduler.Start)}  # fmt: skip
+    # 10240 + 4096 + 11264 <= 32000, but 10240 + 12000 + 13024 is not; 50000 + 51024 fits nowhere.
+    assert placed == {"fits-a": "a"}
+    # A node that does not say what its disk holds is not limited by it.
+    assert [d.node for d in scheduler.plan([wide], nodes, NOW) if isinstance(d, scheduler.Start)] == ["old"]
+    # Preempting a running episode frees its layer for the waiter.
+    urgent = episode("urgent", disk_mb=12_000, priority=5, pinned_node="a")
+    (checkpoint,) = scheduler.plan([on_a, urgent], nodes[:1], NOW)
+    assert isinstance(checkpoint, scheduler.Checkpoint) and checkpoint.episode.id == "on-a"
 
 
 def test_the_longest_waiting_resumes_first() -> None:

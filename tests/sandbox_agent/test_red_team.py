@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_agent import InvalidSpec, Resources, SandboxSpec, SandboxState
+from sandbox_agent.errors import NoRoom
 from sandbox_agent.host import confined, network
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
 
@@ -267,6 +268,28 @@ def test_a_full_disk_fails_its_own_sandbox_alone(make_node: NodeFactory, tmp_pat
     # The full sandbox still checkpoints and restores elsewhere, and goes on running there.
     a.checkpoint("full", tmp_path / "ck", leave_running=False)
     assert b.restore("full", tmp_path / "ck").state == SandboxState.RUNNING
+
+
+@pytest.mark.timeout(120)
+def test_a_node_refuses_what_its_disk_cannot_hold(make_node: NodeFactory, tmp_path: Path) -> None:
+    """Layers are sparse: without a count, a few harnesses filling their quota fill the node. A
+    node holds each layer whole and room to stage a checkpoint beside them, and refuses a
+    sandbox beyond that, naming the field, before it makes anything of it."""
+    a = make_node("node-a", disk_mb=200)
+    small = Resources(disk_mb=64, memory_mb=32, inodes=2048)  # 64 MiB of layer, 96 to stage a checkpoint
+    spec = SandboxSpec(image="base", command=("sleep", "600"), resources=small)
+    a.create("first", spec)
+    with pytest.raises(NoRoom, match=r"node-a cannot hold sandbox 'second'.*resources\.disk_mb"):
+        a.create("second", SandboxSpec(image="base", command=("sleep", "600"), resources=small))
+    assert [s.record.id for s in a.list()] == ["first"]
+    assert not (a.sandboxes.dir / "second").exists()
+    assert not network.netns_path("node-a", "second").exists(), "nothing of the refused sandbox is left"
+    # The room kept beside the layers stages a checkpoint of the one it holds...
+    a.checkpoint("first", tmp_path / "ck", leave_running=False)
+    assert a.disk.held_mb == 0, "its layer and staging were given back"
+    # ...and what a sandbox gave back takes the next one.
+    assert a.restore("second", tmp_path / "ck").state == SandboxState.RUNNING
+    assert a.disk.held_mb == 64
 
 
 ROOT_INSIDE = r"""set -e

@@ -310,7 +310,7 @@ class Image(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "backend", "criu_version", "slots", "memory_mb", "images", "running", "labels")
+    __slots__ = ("name", "backend", "criu_version", "slots", "memory_mb", "images", "running", "labels", "disk_mb")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +326,7 @@ class NodeInfo(_message.Message):
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    DISK_MB_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend: str
     criu_version: str
@@ -334,7 +335,8 @@ class NodeInfo(_message.Message):
     images: _containers.RepeatedCompositeFieldContainer[Image]
     running: int
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., criu_version: _Optional[str] = ..., slots: _Optional[int] = ..., memory_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., running: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    disk_mb: int
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., criu_version: _Optional[str] = ..., slots: _Optional[int] = ..., memory_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., running: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., disk_mb: _Optional[int] = ...) -> None: ...
 
 class ImportImageRequest(_message.Message):
     __slots__ = ("name", "tarball", "directory", "docker_image")

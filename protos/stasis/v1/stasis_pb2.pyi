@@ -371,7 +371,7 @@ class ListSnapshotsResponse(_message.Message):
     def __init__(self, snapshots: _Optional[_Iterable[_Union[Snapshot, _Mapping]]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "address", "state", "backend", "slots", "slots_used", "memory_mb", "memory_used_mb", "images", "last_heartbeat", "episodes", "labels")
+    __slots__ = ("name", "address", "state", "backend", "slots", "slots_used", "memory_mb", "memory_used_mb", "images", "last_heartbeat", "episodes", "labels", "disk_mb", "disk_used_mb")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +391,8 @@ class Node(_message.Message):
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    DISK_MB_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_MB_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     state: NodeState
@@ -403,7 +405,9 @@ class Node(_message.Message):
     last_heartbeat: float
     episodes: _containers.RepeatedScalarFieldContainer[str]
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., backend: _Optional[str] = ..., slots: _Optional[int] = ..., slots_used: _Optional[int] = ..., memory_mb: _Optional[int] = ..., memory_used_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_agent_pb2.Image, _Mapping]]] = ..., last_heartbeat: _Optional[float] = ..., episodes: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    disk_mb: int
+    disk_used_mb: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., backend: _Optional[str] = ..., slots: _Optional[int] = ..., slots_used: _Optional[int] = ..., memory_mb: _Optional[int] = ..., memory_used_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_agent_pb2.Image, _Mapping]]] = ..., last_heartbeat: _Optional[float] = ..., episodes: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., disk_mb: _Optional[int] = ..., disk_used_mb: _Optional[int] = ...) -> None: ...
 
 class NamedImage(_message.Message):
     __slots__ = ("name", "reference", "digest", "size_bytes", "source", "created_at", "nodes")
