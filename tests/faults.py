@@ -4,9 +4,11 @@ manager that undoes itself however the block ends."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 TAG = "stasis-test-fault"
 """The comment on every rule a fault adds, so a leftover one is easy to find and remove."""
@@ -48,3 +50,40 @@ def leftover_rules() -> list[str]:
     """Rules a fault added and did not take away (for the suite's check of what tests leave)."""
     listed = _iptables("-S", "OUTPUT").stdout.splitlines()
     return [line for line in listed if TAG in line]
+
+
+@contextmanager
+def small_disk(mount_point: Path, size_mb: int) -> Iterator[Path]:
+    """A filesystem of `size_mb` of its own at `mount_point` (ext4 in a sparse file, loop-mounted),
+    for a node whose disk a test fills without touching the machine's."""
+    image = mount_point.with_name(mount_point.name + ".img")
+    with open(image, "wb") as f:
+        f.truncate(size_mb << 20)
+    mount_point.mkdir(parents=True)
+    try:
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(mount_point)], check=True, capture_output=True)
+        try:
+            yield mount_point
+        finally:
+            subprocess.run(["umount", str(mount_point)], check=True, capture_output=True)
+    finally:
+        image.unlink()
+        mount_point.rmdir()
+
+
+@contextmanager
+def full_disk(directory: Path, leave_mb: int) -> Iterator[None]:
+    """Fill the filesystem holding `directory` until `leave_mb` MiB are left free (one allocated
+    file there, removed at the end), as a node's other tenants do."""
+    st = os.statvfs(directory)
+    fill = st.f_bavail * st.f_frsize - (leave_mb << 20)
+    path = directory / f".{TAG}-fill"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        if fill > 0:
+            os.posix_fallocate(fd, 0, fill)
+        yield
+    finally:
+        os.close(fd)
+        path.unlink()

@@ -19,6 +19,9 @@ import pytest
 from sandbox_agent import InvalidSpec, Resources, SandboxSpec, SandboxState
 from sandbox_agent.errors import NoRoom
 from sandbox_agent.host import confined, network
+from sandbox_agent.node import Node
+from sandbox_agent.settings import AgentSettings
+from tests import faults
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
 
 # Runs as root in the base image; it leaves a wrong answer and tries to make any grader print 1000.
@@ -290,6 +293,22 @@ def test_a_node_refuses_what_its_disk_cannot_hold(make_node: NodeFactory, tmp_pa
     # ...and what a sandbox gave back takes the next one.
     assert a.restore("second", tmp_path / "ck").state == SandboxState.RUNNING
     assert a.disk.held_mb == 64
+
+
+@pytest.mark.timeout(120)
+def test_a_node_not_told_its_disk_offers_what_is_free_there(image_cache: Path, tmp_path: Path) -> None:
+    """On a disk other tenants have filled to 200 MiB free, a node offers 90 % of that: room for
+    one small sandbox with its staging, not two."""
+    with faults.small_disk(tmp_path / "disk", 1024) as disk, faults.full_disk(disk, leave_mb=200):
+        node = Node(AgentSettings(node="node-f", root=disk / "node-f", image_cache=image_cache))
+        try:
+            assert 160 <= node.disk.capacity_mb <= 180, node.disk.capacity_mb
+            small = Resources(disk_mb=64, memory_mb=32, inodes=2048)  # 64 + 96 to stage
+            node.create("first", SandboxSpec(image="base", command=("sleep", "600"), resources=small))
+            with pytest.raises(NoRoom, match="node-f cannot hold sandbox 'second'"):
+                node.create("second", SandboxSpec(image="base", command=("sleep", "600"), resources=small))
+        finally:
+            node.delete_all()
 
 
 ROOT_INSIDE = r"""set -e
