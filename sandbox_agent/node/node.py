@@ -113,8 +113,9 @@ class Node:
         """Where new sandboxes' ids start on the host; the docker backend has no user namespaces."""
         self._lazy = settings.lazy_restore and self.backend.lazy_restore
         """Restores from the store are lazy (`lazy`); else whole."""
+        self._userfaultfd = lazy.UserfaultfdGrant()
         if self._lazy and self._userns_base:
-            why = lazy.allow_userfaultfd()
+            why = self._userfaultfd.acquire()
             if why:
                 log.warning("node %s restores whole, not lazily: %s", self.name, why)
                 self._lazy = False
@@ -575,6 +576,7 @@ class Node:
                 with suppress(NotFound):
                     self._remove_now(self.sandboxes.record(sandbox_id), self.sandboxes.layout(sandbox_id))
         self.backend.close()
+        self._userfaultfd.release()
         if self._memory_staging is not None:
             with suppress(OSError):  # still holds a restore's files
                 self._memory_staging.rmdir()
