@@ -22,7 +22,7 @@ from orchestrator.state.sql import SqlStateStore
 class SqliteStateStore(SqlStateStore):
     """The embedded store: one SQLite file in WAL mode, fsync on every commit."""
 
-    INSERT_SNAPSHOT = "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+    INSERT_SNAPSHOT = "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
     REPLACE_NODE = "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?)"
     REPLACE_IMAGE = "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?)"
     REPLACE_LOG = "INSERT OR REPLACE INTO logs VALUES (?,?,?)"
@@ -39,6 +39,9 @@ class SqliteStateStore(SqlStateStore):
         columns = {r["name"] for r in self._db.execute("PRAGMA table_info(events)")}
         if "actor" not in columns:  # a state directory from before events recorded who asked
             self._db.execute("ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
+        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(snapshots)")}
+        if "manifest_digest" not in columns:  # from before manifests were digested: never restored
+            self._db.execute("ALTER TABLE snapshots ADD COLUMN manifest_digest TEXT NOT NULL DEFAULT ''")
 
     @property
     def closed(self) -> bool:
