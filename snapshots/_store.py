@@ -451,12 +451,15 @@ class SnapshotStore:
 
     # -- archives ----------------------------------------------------------------------------
 
-    def export_archive(self, snapshot_id: str, dest: str | os.PathLike[str]) -> Path:
-        """Write a snapshot as a standard container checkpoint archive (see export_checkpoint_archive)."""
+    def export_archive(
+        self, snapshot_id: str, dest: str | os.PathLike[str], digest: str | None = None
+    ) -> Path:
+        """Write a snapshot as a standard container checkpoint archive (see export_checkpoint_archive);
+        with `digest`, only if its manifest is the one recorded (as `manifest`)."""
         target = Path(dest)
         with tempfile.TemporaryDirectory(prefix=".stasis-export-", dir=target.parent) as scratch:
             tree = Path(scratch) / "checkpoint"
-            self.fetch(snapshot_id, tree)
+            self.fetch(snapshot_id, tree, digest=digest)
             return _archive.export_checkpoint_archive(tree, target)
 
 

@@ -572,3 +572,41 @@ def test_a_lost_reply_records_the_snapshot_only_if_the_store_holds_the_one_asked
         pending = loop.store.update(episode_id, pending_snapshot_id=planted, pending_reason="autosave")
         loop.control.operations.checkpoint(pending, True)
         assert [r.id for r in loop.store.snapshots(episode_id)] == [record.id], f"{planted} recorded"
+
+
+class _Aborted(Exception):
+    """What the stand-in for gRPC's servicer context raises where the real one ends the call."""
+
+
+class _Context:
+    def abort(self, code: object, details: str) -> None:
+        raise _Aborted(code, details)
+
+
+@pytest.mark.timeout(30)
+def test_an_export_is_of_the_manifest_recorded_or_none(loop: Loop, tmp_path: Path) -> None:
+    """Issue 45, F8: an exported archive is restored elsewhere as it is, so ExportSnapshot reads
+    the snapshot through the digest recorded of it: a manifest replaced in the store, or a
+    snapshot recorded without a digest, is not exported."""
+    episode_id = loop.running()
+    _saved(loop, episode_id, 1)
+    loop.node(loop.store.get(episode_id).node).reports_digest = False
+    _saved(loop, episode_id, 2)
+    recorded, undigested = loop.store.snapshots(episode_id)
+    service = StasisService(loop.control, loop.store, loop.snapshots, Ledger.sqlite(tmp_path / "ledger.db"))
+
+    def export(snapshot_id: str) -> bytes:
+        request = pb.ExportSnapshotRequest(snapshot_id=snapshot_id)
+        return b"".join(c.data for c in service.ExportSnapshot(request, _Context()))  # type: ignore[arg-type]
+
+    # Read through (to a refusal of its own: a fake node's snapshot holds no checkpoint.json).
+    with pytest.raises(_Aborted, match=r"checkpoint\.json: missing"):
+        export(recorded.id)
+    with pytest.raises(_Aborted, match=f"{undigested.id}.*no recorded manifest digest"):
+        export(undigested.id)
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "pages.img").write_bytes(b"planted")
+    replace_manifest(loop.snapshots, recorded.id, forge_manifest(loop.snapshots, evil, recorded.id))
+    with pytest.raises(_Aborted, match=f"{recorded.id}.*replaced"):
+        export(recorded.id)
