@@ -236,9 +236,10 @@ class Manifest:
     sizes: SnapshotSizes
     chunking: Mapping[str, Any]
     entries: tuple[Entry, ...]
-    digest: str = ""
+    digest: str = field(default="", compare=False)
     """`manifest_digest` of the manifest's bytes as stored: what the orchestrator records of a
-    snapshot, and what a restore is given to check them against before it parses them."""
+    snapshot, and what a restore is given to check them against before it parses them. Not
+    compared: the same snapshot stored in an older format has other bytes."""
 
     def files(self) -> tuple[Entry, ...]:
         """Regular-file entries, in manifest order."""
