@@ -289,7 +289,7 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
         free.append(captured.timings_ms["node_free_ms"])
         durable.append(captured.timings_ms["durable_ms"])
         started = time.perf_counter()
-        b.restore_from_store(sid, f"{sid}-s{n}")
+        b.restore_from_store(sid, f"{sid}-s{n}", manifest.digest)
         restored_ms = _ms(started)
         while b.get(sid).busy:  # its memory is still arriving
             time.sleep(0.002)
@@ -301,7 +301,7 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
     # The median restore (by its time until running), with its own time until resident.
     restored_ms, resident_ms, phases = sorted(restores, key=lambda r: r[0])[len(restores) // 2]
     started = time.perf_counter()
-    eager.restore_from_store(sid, f"{sid}-s3")
+    eager.restore_from_store(sid, f"{sid}-s3", manifests[2].digest)
     eager_ms = _ms(started)
     eager.delete(sid)
     return _entry(

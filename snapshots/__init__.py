@@ -11,6 +11,7 @@ from ._errors import (
     InvalidCheckpoint,
     InvalidSettings,
     InvalidSnapshotMeta,
+    ManifestMismatch,
     SnapshotCorrupt,
     SnapshotError,
     SnapshotExists,
@@ -33,6 +34,7 @@ from ._manifest import (
     Reason,
     SnapshotMeta,
     SnapshotSizes,
+    manifest_digest,
 )
 from ._random import StoredFile
 from ._settings import ChunkingSettings, LockSettings, RetrySettings, StoreSettings
@@ -55,6 +57,7 @@ __all__ = [
     "InvalidSnapshotMeta",
     "LockSettings",
     "Manifest",
+    "ManifestMismatch",
     "Problem",
     "Reason",
     "RetentionPolicy",
@@ -79,5 +82,6 @@ __all__ = [
     "collector_paused",
     "export_checkpoint_archive",
     "import_checkpoint_archive",
+    "manifest_digest",
     "set_aside_startup_objects",
 ]

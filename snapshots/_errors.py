@@ -43,6 +43,23 @@ class SnapshotCorrupt(SnapshotError):
         self.detail = detail
 
 
+class ManifestMismatch(SnapshotCorrupt):
+    """The store holds a manifest other than the one recorded for this snapshot: it was replaced
+    (by anyone with write access to the store) or damaged since. Raised before a byte of it is
+    parsed, so nothing it names is read."""
+
+    def __init__(self, snapshot_id: str, expected: str, found: str) -> None:
+        super().__init__(
+            snapshot_id,
+            None,
+            None,
+            f"the store's manifest is {found}, not the {expected} recorded when the snapshot was "
+            "taken: it was replaced or damaged since, and nothing of it is read",
+        )
+        self.expected = expected
+        self.found = found
+
+
 class InvalidSnapshotMeta(SnapshotError):
     """Snapshot metadata was rejected before anything was written; ``field`` names the culprit."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import math
 import re
@@ -235,10 +236,24 @@ class Manifest:
     sizes: SnapshotSizes
     chunking: Mapping[str, Any]
     entries: tuple[Entry, ...]
+    digest: str = field(default="", compare=False)
+    """`manifest_digest` of the manifest's bytes as stored: what the orchestrator records of a
+    snapshot, and what a restore is given to check them against before it parses them. Not
+    compared: the same snapshot stored in an older format has other bytes."""
 
     def files(self) -> tuple[Entry, ...]:
         """Regular-file entries, in manifest order."""
         return tuple(e for e in self.entries if e.kind is EntryKind.FILE)
+
+
+def manifest_digest(raw: bytes) -> str:
+    """The digest of a manifest's stored bytes, "sha256:<64 hex>"."""
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def valid_digest(value: object) -> bool:
+    """Whether value has the form `manifest_digest` gives."""
+    return isinstance(value, str) and _SHA256_DIGEST.fullmatch(value) is not None
 
 
 def valid_id(value: object) -> bool:
@@ -421,6 +436,7 @@ def _decode(raw: bytes, snapshot_id: str) -> Manifest:
             sizes=sizes,
             chunking=dict(doc["chunking"]),
             entries=entries,
+            digest=manifest_digest(raw),
         )
     except SnapshotCorrupt:
         raise

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
@@ -19,7 +20,14 @@ from ._backends import Backend, ObjectMissing, open_backend
 from ._chunking import ChunkMismatch, describe
 from ._chunkstore import ChunkStore
 from ._deltas import DELTA_FILE_BYTES, Aligner, ParentFile
-from ._errors import InvalidCheckpoint, InvalidSnapshotMeta, SnapshotCorrupt, SnapshotExists, SnapshotNotFound
+from ._errors import (
+    InvalidCheckpoint,
+    InvalidSnapshotMeta,
+    ManifestMismatch,
+    SnapshotCorrupt,
+    SnapshotExists,
+    SnapshotNotFound,
+)
 from ._layout import (
     EPISODE_PREFIX,
     MANIFEST_PREFIX,
@@ -38,6 +46,7 @@ from ._manifest import (
     SnapshotSizes,
     decode,
     encode,
+    manifest_digest,
     valid_id,
     validate_meta,
 )
@@ -205,9 +214,10 @@ class SnapshotStore:
             )
             # A lock that may have gone stale could mean a sweep ran under us: do not publish.
             lock.ensure_held()
-            if not self._backend.put_if_absent(manifest_key(meta.snapshot_id), encode(manifest)):
+            raw = encode(manifest)
+            if not self._backend.put_if_absent(manifest_key(meta.snapshot_id), raw):
                 raise SnapshotExists(meta.snapshot_id)
-        return manifest
+        return replace(manifest, digest=manifest_digest(raw))
 
     def _check_parent(self, meta: SnapshotMeta) -> Manifest:
         try:
@@ -258,14 +268,21 @@ class SnapshotStore:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def manifest(self, snapshot_id: str) -> Manifest:
-        """The manifest of a committed snapshot; SnapshotNotFound or SnapshotCorrupt otherwise."""
+    def manifest(self, snapshot_id: str, digest: str | None = None) -> Manifest:
+        """The manifest of a committed snapshot; SnapshotNotFound or SnapshotCorrupt otherwise.
+
+        With `digest` (`Manifest.digest`, as recorded when the snapshot was taken), the stored
+        bytes are checked against it before any of them is parsed: ManifestMismatch if the store
+        holds others. Every chunk the manifest names is checked against its hash as it is read,
+        so a checked manifest vouches for all of the snapshot."""
         if not valid_id(snapshot_id):
             raise SnapshotNotFound(snapshot_id)
         try:
             raw = self._backend.get(manifest_key(snapshot_id))
         except ObjectMissing:
             raise SnapshotNotFound(snapshot_id) from None
+        if digest is not None and (found := manifest_digest(raw)) != digest:
+            raise ManifestMismatch(snapshot_id, digest, found)
         return decode(raw, snapshot_id)
 
     def exists(self, snapshot_id: str) -> bool:
@@ -278,8 +295,10 @@ class SnapshotStore:
         dest: str | os.PathLike[str],
         *,
         leave_out: Callable[[str], object] = lambda path: False,
+        digest: str | None = None,
     ) -> Manifest:
-        """Recreate a snapshot's tree at dest (which must not exist), verifying every chunk.
+        """Recreate a snapshot's tree at dest (which must not exist), verifying every chunk; with
+        `digest`, only if its manifest is the one recorded (as `manifest`).
 
         The tree is built beside dest and renamed into place, so dest appears
         complete or not at all. Raises SnapshotNotFound or SnapshotCorrupt
@@ -287,13 +306,14 @@ class SnapshotStore:
         are made at their size but left unwritten (holes), for the caller to fill from
         `open_file` as it needs them.
         """
-        with self.reader(snapshot_id) as reader:
+        with self.reader(snapshot_id, digest) as reader:
             return reader.fetch(dest, leave_out=leave_out)
 
-    def reader(self, snapshot_id: str) -> SnapshotReader:
+    def reader(self, snapshot_id: str, digest: str | None = None) -> SnapshotReader:
         """One snapshot, to fetch and to read at any offset from any thread under one shared
-        lock (`SnapshotReader`)."""
-        return SnapshotReader(self, snapshot_id)
+        lock (`SnapshotReader`); with `digest`, only if its manifest is the one recorded (as
+        `manifest`)."""
+        return SnapshotReader(self, snapshot_id, digest)
 
     def _build_tree(
         self, manifest: Manifest, dest: str | os.PathLike[str], leave_out: Callable[[str], object]
@@ -431,12 +451,15 @@ class SnapshotStore:
 
     # -- archives ----------------------------------------------------------------------------
 
-    def export_archive(self, snapshot_id: str, dest: str | os.PathLike[str]) -> Path:
-        """Write a snapshot as a standard container checkpoint archive (see export_checkpoint_archive)."""
+    def export_archive(
+        self, snapshot_id: str, dest: str | os.PathLike[str], digest: str | None = None
+    ) -> Path:
+        """Write a snapshot as a standard container checkpoint archive (see export_checkpoint_archive);
+        with `digest`, only if its manifest is the one recorded (as `manifest`)."""
         target = Path(dest)
         with tempfile.TemporaryDirectory(prefix=".stasis-export-", dir=target.parent) as scratch:
             tree = Path(scratch) / "checkpoint"
-            self.fetch(snapshot_id, tree)
+            self.fetch(snapshot_id, tree, digest=digest)
             return _archive.export_checkpoint_archive(tree, target)
 
 
@@ -454,9 +477,11 @@ class SnapshotReader:
     the tree fetched (`fetch`) and files opened for reads at any offset (`open`, each once). One
     lock instead of one per file: each lock is a durable write and a listing of the store's locks."""
 
-    def __init__(self, store: SnapshotStore, snapshot_id: str) -> None:
+    def __init__(self, store: SnapshotStore, snapshot_id: str, digest: str | None = None) -> None:
         self.store = store
         self.snapshot_id = snapshot_id
+        self.digest = digest
+        """The manifest digest the snapshot was recorded with; None reads whatever the store holds."""
         self._manifest: Manifest | None = None
         self._lock: StoreLock | None = None
         self._opened: dict[str, StoredFile] = {}
@@ -464,12 +489,13 @@ class SnapshotReader:
 
     @property
     def manifest(self) -> Manifest:
-        """The snapshot's manifest; SnapshotNotFound or SnapshotCorrupt if there is no good one."""
+        """The snapshot's manifest; SnapshotNotFound or SnapshotCorrupt if there is no good one
+        (ManifestMismatch if it is not the one recorded)."""
         with self._guard:
             if self._manifest is None:
                 lock = self.store._lock(LockKind.SHARED, f"read {self.snapshot_id}")
                 try:
-                    self._manifest = self.store.manifest(self.snapshot_id)
+                    self._manifest = self.store.manifest(self.snapshot_id, self.digest)
                 except BaseException:
                     lock.release()
                     raise

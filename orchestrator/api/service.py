@@ -24,11 +24,13 @@ from orchestrator.domain import (
     Episode,
     EpisodeSpec,
     EpisodeState,
+    FailedPrecondition,
     ImageRecord,
     InvalidArgument,
     NodeRecord,
     NotFound,
     SnapshotRecord,
+    ids,
     may_read_hidden,
 )
 from orchestrator.gateway import Branch, Ledger, Turn, samples
@@ -382,8 +384,17 @@ class StasisService(pb_grpc.StasisServicer):
         snapshot_id = required("snapshot_id", request.snapshot_id)
         if not self.snapshots.exists(snapshot_id):
             raise NotFound(f"snapshot {snapshot_id!r} does not exist (or retention has collected it)")
+        # An archive is restored elsewhere as it is: only the manifest recorded is exported.
+        parsed = ids.SnapshotId.parse(snapshot_id)
+        recorded = {r.id: r for r in self.store.snapshots(parsed.episode_id)} if parsed else {}
+        digest = recorded[snapshot_id].manifest_digest if snapshot_id in recorded else ""
+        if not digest:
+            raise FailedPrecondition(
+                f"snapshot {snapshot_id!r} has no recorded manifest digest, so nothing vouches "
+                "for what the store holds of it; it is not exported"
+            )
         with tempfile.TemporaryDirectory(prefix="export-") as tmp:
-            archive = self.snapshots.export_archive(snapshot_id, Path(tmp) / f"{snapshot_id}.tar")
+            archive = self.snapshots.export_archive(snapshot_id, Path(tmp) / f"{snapshot_id}.tar", digest)
             with open(archive, "rb") as f:
                 while block := f.read(1 << 20):
                     yield pb.ArchiveChunk(data=block)

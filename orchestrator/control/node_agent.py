@@ -117,6 +117,9 @@ class CheckpointOutcome:
     timings_ms: dict[str, float]
     since_freeze_ms: float = 0.0
     """How long before its reply the sandbox froze, by the node's clock (0: not said)."""
+    manifest_digest: str = ""
+    """"sha256:<hex>" of the manifest the node stored (empty from an agent that does not say:
+    such a snapshot is recorded, and never restored)."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,10 @@ class NodeAgent(Protocol):
     def checkpoint(
         self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
     ) -> CheckpointOutcome: ...
-    def restore(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxView: ...
+    def restore(self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str) -> SandboxView:
+        """Restore a snapshot; the node refuses it (`SnapshotDamaged`) unless its manifest in the
+        store has the digest recorded when it was taken."""
+
     def get(self, sandbox_id: str) -> SandboxView | None:
         """The sandbox, or None if the node has no sandbox of that id."""
 
@@ -277,8 +283,10 @@ class AgentClient:
         )
         return wire.decode(self._call("checkpoint", self._stub.Checkpoint, request), CheckpointOutcome)
 
-    def restore(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxView:
-        request = pb.RestoreRequest(sandbox_id=sandbox_id, snapshot_id=snapshot_id, image=image)
+    def restore(self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str) -> SandboxView:
+        request = pb.RestoreRequest(
+            sandbox_id=sandbox_id, snapshot_id=snapshot_id, manifest_digest=manifest_digest, image=image
+        )
         return SandboxView.from_pb(self._call("restore", self._stub.Restore, request))
 
     def get(self, sandbox_id: str) -> SandboxView | None:

@@ -16,6 +16,7 @@ from typing import Any
 from orchestrator.control.membership import Membership
 from orchestrator.control.node_agent import (
     NodeAgents,
+    SandboxConflict,
     SnapshotDamaged,
     SnapshotRequest,
     SpecRefused,
@@ -138,8 +139,17 @@ class Operations:
 
     def restore(self, e: Episode) -> None:
         where = f"restore on {e.node} failed"
+        digest = self._recorded_digests(e).get(e.last_snapshot_id, "")
+        if not digest:
+            # Recorded before manifests were digested: nothing vouches for what the store holds.
+            problem = "has no recorded manifest digest, so its manifest cannot be verified"
+            if not self._fall_back(e, problem):
+                self.outcomes.restore_failed(
+                    e, f"snapshot {e.last_snapshot_id} {problem}; it is not restored", final=True
+                )
+            return
         try:
-            view = self.agents.get(e.node).restore(e.sandbox_id, e.last_snapshot_id, e.spec.image)
+            view = self.agents.get(e.node).restore(e.sandbox_id, e.last_snapshot_id, digest, e.spec.image)
         except TemporaryError as exc:
             self.outcomes.restore_failed(e, f"{where}, will retry: {exc}", final=False, exc=exc)
             return
@@ -159,13 +169,20 @@ class Operations:
             log_offsets=e.with_run_log(e.runs, view.log_start, fresh=False),
         )  # fmt: skip
 
+    def _recorded_digests(self, e: Episode) -> dict[str, str]:
+        """The manifest digest recorded of each of the episode's snapshots, by id."""
+        return {r.id: r.manifest_digest for r in self.store.snapshots(e.id)}
+
     def _fall_back(self, e: Episode, problem: str) -> bool:
         """A snapshot that cannot be restored never ends an episode that has a good one: resume
-        from the newest snapshot before it that the store still holds."""
+        from the newest snapshot before it that was recorded with its manifest's digest and that
+        the store still holds. Only the record's lineage is followed, never a manifest's."""
         records = {r.id: r for r in self.store.snapshots(e.id)}
         at = records.get(e.last_snapshot_id)
         parent = at.parent_id if at is not None else ""
-        while parent and not self.snapshots.exists(parent):
+        while parent and not (
+            parent in records and records[parent].manifest_digest and self.snapshots.exists(parent)
+        ):
             parent = records[parent].parent_id if parent in records else ""
         if not parent:
             return False
@@ -218,7 +235,8 @@ class Operations:
         try:
             outcome = self.agents.get(e.node).checkpoint(e.sandbox_id, request, leave_running=leave_running)
         except StasisError as exc:
-            if self.outcomes.record_if_committed(e, leave_running):
+            # A node that found the snapshot's id taken wrote nothing: what holds it is not its.
+            if not isinstance(exc, SandboxConflict) and self.outcomes.record_if_committed(e, leave_running):
                 return
             if leave_running:
                 self.outcomes.autosave_failed(e, str(exc))

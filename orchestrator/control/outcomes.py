@@ -17,6 +17,7 @@ from orchestrator.domain import (
     Reason,
     SnapshotRecord,
     TemporaryError,
+    ids,
 )
 from orchestrator.state import StateStore
 from snapshots import SnapshotError, SnapshotStore
@@ -129,10 +130,24 @@ class Outcomes:
 
     def record_if_committed(self, e: Episode, leave_running: bool) -> bool:
         """If the pending snapshot is in the store (the agent's reply was lost), record it from
-        its manifest and finish the transition."""
+        its manifest, with the digest of the manifest as read now, and finish the transition.
+
+        The node's reply, which would have carried the digest, is lost: what the store holds is
+        taken as the node's only if it is the snapshot asked of that node (episode, sequence,
+        parent, node). A writer with the store's credentials who replaced it between the node's
+        commit and this read is the trust left open here (docs/security.md)."""
         try:
             manifest = self.snapshots.manifest(e.pending_snapshot_id)
         except SnapshotError:
+            return False
+        pending = ids.SnapshotId.parse(e.pending_snapshot_id)
+        asked = (e.id, pending.sequence if pending else 0, e.last_snapshot_id or None, e.node)
+        found = (manifest.episode_id, manifest.seq, manifest.parent_id, manifest.node)
+        if found != asked:
+            log.warning(
+                "snapshot %s in the store is not the one asked of node %s (episode, sequence, "
+                "parent, node: %s, asked %s); not recorded", e.pending_snapshot_id, e.node, found, asked,
+            )  # fmt: skip
             return False
         record = SnapshotRecord(
             id=manifest.snapshot_id,
@@ -147,6 +162,7 @@ class Outcomes:
             new_bytes=manifest.sizes.new_bytes,
             trajectory_cursor=manifest.trajectory_cursor,
             timings_ms=dict(manifest.timings_ms),
+            manifest_digest=manifest.digest,
         )
         self.snapshot_committed(e, record, leave_running)
         return True
@@ -186,4 +202,5 @@ def snapshot_record(e: Episode, request: SnapshotRequest, outcome: CheckpointOut
         new_bytes=outcome.new_bytes,
         trajectory_cursor=request.trajectory_cursor,
         timings_ms=outcome.timings_ms,
+        manifest_digest=outcome.manifest_digest,
     )

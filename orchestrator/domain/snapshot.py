@@ -20,3 +20,7 @@ class SnapshotRecord:
     new_bytes: int
     trajectory_cursor: Any
     timings_ms: dict[str, float]
+    manifest_digest: str = ""
+    """"sha256:<hex>" of the snapshot's manifest as its node stored it: every restore carries it,
+    and the node refuses a manifest that differs (replaced in the store since). Empty in records
+    made before manifests were digested: such a snapshot is never restored."""

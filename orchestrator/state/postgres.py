@@ -30,7 +30,7 @@ def _replace(table: str, columns: Sequence[str]) -> str:
 class PostgresStateStore(SqlStateStore):
     """The server store: one PostgreSQL database, reached through a pool of connections."""
 
-    INSERT_SNAPSHOT = "INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING"
+    INSERT_SNAPSHOT = "INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING"
     REPLACE_NODE = _replace(
         "nodes",
         (

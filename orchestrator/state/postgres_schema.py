@@ -71,8 +71,20 @@ CREATE TABLE IF NOT EXISTS snapshots (
     stored_bytes BIGINT NOT NULL,
     new_bytes BIGINT NOT NULL,
     trajectory_cursor TEXT NOT NULL,
-    timings_ms TEXT NOT NULL
+    timings_ms TEXT NOT NULL,
+    manifest_digest TEXT NOT NULL DEFAULT ''
 );
+-- A database from before manifests were digested: its snapshots keep '' (never restored).
+-- Checked first, so that a server starting beside a leader takes no lock on the table.
+DO $$ BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM information_schema.columns
+        WHERE table_schema = current_schema() AND table_name = 'snapshots'
+            AND column_name = 'manifest_digest'
+    ) THEN
+        ALTER TABLE snapshots ADD COLUMN manifest_digest TEXT NOT NULL DEFAULT '';
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS snapshots_episode ON snapshots(episode_id, sequence);
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT COLLATE "C" PRIMARY KEY,

@@ -103,6 +103,7 @@ def snapshot_row(s: SnapshotRecord) -> tuple[Any, ...]:
     return (
         s.id, s.episode_id, s.sequence, s.parent_id, s.node, s.reason, s.created_at,
         s.logical_bytes, s.stored_bytes, s.new_bytes, json.dumps(s.trajectory_cursor), json.dumps(s.timings_ms),
+        s.manifest_digest,
     )  # fmt: skip
 
 

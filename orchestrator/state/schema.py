@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS snapshots (
     stored_bytes INTEGER NOT NULL,
     new_bytes INTEGER NOT NULL,
     trajectory_cursor TEXT NOT NULL,
-    timings_ms TEXT NOT NULL
+    timings_ms TEXT NOT NULL,
+    manifest_digest TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS snapshots_episode ON snapshots(episode_id, sequence);
 CREATE TABLE IF NOT EXISTS nodes (

@@ -22,7 +22,7 @@ from orchestrator.state.sql import SqlStateStore
 class SqliteStateStore(SqlStateStore):
     """The embedded store: one SQLite file in WAL mode, fsync on every commit."""
 
-    INSERT_SNAPSHOT = "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+    INSERT_SNAPSHOT = "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
     REPLACE_NODE = "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?)"
     REPLACE_IMAGE = "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?)"
     REPLACE_LOG = "INSERT OR REPLACE INTO logs VALUES (?,?,?)"
@@ -42,6 +42,9 @@ class SqliteStateStore(SqlStateStore):
         if "disk_mb" not in {r["name"] for r in self._db.execute("PRAGMA table_info(nodes)")}:
             # a state directory from before nodes offered their disk
             self._db.execute("ALTER TABLE nodes ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0")
+        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(snapshots)")}
+        if "manifest_digest" not in columns:  # from before manifests were digested: never restored
+            self._db.execute("ALTER TABLE snapshots ADD COLUMN manifest_digest TEXT NOT NULL DEFAULT ''")
 
     @property
     def closed(self) -> bool:

@@ -403,10 +403,19 @@ class Node:
             raise FailedPrecondition(f"node {self.name} has no snapshot store configured (--snapshot-store)")
         return self.store
 
-    def restore_from_store(self, sandbox_id: str, snapshot_id: str, *, image: str = "") -> SandboxStatus:
-        """Fetch a snapshot (every chunk verified by hash) and restore it on this node: lazily
-        where the backend can, else whole. The sandbox's network and its writable layer's disk are
-        made while the snapshot's files arrive.
+    def restore_from_store(
+        self, sandbox_id: str, snapshot_id: str, manifest_digest: str, *, image: str = ""
+    ) -> SandboxStatus:
+        """Fetch a snapshot and restore it on this node: lazily where the backend can, else whole.
+        The sandbox's network and its writable layer's disk are made while the snapshot's files
+        arrive.
+
+        Anyone who can write to the store could put any manifest there, and CRIU restores the
+        credentials, capabilities and seccomp its images hold: so the stored manifest is checked
+        against `manifest_digest`, the one the orchestrator recorded when the snapshot was taken,
+        before anything of it is parsed (ManifestMismatch, naming the snapshot), and everything
+        the restore reads (checkpoint.json, CRIU's images, the layer) is reached through it,
+        every chunk checked against its hash. A restore given no digest is refused.
 
         A lazy restore leaves the pages files in the store: it writes the pages CRIU restores
         itself and resumes the sandbox; the rest of its memory arrives as it runs
@@ -416,10 +425,17 @@ class Node:
         Until the sandbox runs, Python's cyclic collector is held off (`collector_paused`): the
         restore allocates enough to set a collection off, which walks every object the agent made
         since it started (`set_aside_startup_objects`)."""
+        if not manifest_digest:
+            raise FailedPrecondition(
+                f"restore of snapshot {snapshot_id} names no manifest digest; node {self.name} "
+                "restores only a snapshot whose manifest the orchestrator recorded"
+            )
         with collector_paused():
-            return self._restore_from_store(sandbox_id, snapshot_id, image)
+            return self._restore_from_store(sandbox_id, snapshot_id, manifest_digest, image)
 
-    def _restore_from_store(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxStatus:
+    def _restore_from_store(
+        self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str
+    ) -> SandboxStatus:
         store = self._require_store()
         if self.sandboxes.layout(sandbox_id).dir.exists():  # layout() checks the id
             raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.name}")
@@ -428,7 +444,7 @@ class Node:
         timeline = Timeline(sandbox_id, self.hooks)
         lazily = self._lazy and snapshot_id not in self._eager_next
         leave_out: Callable[[str], object] = PAGES.fullmatch if lazily else lambda path: False
-        reader = store.reader(snapshot_id)
+        reader = store.reader(snapshot_id, manifest_digest)
 
         def images(name: str) -> StoredFile:
             return reader.open(f"{ckpt.CRIU_DIR}/{name}")

@@ -217,6 +217,7 @@ class AgentService(pb_grpc.SandboxAgentServicer):
         result.logical_bytes = manifest.sizes.logical_bytes
         result.stored_bytes = manifest.sizes.stored_bytes
         result.new_bytes = manifest.sizes.new_bytes
+        result.manifest_digest = manifest.digest
         return result
 
     @_rpc
@@ -225,7 +226,7 @@ class AgentService(pb_grpc.SandboxAgentServicer):
             raise InvalidSpec("directory", "give exactly one of directory and snapshot_id")
         if request.snapshot_id:
             status = self.node.restore_from_store(
-                request.sandbox_id, request.snapshot_id, image=request.image
+                request.sandbox_id, request.snapshot_id, request.manifest_digest, image=request.image
             )
         else:
             source = _path("directory", request.directory)

@@ -29,7 +29,7 @@ from orchestrator.control import (
     VerifierOutcome,
 )
 from orchestrator.domain import EpisodeSpec, NotFound, PullStatus, StasisError
-from snapshots import SnapshotMeta, SnapshotStore
+from snapshots import SnapshotCorrupt, SnapshotMeta, SnapshotNotFound, SnapshotStore
 
 
 class FakeAgent:
@@ -50,6 +50,10 @@ class FakeAgent:
         self.logs: dict[str, bytes] = logs if logs is not None else {}
         """Harness logs by sandbox or snapshot id (shared by the nodes, as a snapshot store is)."""
         self.calls: list[tuple[str, str]] = []
+        self.reports_digest = True
+        """False: an agent from before manifests were digested, whose replies carry none."""
+        self.restored: list[tuple[str, str]] = []
+        """(snapshot id, manifest digest) of each restore asked of this node."""
         self.clock_skew_s = 0.0
         """How far this node's clock is ahead of the orchestrator's."""
         self._lock = threading.Lock()
@@ -124,14 +128,22 @@ class FakeAgent:
             new_bytes=manifest.sizes.new_bytes,
             timings_ms={"dump_ms": 12.5, "put_ms": 3.0},
             since_freeze_ms=(time.time() + self.clock_skew_s - manifest.created_at.timestamp()) * 1000,
+            manifest_digest=manifest.digest if self.reports_digest else "",
         )
 
-    def restore(self, sandbox_id: str, snapshot_id: str, image: str) -> SandboxView:
+    def restore(self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str) -> SandboxView:
+        """Reads the snapshot's manifest from the real store as a node does: checked against the
+        recorded digest first (`SnapshotStore.manifest`)."""
         self._enter("restore", sandbox_id)
+        self.restored.append((snapshot_id, manifest_digest))
         if snapshot_id in self.corrupt:
             raise SnapshotDamaged(self.node, f"snapshot {snapshot_id!r}: chunk does not match its hash")
-        if not self.snapshots.exists(snapshot_id):
-            raise NotFound(f"snapshot {snapshot_id!r} not found")
+        try:
+            self.snapshots.manifest(snapshot_id, manifest_digest)
+        except SnapshotNotFound:
+            raise NotFound(f"snapshot {snapshot_id!r} not found") from None
+        except SnapshotCorrupt as exc:
+            raise SnapshotDamaged(self.node, str(exc)) from None
         self.logs[sandbox_id] = self.logs.get(snapshot_id, b"")
         view = SandboxView(
             sandbox_id, self.node, SandboxState.RUNNING, None, False, restored_from=snapshot_id,

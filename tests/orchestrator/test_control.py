@@ -15,6 +15,7 @@ import pytest
 from orchestrator import wire
 from orchestrator.api.service import StasisService
 from orchestrator.control import AgentUnavailable, Control, ControlSettings, SnapshotRequest, SpecRefused
+from orchestrator.control.node_agent import SandboxConflict
 from orchestrator.control.retention import collect_snapshots
 from orchestrator.control.verifier import parse_reward
 from orchestrator.domain import (
@@ -34,6 +35,7 @@ from orchestrator.state import SqliteStateStore
 from protos.stasis.v1 import stasis_pb2 as pb
 from snapshots import SnapshotStore
 from tests.orchestrator.fakes import FakeAgent, FakeAgents
+from tests.snapshots.conftest import forge_manifest, make_meta, replace_manifest
 
 S = EpisodeState
 SPEC = EpisodeSpec(image="base", command=("python3", "agent.py"))
@@ -479,3 +481,132 @@ def test_a_resume_point_gone_from_the_store_falls_back_to_the_newest_snapshot_be
     assert loop.store.get(episode_id).restored_from == second
     reasons = [ev.reason for ev in loop.store.events(0, [episode_id])]
     assert any(f"snapshot {latest} is gone" in r and f"falling back to {second}" in r for r in reasons)
+
+
+def _saved(loop: Loop, episode_id: str, n: int) -> None:
+    loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, f"save {n}", leave_running=True)
+    loop.until(f"snapshot {n}", lambda: loop.store.get(episode_id).snapshots == n)
+
+
+@pytest.mark.timeout(30)
+def test_a_resume_manifest_replaced_in_the_store_is_refused_and_the_episode_falls_back(
+    loop: Loop, tmp_path: Path
+) -> None:
+    """Issue 45, F8: a writer with the store's credentials replaces a PREEMPTED episode's resume
+    manifest. The restore carries the digest recorded from the node's reply, the node refuses
+    the manifest naming the snapshot, and the episode falls back past a snapshot recorded without
+    a digest to the newest one that has one; the node is never asked for the undigested one."""
+    episode_id = loop.running()
+    _saved(loop, episode_id, 1)
+    node = loop.node(loop.store.get(episode_id).node)
+    node.reports_digest = False  # an agent from before manifests were digested
+    _saved(loop, episode_id, 2)
+    node.reports_digest = True
+    loop.control.commands.preempt(episode_id, "move")
+    loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
+    first, undigested, latest = loop.store.snapshots(episode_id)
+    assert first.manifest_digest == loop.snapshots.manifest(first.id).digest
+    assert latest.manifest_digest == loop.snapshots.manifest(latest.id).digest
+    assert undigested.manifest_digest == ""
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "pages.img").write_bytes(b"a process that keeps root and drops its seccomp filter")
+    replace_manifest(loop.snapshots, latest.id, forge_manifest(loop.snapshots, evil, latest.id))
+    loop.control.commands.resume(episode_id)
+    loop.until("RUNNING from the older snapshot", lambda: loop.state(episode_id) == S.RUNNING)
+
+    assert loop.store.get(episode_id).restored_from == first.id
+    asked = [pair for agent in loop.agents.agents.values() for pair in agent.restored]
+    assert asked == [(latest.id, latest.manifest_digest), (first.id, first.manifest_digest)]
+    reasons = [ev.reason for ev in loop.store.events(0, [episode_id])]
+    assert any(
+        f"snapshot {latest.id} is corrupt" in r and "replaced" in r and f"falling back to {first.id}" in r
+        for r in reasons
+    ), reasons
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_recorded_without_a_manifest_digest_is_never_restored(loop: Loop) -> None:
+    """Issue 45, F8: a record from before manifests were digested (or of an agent that gave
+    none) vouches for nothing the store holds: the episode fails naming the snapshot rather than
+    restore it, and no node is asked to."""
+    episode_id = loop.running()
+    loop.node(loop.store.get(episode_id).node).reports_digest = False
+    loop.control.commands.preempt(episode_id, "move")
+    loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
+    (record,) = loop.store.snapshots(episode_id)
+    loop.control.commands.resume(episode_id)
+    loop.until("FAILED", lambda: loop.state(episode_id) == S.FAILED)
+    assert [pair for agent in loop.agents.agents.values() for pair in agent.restored] == []
+    reason = loop.store.get(episode_id).reason
+    assert f"snapshot {record.id} has no recorded manifest digest" in reason, reason
+
+
+@pytest.mark.timeout(30)
+def test_a_lost_reply_records_the_snapshot_only_if_the_store_holds_the_one_asked_of_the_node(
+    loop: Loop, tmp_path: Path
+) -> None:
+    """Issue 45, F8: with the node's reply (and its digest) lost, the snapshot is recorded from the
+    store, with the digest of the manifest read, only if it is the snapshot asked of that node;
+    never when the node said the id was taken (it wrote nothing: another did)."""
+    episode_id = loop.running()
+    e = loop.store.get(episode_id)
+    node = loop.node(e.node)
+    node.commit_then_fail = AgentUnavailable("reply lost", delay=0.01)
+    _saved(loop, episode_id, 1)
+    (record,) = loop.store.snapshots(episode_id)
+    assert record.manifest_digest == loop.snapshots.manifest(record.id).digest
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "pages.img").write_bytes(b"planted")
+    for sequence, planted_by, said in (
+        (2, e.node, SandboxConflict(e.node, "snapshot already exists")),
+        (3, "node-a", AgentUnavailable("reply lost", delay=0.01)),
+    ):
+        planted = ids.snapshot_id(episode_id, sequence)
+        meta = replace(make_meta(planted, episode_id, sequence, record.id), node=planted_by)
+        loop.snapshots.put(evil, meta)  # by a writer with the store's credentials
+        node.fail["checkpoint"] = said
+        pending = loop.store.update(episode_id, pending_snapshot_id=planted, pending_reason="autosave")
+        loop.control.operations.checkpoint(pending, True)
+        assert [r.id for r in loop.store.snapshots(episode_id)] == [record.id], f"{planted} recorded"
+
+
+class _Aborted(Exception):
+    """What the stand-in for gRPC's servicer context raises where the real one ends the call."""
+
+
+class _Context:
+    def abort(self, code: object, details: str) -> None:
+        raise _Aborted(code, details)
+
+
+@pytest.mark.timeout(30)
+def test_an_export_is_of_the_manifest_recorded_or_none(loop: Loop, tmp_path: Path) -> None:
+    """Issue 45, F8: an exported archive is restored elsewhere as it is, so ExportSnapshot reads
+    the snapshot through the digest recorded of it: a manifest replaced in the store, or a
+    snapshot recorded without a digest, is not exported."""
+    episode_id = loop.running()
+    _saved(loop, episode_id, 1)
+    loop.node(loop.store.get(episode_id).node).reports_digest = False
+    _saved(loop, episode_id, 2)
+    recorded, undigested = loop.store.snapshots(episode_id)
+    service = StasisService(loop.control, loop.store, loop.snapshots, Ledger.sqlite(tmp_path / "ledger.db"))
+
+    def export(snapshot_id: str) -> bytes:
+        request = pb.ExportSnapshotRequest(snapshot_id=snapshot_id)
+        return b"".join(c.data for c in service.ExportSnapshot(request, _Context()))  # type: ignore[arg-type]
+
+    # Read through (to a refusal of its own: a fake node's snapshot holds no checkpoint.json).
+    with pytest.raises(_Aborted, match=r"checkpoint\.json: missing"):
+        export(recorded.id)
+    with pytest.raises(_Aborted, match=f"{undigested.id}.*no recorded manifest digest"):
+        export(undigested.id)
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "pages.img").write_bytes(b"planted")
+    replace_manifest(loop.snapshots, recorded.id, forge_manifest(loop.snapshots, evil, recorded.id))
+    with pytest.raises(_Aborted, match=f"{recorded.id}.*replaced"):
+        export(recorded.id)

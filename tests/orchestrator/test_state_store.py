@@ -518,3 +518,30 @@ def test_a_postgres_database_of_an_earlier_release_gets_the_indexes_added_since(
         assert sorted(rows) == sorted((name, True) for name, _ in ADDED_INDEXES)
     finally:
         postgres.drop(url)
+
+
+@pytest.mark.timeout(60)
+def test_snapshots_recorded_before_manifests_were_digested_read_back_with_none(
+    open_store: OpenStore,
+) -> None:
+    """Issue 45, F8: a database from before snapshots recorded their manifest's digest gains the
+    column when an orchestrator opens it; its snapshots read back with none (never restored), and
+    new ones keep theirs."""
+    store = open_store()
+    episode_id = store.submit(SPEC, "", POOL).id
+    store.add_snapshot(_snapshot(episode_id, 1))
+    drop = "ALTER TABLE snapshots DROP COLUMN manifest_digest"  # as the older schema had it
+    if isinstance(store, SqliteStateStore):
+        store._db.execute(drop)  # Test seam: the database under the store.
+    else:
+        assert isinstance(store, PostgresStateStore)
+        with store.database.tx() as db:
+            db.execute(drop)
+    store.close()
+
+    reopened = open_store()
+    (old,) = reopened.snapshots(episode_id)
+    assert old.manifest_digest == ""
+    digest = "sha256:" + "ab" * 32
+    reopened.add_snapshot(replace(_snapshot(episode_id, 2, old.id), manifest_digest=digest))
+    assert [s.manifest_digest for s in reopened.snapshots(episode_id)] == ["", digest]

@@ -99,6 +99,13 @@ def lazy_daemons(node: Node) -> list[int]:
     return pids
 
 
+def recorded(node: Node, snapshot_id: str) -> str:
+    """The digest the orchestrator would have recorded of a snapshot's manifest: as the store holds
+    it now (for tests that are not about a manifest replaced since)."""
+    assert node.store is not None
+    return node.store.manifest(snapshot_id).digest
+
+
 def staged(node: Node) -> list[Path]:
     """What the node's checkpoints and restores have staged and not yet removed."""
     return [

@@ -26,7 +26,14 @@ from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.runtime.runc import RuncBackend
 from snapshots import Alignment, Segment, SnapshotStore, StoredFile, StoreUnavailable
 from tests.sandbox_agent import programs
-from tests.sandbox_agent.conftest import NodeFactory, lazy_daemons, remove_node_dirs, staged, wait_for_log
+from tests.sandbox_agent.conftest import (
+    NodeFactory,
+    lazy_daemons,
+    recorded,
+    remove_node_dirs,
+    staged,
+    wait_for_log,
+)
 
 MIB = 64
 
@@ -83,7 +90,7 @@ def _gone(node: Node, sandbox_id: str, timeout: float = 30) -> None:
 def test_the_sandbox_runs_before_its_memory_arrives(make_node: NodeFactory, tmp_path: Path) -> None:
     b, sha = _snapshot(make_node, tmp_path)
     started = time.monotonic()
-    restored = b.restore_from_store("lazy", "mem-s1")
+    restored = b.restore_from_store("lazy", "mem-s1", recorded(b, "mem-s1"))
     assert restored.busy, "running, with its memory still arriving"
     timings = restored.record.timings_ms
     resident = _resident(b, "lazy")
@@ -112,14 +119,14 @@ def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snaps
 
     monkeypatch.setattr(StoredFile, "read_views", flaky)
     try:
-        b.restore_from_store("first", "mem-s1")
+        b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
     except StoreUnavailable as exc:  # it failed while the restore was still finishing
         assert "injected" in str(exc)
     _gone(b, "first")
     assert not staged(b)
 
     monkeypatch.setattr(StoredFile, "read_views", read)
-    b.restore_from_store("second", "mem-s1")
+    b.restore_from_store("second", "mem-s1", recorded(b, "mem-s1"))
     _resident(b, "second")
     _intact(b, "second", sha)
 
@@ -165,13 +172,13 @@ def test_a_restore_that_fails_while_the_sandbox_is_built_leaves_nothing(
     with monkeypatch.context() as patched:
         fault(patched, tmp_path)
         with pytest.raises((StoreUnavailable, OSError), match="injected"):
-            b.restore_from_store("first", "mem-s1")
+            b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
     assert b.list() == []
     assert not staged(b)
     assert not list((b.settings.root / "sandboxes").iterdir())
     assert lazy_daemons(b) == [], "CRIU's lazy-pages daemon was left running"
 
-    b.restore_from_store("first", "mem-s1")
+    b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
     _resident(b, "first")
     _intact(b, "first", sha)
 
@@ -236,7 +243,7 @@ def test_a_restore_that_hangs_is_killed_and_leaves_nothing(make_node: NodeFactor
     with pytest.raises(
         CommandFailed, match=r"CRIU restore of sandbox hung failed \(killed, timed out after 5 s\)"
     ):
-        b.restore_from_store("hung", "mem-s1")
+        b.restore_from_store("hung", "mem-s1", recorded(b, "mem-s1"))
     assert (tmp_path / "hanging-criu.calls").read_text().strip(), "the restore hung in CRIU"
     assert b.list() == [] and not staged(b)
     assert str(b.settings.root) not in Path("/proc/self/mounts").read_text(), "no mount is left"
@@ -244,7 +251,9 @@ def test_a_restore_that_hangs_is_killed_and_leaves_nothing(make_node: NodeFactor
     assert cgroups == [], "its cgroups were removed, so nothing was left in them"
     assert subprocess.run(["pgrep", "-f", "^sleep 1000$"], check=False).returncode == 1, "CRIU was killed"
 
-    b.restore_from_store("hung", "mem-s1")  # the snapshot and the node are as they were
+    b.restore_from_store(
+        "hung", "mem-s1", recorded(b, "mem-s1")
+    )  # the snapshot and the node are as they were
     _resident(b, "hung")
     _intact(b, "hung", sha)
 
@@ -264,7 +273,7 @@ def test_the_lazy_pages_daemon_waits_for_the_page_server_without_spinning(
     CPU for as long as the memory took to arrive."""
     b, sha = _snapshot(make_node, tmp_path)
     read = _slow_reads(monkeypatch)
-    assert b.restore_from_store("first", "mem-s1").busy
+    assert b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1")).busy
     (daemon,) = lazy_daemons(b)
     before, started = _cpu_s(daemon), time.monotonic()
     time.sleep(1.0)
@@ -283,7 +292,7 @@ def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
 ) -> None:
     b, sha = _snapshot(make_node, tmp_path, memory_dir=memory_dir)
     read = _slow_reads(monkeypatch)
-    restored = b.restore_from_store("first", "mem-s1")
+    restored = b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
     assert restored.busy
     daemons = lazy_daemons(b)
     assert len(daemons) == 1, "one lazy-pages daemon is running"
@@ -291,7 +300,7 @@ def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
     _gone(b, "first")
 
     monkeypatch.setattr(StoredFile, "read_views", read)
-    b.restore_from_store("second", "mem-s1")
+    b.restore_from_store("second", "mem-s1", recorded(b, "mem-s1"))
     _resident(b, "second")
     _intact(b, "second", sha)
 
@@ -340,7 +349,7 @@ def test_an_agent_restarted_while_memory_arrives_removes_the_sandbox(
     sandbox's memory, so it removes it, and the control plane restores it again."""
     b, _ = _snapshot(make_node, tmp_path)
     _slow_reads(monkeypatch)
-    assert b.restore_from_store("first", "mem-s1").busy
+    assert b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1")).busy
     restarted = Node(b.settings)
     assert restarted.list() == []
 
@@ -353,7 +362,7 @@ def test_an_agent_that_stops_while_memory_arrives_removes_the_sandbox_and_its_da
     sandbox goes, and CRIU's daemon and the page server with it."""
     b, _ = _snapshot(make_node, tmp_path)
     _slow_reads(monkeypatch)
-    assert b.restore_from_store("first", "mem-s1").busy
+    assert b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1")).busy
     assert len(lazy_daemons(b)) == 1
     b.close(timeout_s=0)
     assert b.list() == []

@@ -21,7 +21,7 @@ from sandbox_agent import Node, SandboxSpec, SandboxState, SandboxStatus
 from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.runtime.runc import ended
 from tests.sandbox_agent import programs
-from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, wait_for_log
+from tests.sandbox_agent.conftest import NodeFactory, recorded, remove_node_dirs, wait_for_log
 
 # An agent process that dies the instant a stopping checkpoint starts on the layer: after the
 # kill, before the commit, with no cleanup of its own.
@@ -68,7 +68,7 @@ def _move(a: Node, b: Node, sandbox_id: str, new_id: str, route: str, tmp_path: 
         sandbox_id, SnapshotTarget(f"{sandbox_id}-s1", sandbox_id, 1, "manual"), leave_running=False
     )
     remove_node_dirs(a)
-    restored = b.restore_from_store(new_id, f"{sandbox_id}-s1")
+    restored = b.restore_from_store(new_id, f"{sandbox_id}-s1", recorded(b, f"{sandbox_id}-s1"))
     assert restored.busy == (b.backend.name == "runc"), (
         "a lazily restored sandbox is busy until its memory is in"
     )

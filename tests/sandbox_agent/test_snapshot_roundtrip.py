@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -11,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from sandbox_agent import Phase, PhaseHooks, SandboxSpec, SandboxState
+from sandbox_agent.errors import FailedPrecondition
 from sandbox_agent.node import SnapshotTarget
-from snapshots import SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
+from snapshots import ManifestMismatch, SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
 from tests.s3server import MotoServer
 from tests.sandbox_agent import programs
-from tests.sandbox_agent.conftest import NodeFactory, remove_node_dirs, staged, wait_for_log
-from tests.snapshots.conftest import damage, make_meta
+from tests.sandbox_agent.conftest import NodeFactory, recorded, remove_node_dirs, staged, wait_for_log
+from tests.snapshots.conftest import damage, forge_manifest, make_meta, replace_manifest
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -55,7 +57,7 @@ def test_checkpoint_through_the_store(make_node: NodeFactory, store_url: str) ->
     assert not list((a.settings.root / "staging").iterdir()), "staging must be empty after a commit"
     remove_node_dirs(a)
 
-    restored = b.restore_from_store("ep1-r2", "ep1-s2")
+    restored = b.restore_from_store("ep1-r2", "ep1-s2", m2.digest)
     assert restored.record.timings_ms["fetch_ms"] > 0
     assert restored.record.restored_from == "ep1-s2", "the snapshot, not a staging path"
     after = wait_for_log(b, "ep1-r2", lambda t: t.count("sha ") > log.count("sha ") + 1)
@@ -84,7 +86,7 @@ def test_corrupt_chunk_fails_the_restore(make_node: NodeFactory, tmp_path: Path)
     # The damaged chunk is memory: a lazy restore runs the sandbox, meets the chunk as it
     # arrives and removes the sandbox; the next try here fetches the snapshot whole and fails.
     try:
-        b.restore_from_store("c1", "c-s1")
+        b.restore_from_store("c1", "c-s1", recorded(b, "c-s1"))
     except SnapshotCorrupt as exc:  # met while the restore was finishing
         assert "c-s1" in str(exc)
     deadline = time.monotonic() + 30
@@ -94,7 +96,7 @@ def test_corrupt_chunk_fails_the_restore(make_node: NodeFactory, tmp_path: Path)
     # Under a new id, as the control plane restores: the old one may stay busy a moment after
     # it left the list, until its removal has finished.
     with pytest.raises(SnapshotCorrupt, match="c-s1"):
-        b.restore_from_store("c1-again", "c-s1")
+        b.restore_from_store("c1-again", "c-s1", recorded(b, "c-s1"))
     assert b.list() == []
     assert a.get("c1").state == SandboxState.RUNNING
     with SnapshotStore.open(url) as store:
@@ -120,9 +122,42 @@ def test_a_snapshot_with_a_symlink_is_refused_before_the_restore_touches_anythin
         store.put(tree, make_meta("linked-1"))
     node = make_node("node-a", snapshot_store=url)
     with pytest.raises(SnapshotCorrupt, match=f"linked-1.*{link}.*is a symlink"):
-        node.restore_from_store("linked", "linked-1")
+        node.restore_from_store("linked", "linked-1", recorded(node, "linked-1"))
     assert node.list() == [] and not staged(node)
     assert secret.stat().st_mode & 0o777 == 0o600 and secret.read_text() == "the node's own file"
+
+
+@pytest.mark.timeout(120)
+def test_a_manifest_replaced_in_the_store_is_refused_before_the_restore_reads_anything(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    """Issue 45, F8: a writer with the store's credentials replaces a snapshot's manifest with one
+    whose checkpoint.json has CRIU restore the sandbox without its user namespace and seccomp
+    (every chunk of it sound). The node, given the digest recorded at the checkpoint, refuses it
+    naming the snapshot, before it stages, unpacks or runs anything; and refuses a restore
+    from the store that names no digest."""
+    url = f"file://{tmp_path}/store"
+    a, b = make_node("node-a", snapshot_store=url), make_node("node-b", snapshot_store=url)
+    a.create("f1", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "4")))
+    wait_for_log(a, "f1", lambda t: "sha " in t)
+    _, taken = a.checkpoint_to_store("f1", SnapshotTarget("f-s1", "f", 1, "manual"), leave_running=True)
+    with SnapshotStore.open(url) as store:
+        evil = store.fetch("f-s1", tmp_path / "evil")
+        checkpoint = json.loads((evil_dir := tmp_path / "evil" / "checkpoint.json").read_text())
+        checkpoint["oci_spec"]["linux"].pop("seccomp", None)
+        checkpoint["oci_spec"]["linux"]["uidMappings"] = [{"containerID": 0, "hostID": 0, "size": 1}]
+        evil_dir.write_text(json.dumps(checkpoint))
+        assert evil.digest == taken.digest
+        replace_manifest(store, "f-s1", forge_manifest(store, tmp_path / "evil", "f-s1"))
+
+    with pytest.raises(ManifestMismatch, match=r"f-s1.*replaced") as caught:
+        b.restore_from_store("f2", "f-s1", taken.digest)
+    assert caught.value.expected == taken.digest
+    assert b.list() == [] and not staged(b)
+    with pytest.raises(FailedPrecondition, match=r"f-s1.*no manifest digest"):
+        b.restore_from_store("f2", "f-s1", "")
+    assert b.list() == [] and not staged(b)
+    assert a.get("f1").state == SandboxState.RUNNING
 
 
 DIRTY_TENTH = r"""
@@ -209,7 +244,7 @@ def test_scattered_changes_are_stored_as_deltas_and_restore_lazily(
     assert second.sizes.new_bytes < first.sizes.stored_bytes / 4
     sha = re.findall(r"sha (\w+) 1", log)[-1]
 
-    restored = b.restore_from_store("heap", "h-s2")
+    restored = b.restore_from_store("heap", "h-s2", recorded(b, "h-s2"))
     assert restored.busy, "lazily: the deltas arrive through the page server"
     # The log came along: lines after the restore are the ones past those before the dump.
     seen = len(re.findall(r"sha \w+ 1", log))

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from snapshots import ChunkRef, LockSettings, RetrySettings, SnapshotMeta, SnapshotStore, StoreSettings
+from snapshots._layout import manifest_key
 from tests.s3server import MotoServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,6 +148,23 @@ def damage(store_dir: Path, ref: ChunkRef, replacement: bytes | None = None) -> 
             blob = bytearray(replacement)
         f.seek(ref.offset)
         f.write(bytes(blob))
+
+
+def forge_manifest(store: SnapshotStore, tree: Path, snapshot_id: str) -> bytes:
+    """What a writer with the store's credentials puts in place of `snapshot_id`'s manifest: that
+    of a tree of its own, stored beside it (every chunk sound), renamed to be that snapshot."""
+    real = store.manifest(snapshot_id)
+    forged_id = f"forged-{snapshot_id}"
+    store.put(tree, make_meta(forged_id, episode_id=real.episode_id, seq=real.seq))
+    # Test seam: the store's own objects, as any holder of its credentials reads and writes them.
+    doc = json.loads(store._backend.get(manifest_key(forged_id)))
+    doc["snapshot_id"], doc["parent_id"] = snapshot_id, real.parent_id
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def replace_manifest(store: SnapshotStore, snapshot_id: str, raw: bytes) -> None:
+    """Overwrite a snapshot's manifest in the store, as a writer with its credentials can."""
+    store._backend.put(manifest_key(snapshot_id), raw)  # Test seam: as `forge_manifest`.
 
 
 def as_v2(doc: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ def test_every_error_is_a_snapshot_error() -> None:
         for name in snapshots.__all__
         if isinstance(obj := getattr(snapshots, name), type) and issubclass(obj, BaseException)
     ]
-    assert len(errors) == 11
+    assert len(errors) == 12
     for error in errors:
         assert issubclass(error, snapshots.SnapshotError), error
     assert issubclass(snapshots.StoreUnavailable, snapshots.StoreError)

@@ -19,6 +19,7 @@ import pytest
 
 from snapshots import (
     ChunkingSettings,
+    ManifestMismatch,
     RetentionPolicy,
     SnapshotCorrupt,
     SnapshotNotFound,
@@ -26,7 +27,17 @@ from snapshots import (
     _chunkstore,
 )
 from snapshots._chunking import ChunkCodec
-from tests.snapshots.conftest import REPO, as_v2, damage, fast_settings, make_meta, make_tree, tree_listing
+from tests.snapshots.conftest import (
+    REPO,
+    as_v2,
+    damage,
+    fast_settings,
+    forge_manifest,
+    make_meta,
+    make_tree,
+    replace_manifest,
+    tree_listing,
+)
 
 
 @pytest.mark.timeout(60)
@@ -303,3 +314,62 @@ def test_a_failure_in_a_chunk_thread_fails_the_put_and_leaves_the_store_as_it_wa
     local_store.put(tree, make_meta("s2", seq=2, parent_id="s1"))
     local_store.fetch("s2", scratch / "out")
     assert tree_listing(scratch / "out") == tree_listing(tree)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("forgery", ["another tree", "not even JSON"])
+def test_a_manifest_replaced_after_it_was_recorded_is_refused_before_it_is_parsed(
+    local_store: SnapshotStore, scratch: Path, forgery: str
+) -> None:
+    """Issue 45, F8: a writer with the store's credentials replaces a recorded snapshot's manifest.
+    Read with the digest recorded when it was taken, it is refused, naming the snapshot, before
+    a byte of it is parsed (the garbage one would otherwise be 'unreadable'); no tree appears."""
+    recorded = local_store.put(make_tree(scratch / "tree"), make_meta("snap-1")).digest
+    assert recorded == local_store.manifest("snap-1").digest and recorded.startswith("sha256:")
+    raw = (
+        forge_manifest(local_store, make_tree(scratch / "evil", b"root without seccomp"), "snap-1")
+        if forgery == "another tree"
+        else b"\xff not a manifest"
+    )
+    replace_manifest(local_store, "snap-1", raw)
+
+    for read in (
+        lambda: local_store.fetch("snap-1", scratch / "out", digest=recorded),
+        lambda: local_store.reader("snap-1", recorded).open("checkpoint.json"),
+        lambda: local_store.manifest("snap-1", recorded),
+    ):
+        with pytest.raises(ManifestMismatch) as caught:
+            read()
+        assert caught.value.snapshot_id == "snap-1" and caught.value.expected == recorded
+        assert "snap-1" in str(caught.value) and recorded in str(caught.value)
+        assert "replaced" in str(caught.value)
+    assert not (scratch / "out").exists()
+    assert isinstance(caught.value, SnapshotCorrupt), "nodes report it as a damaged snapshot"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tampered", ["checkpoint.json", "criu/nested/deeper/core-1.img"])
+def test_a_file_swapped_by_rewriting_the_manifest_around_it_is_refused(
+    local_store: SnapshotStore, scratch: Path, tampered: str
+) -> None:
+    """Issue 45, F8: every chunk of a tampered checkpoint.json or CRIU image can hash right, if the
+    manifest is rewritten to name the forged chunks; the recorded digest refuses that manifest.
+    A chunk damaged in place is refused by its own hash, with or without the digest."""
+    tree = make_tree(scratch / "tree")
+    recorded = local_store.put(tree, make_meta("snap-1")).digest
+    evil = make_tree(scratch / "evil")
+    (evil / tampered).write_bytes(b'{"oci_spec": {"linux": {"uidMappings": [], "seccomp": null}}}')
+    replace_manifest(local_store, "snap-1", forge_manifest(local_store, evil, "snap-1"))
+    local_store.fetch("snap-1", scratch / "unchecked")  # what a restore read before the fix
+    assert (scratch / "unchecked" / tampered).read_bytes() == (evil / tampered).read_bytes()
+
+    with pytest.raises(ManifestMismatch, match="snap-1"):
+        local_store.fetch("snap-1", scratch / "out", digest=recorded)
+    assert not (scratch / "out").exists()
+
+    honest = local_store.put(make_tree(scratch / "honest"), make_meta("snap-2", seq=2))
+    entry = next(e for e in honest.files() if e.path == "checkpoint.json")
+    damage(scratch / "store", entry.chunks[0])
+    with pytest.raises(SnapshotCorrupt) as caught:
+        local_store.fetch("snap-2", scratch / "out", digest=honest.digest)
+    assert (caught.value.snapshot_id, caught.value.path) == ("snap-2", "checkpoint.json")

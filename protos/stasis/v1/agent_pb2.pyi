@@ -185,7 +185,7 @@ class SnapshotTarget(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., sequence: _Optional[int] = ..., parent_id: _Optional[str] = ..., reason: _Optional[str] = ..., trajectory_cursor: _Optional[str] = ...) -> None: ...
 
 class CheckpointResult(_message.Message):
-    __slots__ = ("directory", "sandbox_id", "node", "backend", "image_digest", "criu_version", "criu_bytes", "layer_bytes", "created_at", "snapshot_id", "logical_bytes", "stored_bytes", "new_bytes", "timings_ms", "since_freeze_ms")
+    __slots__ = ("directory", "sandbox_id", "node", "backend", "image_digest", "criu_version", "criu_bytes", "layer_bytes", "created_at", "snapshot_id", "logical_bytes", "stored_bytes", "new_bytes", "timings_ms", "since_freeze_ms", "manifest_digest")
     class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class CheckpointResult(_message.Message):
     NEW_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
     SINCE_FREEZE_MS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     directory: str
     sandbox_id: str
     node: str
@@ -223,21 +224,24 @@ class CheckpointResult(_message.Message):
     new_bytes: int
     timings_ms: _containers.ScalarMap[str, float]
     since_freeze_ms: float
-    def __init__(self, directory: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., image_digest: _Optional[str] = ..., criu_version: _Optional[str] = ..., criu_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., created_at: _Optional[float] = ..., snapshot_id: _Optional[str] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., since_freeze_ms: _Optional[float] = ...) -> None: ...
+    manifest_digest: str
+    def __init__(self, directory: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., image_digest: _Optional[str] = ..., criu_version: _Optional[str] = ..., criu_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., created_at: _Optional[float] = ..., snapshot_id: _Optional[str] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., since_freeze_ms: _Optional[float] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("sandbox_id", "directory", "image", "skip_verify", "snapshot_id")
+    __slots__ = ("sandbox_id", "directory", "image", "skip_verify", "snapshot_id", "manifest_digest")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     SKIP_VERIFY_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     directory: str
     image: str
     skip_verify: bool
     snapshot_id: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., image: _Optional[str] = ..., skip_verify: _Optional[bool] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
+    manifest_digest: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., image: _Optional[str] = ..., skip_verify: _Optional[bool] = ..., snapshot_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
 
 class KillRequest(_message.Message):
     __slots__ = ("sandbox_id", "signal")

@@ -310,7 +310,7 @@ class ResumeEpisodeRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., node: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("id", "episode_id", "parent_id", "sequence", "node", "reason", "created_at", "logical_bytes", "stored_bytes", "new_bytes", "trajectory_cursor", "timings_ms", "available")
+    __slots__ = ("id", "episode_id", "parent_id", "sequence", "node", "reason", "created_at", "logical_bytes", "stored_bytes", "new_bytes", "trajectory_cursor", "timings_ms", "available", "manifest_digest")
     class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -331,6 +331,7 @@ class Snapshot(_message.Message):
     TRAJECTORY_CURSOR_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     id: str
     episode_id: str
     parent_id: str
@@ -344,7 +345,8 @@ class Snapshot(_message.Message):
     trajectory_cursor: str
     timings_ms: _containers.ScalarMap[str, float]
     available: bool
-    def __init__(self, id: _Optional[str] = ..., episode_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., sequence: _Optional[int] = ..., node: _Optional[str] = ..., reason: _Optional[str] = ..., created_at: _Optional[float] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., trajectory_cursor: _Optional[str] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., available: _Optional[bool] = ...) -> None: ...
+    manifest_digest: str
+    def __init__(self, id: _Optional[str] = ..., episode_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., sequence: _Optional[int] = ..., node: _Optional[str] = ..., reason: _Optional[str] = ..., created_at: _Optional[float] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., trajectory_cursor: _Optional[str] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., available: _Optional[bool] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
 
 class ListSnapshotsRequest(_message.Message):
     __slots__ = ("episode_id",)
