@@ -149,6 +149,7 @@ class SnapshotStore:
         if self._backend.size(manifest_key(meta.snapshot_id)) is not None:
             raise SnapshotExists(meta.snapshot_id)
         parent = self._check_parent(meta) if meta.parent_id is not None else None
+        self._backend.ensure_exclusive_create()  # Publishing relies on it: refuse before writing.
 
         waiting = time.monotonic()
         with self._lock(LockKind.SHARED, f"put {meta.snapshot_id}") as lock:
