@@ -52,6 +52,11 @@ class Backend(Protocol):
         """Durably create an object unless the key exists; False if it existed."""
         ...
 
+    def ensure_exclusive_create(self) -> None:
+        """Raise StoreRejected unless `put_if_absent` of an existing key is refused here; tried
+        once per backend, before the first write that relies on it."""
+        ...
+
     def get(self, key: str) -> bytes:
         """Read a whole object; raises ObjectMissing."""
         ...
@@ -264,6 +269,9 @@ class LocalBackend:
             return True
         except OSError as exc:
             raise self._error(key, exc) from None
+
+    def ensure_exclusive_create(self) -> None:
+        pass  # link(2) refuses an existing name on every filesystem.
 
     def get(self, key: str) -> bytes:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 MANIFEST_PREFIX = "snapshots/"
 EPISODE_PREFIX = "episodes/"
 PACK_PREFIX = "packs/"
+PROBE_PREFIX = "probes/"
 
 
 def manifest_key(snapshot_id: str) -> str:
@@ -48,3 +49,8 @@ def split_pack_key(key: str) -> tuple[str, str] | None:
         return None
     pack_id, _, kind = key[len(PACK_PREFIX) :].rpartition(".")
     return (pack_id, kind) if pack_id and kind in ("pack", "idx") else None
+
+
+def probe_key(name: str) -> str:
+    """Key of a short-lived object with which the store tests what its backend promises."""
+    return f"{PROBE_PREFIX}{name}"

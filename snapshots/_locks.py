@@ -51,11 +51,13 @@ class Holder:
         return Holder(socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"), _pidns(), os.getpid())
 
     def dead(self, here: Holder) -> bool:
-        """True only when certain: same host and boot, same PID namespace, and no such process."""
-        if self.host != here.host or not self.boot_id or not here.boot_id:
+        """True only when certain: same host, same boot, same PID namespace, and no such process.
+
+        Another boot id proves nothing: pods and machines share host names, so the holder may
+        be alive on another kernel. Only its lock's expiry frees the store then.
+        """
+        if self.host != here.host or not self.boot_id or self.boot_id != here.boot_id:
             return False
-        if self.boot_id != here.boot_id:
-            return True  # The host rebooted since; every process of the old boot is gone.
         if not self.pidns or self.pidns != here.pidns:
             return False
         try:
@@ -170,7 +172,7 @@ class StoreLock:
 
     def _write(self) -> None:
         # Not durable: a lock means nothing once its holder is gone, and a crash of its host ends
-        # the holder (other parties see it stale, by its boot id). A restore waited 1-2 ms for
+        # the holder (other parties see it stale once it expires). A restore waited 1-2 ms for
         # the fsync, at its start.
         lock = _encode(self._kind, self._holder, self._purpose, time.time())
         self._backend.put(self._key, lock, durable=False)

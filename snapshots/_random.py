@@ -4,23 +4,29 @@ A file's chunk list is its index: chunk i starts where the lengths before it end
 only the chunks that cover its range, in one request where they lie together in a pack, and
 verifies each against its hash before any byte of it is returned. Recently read chunks are kept,
 decoded, so neighbouring reads do not fetch them again, and the chunks after a read are fetched
-and verified ahead on the store's threads, since reads mostly go forward.
+and verified ahead on the store's threads, since reads mostly go forward (unless the file was
+opened for reads that skip about, such as a walk through a tar's headers).
 """
 
 from __future__ import annotations
 
 import bisect
+import io
 import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from ._chunking import ChunkMismatch
 from ._chunkstore import ChunkStore, follows, verified
 from ._locks import StoreLock
 from ._manifest import ChunkRef, Entry, chunk_lengths
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 CACHED_CHUNKS = 256
 """Decoded chunks kept per open file: 16 MiB at the 64 KiB average chunk."""
@@ -35,7 +41,14 @@ class StoredFile:
     Holds a shared lock on the store until closed (or its `SnapshotReader` holds one), so
     garbage collection leaves its chunks be. Thread-safe."""
 
-    def __init__(self, chunks: ChunkStore, snapshot_id: str, entry: Entry, lock: StoreLock | None) -> None:
+    def __init__(
+        self,
+        chunks: ChunkStore,
+        snapshot_id: str,
+        entry: Entry,
+        lock: StoreLock | None,
+        read_ahead: bool = True,
+    ) -> None:
         self.snapshot_id = snapshot_id
         self.path = entry.path
         self.size = entry.size
@@ -47,6 +60,7 @@ class StoredFile:
         """Chunks being read ahead: the run's future, and the chunk's place in it."""
         self._guard = threading.Lock()
         self._lock = lock
+        self._ahead_chunks = READ_AHEAD_CHUNKS if read_ahead else 0
         self.fetched_bytes = 0
         """Raw bytes of the chunks fetched so far (a chunk read twice counts twice)."""
 
@@ -132,7 +146,7 @@ class StoredFile:
         with self._guard:
             todo = [
                 i
-                for i in range(start, min(start + READ_AHEAD_CHUNKS, len(self._refs)))
+                for i in range(start, min(start + self._ahead_chunks, len(self._refs)))
                 if i not in self._cache and i not in self._ahead
             ]
             for run in _runs(todo, self._refs):
@@ -141,6 +155,11 @@ class StoredFile:
                     future = self._chunks.read_later([self._refs[i] for i in chunk_ids])
                     for at, i in enumerate(chunk_ids):
                         self._ahead[i] = (future, at)
+
+    def stream(self) -> io.BufferedReader:
+        """The file as a seekable binary stream, for a reader that wants one (`tarfile`); each
+        read fetches what `read` would. Closing it leaves this file open."""
+        return io.BufferedReader(_Stream(self), buffer_size=_STREAM_BUFFER)
 
     def close(self) -> None:
         with self._guard:
@@ -158,6 +177,45 @@ class StoredFile:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+_STREAM_BUFFER = 4096
+"""Bytes a stream reads at a time for small reads (a tar header is 512): it costs nothing to
+fetch, since the chunk under it is fetched whole anyway."""
+
+
+class _Stream(io.RawIOBase):
+    """A `StoredFile` read from a position that moves, as a file is."""
+
+    def __init__(self, stored: StoredFile) -> None:
+        self._stored = stored
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._stored.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self._stored.path}: cannot seek to {base + offset}")
+        self._position = base + offset
+        return self._position
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        target = memoryview(buffer).cast("B")
+        length = max(0, min(len(target), self._stored.size - self._position))
+        done = 0
+        for view in self._stored.read_views(min(self._position, self._stored.size), length):
+            target[done : done + len(view)] = view
+            done += len(view)
+        self._position += done
+        return done
 
 
 def _views(chunks: list[bytes], at: int, length: int) -> list[memoryview]:

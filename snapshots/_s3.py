@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -13,7 +16,8 @@ import botocore.exceptions
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from ._backends import ObjectMissing
-from ._errors import StoreRejected, StoreUnavailable
+from ._errors import StoreError, StoreRejected, StoreUnavailable
+from ._layout import probe_key
 from ._settings import StoreSettings
 
 T = TypeVar("T")
@@ -72,6 +76,8 @@ class S3Backend:
         self._bucket = bucket
         self._prefix = f"{prefix}/" if prefix else ""
         self._endpoint = endpoint
+        self._exclusive_create_checked = False
+        self._probing = threading.Lock()
         config = botocore.config.Config(
             # tenacity below owns retries, so that the policy lives in one place.
             retries={"total_max_attempts": 1, "mode": "standard"},
@@ -129,6 +135,35 @@ class S3Backend:
         )
 
     def put_if_absent(self, key: str, blob: bytes) -> bool:
+        self.ensure_exclusive_create()
+        return self._put_if_absent(key, blob)
+
+    def ensure_exclusive_create(self) -> None:
+        """Create a probe object twice with If-None-Match: *; an endpoint (or a proxy before it)
+        that lets the second through would let two writers both publish one manifest."""
+        with self._probing:
+            if self._exclusive_create_checked:
+                return
+            key = probe_key(f"if-none-match-{uuid.uuid4().hex}")
+            try:
+                if not self._put_if_absent(key, b""):
+                    raise StoreRejected(
+                        self.location, key, "If-None-Match: * refused the create of a new object (412)"
+                    )
+                if self._put_if_absent(key, b""):
+                    raise StoreRejected(
+                        self.location,
+                        key,
+                        "the endpoint ignores If-None-Match: * (it replaced an existing object instead "
+                        "of answering 412), so it cannot keep two writers from publishing one snapshot; "
+                        "use an S3 endpoint that supports conditional writes",
+                    )
+            finally:
+                with contextlib.suppress(StoreError):  # An empty object left over harms nothing.
+                    self.delete([key])
+            self._exclusive_create_checked = True
+
+    def _put_if_absent(self, key: str, blob: bytes) -> bool:
         def attempt() -> bool:
             try:
                 self._client.put_object(

@@ -158,6 +158,7 @@ class SnapshotStore:
         if self._backend.size(manifest_key(meta.snapshot_id)) is not None:
             raise SnapshotExists(meta.snapshot_id)
         parent = self._check_parent(meta) if meta.parent_id is not None else None
+        self._backend.ensure_exclusive_create()  # Publishing relies on it: refuse before writing.
 
         waiting = time.monotonic()
         with self._lock(LockKind.SHARED, f"put {meta.snapshot_id}") as lock:
@@ -354,16 +355,18 @@ class SnapshotStore:
                 f.truncate(entry.size)
             self._chunks.restore_files(snapshot_id, [(entry, Path(dest))])
 
-    def open_file(self, snapshot_id: str, path: str) -> StoredFile:
+    def open_file(self, snapshot_id: str, path: str, *, read_ahead: bool = True) -> StoredFile:
         """One regular file of a snapshot, to read at any offset, each chunk verified as it is
-        read (`StoredFile`). It holds a shared lock on the store until closed."""
+        read (`StoredFile`). It holds a shared lock on the store until closed. Without
+        `read_ahead`, a read fetches the chunks under it and no more: for reads that skip about
+        (a member of an archive found by its headers)."""
         lock = self._lock(LockKind.SHARED, f"read {snapshot_id}:{path}")
         try:
             entry = _file_entry(self.manifest(snapshot_id), path)
         except BaseException:
             lock.release()
             raise
-        return StoredFile(self._chunks, snapshot_id, entry, lock)
+        return StoredFile(self._chunks, snapshot_id, entry, lock, read_ahead)
 
     # -- history and housekeeping -------------------------------------------------------------
 

@@ -9,15 +9,38 @@ import urllib.request
 
 from orchestrator.cli.local import free_port
 
+# moto's server with its WSGI app behind one that drops If-None-Match, as an endpoint (or a
+# proxy before it) that does not support conditional writes does: PUTs then always replace.
+_IGNORING_IF_NONE_MATCH = """
+import sys
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import run_simple
+
+moto = DomainDispatcherApplication(create_backend_app)
+
+def app(environ, start_response):
+    environ.pop("HTTP_IF_NONE_MATCH", None)
+    return moto(environ, start_response)
+
+run_simple("127.0.0.1", int(sys.argv[1]), app, threaded=True, request_handler=MotoRequestHandler)
+"""
+
 
 class MotoServer:
-    """A real moto S3 server process on 127.0.0.1 (the one S3 endpoint this machine can run)."""
+    """A real moto S3 server process on 127.0.0.1 (the one S3 endpoint this machine can run).
 
-    def __init__(self) -> None:
+    `honours_if_none_match=False` puts a front before it that drops the header, so it stands
+    for an endpoint without conditional writes."""
+
+    def __init__(self, honours_if_none_match: bool = True) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        if honours_if_none_match:
+            argv = ["-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        else:
+            argv = ["-c", _IGNORING_IF_NONE_MATCH, str(self.port)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, *argv],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -150,11 +150,19 @@ def _unmount(target: bytes) -> None:
     check(libc.umount2(target, _UMOUNT_NOFOLLOW | _MNT_DETACH), f"unmounting {os.fsdecode(target)}")
 
 
-def export_layer(upper: Path, dest: Path) -> int:
-    """Write the writable layer as an overlay-native tar; returns its size in bytes."""
+def export_layer(upper: Path, dest: Path, first: str | None = None) -> int:
+    """Write the writable layer as an overlay-native tar; returns its size in bytes. The layer's
+    path `first` (absolute in the sandbox), if it has one, is archived ahead of the rest, so a
+    reader after it finds it in the first headers, without a walk through the whole archive."""
     excludes = [f"--xattrs-exclude={x}" for x in NODE_BOUND_XATTRS]
+    members = ["."]
+    if first is not None:
+        ahead = f"./{sandbox_path('first', first).relative_to('/')}"
+        if os.path.lexists(upper / ahead):
+            # GNU tar's exclusions are positional: this one spares `ahead`, which comes before it.
+            members = [ahead, "--anchored", f"--exclude={ahead}", "."]
     tools.run(
-        ["tar", "-C", str(upper), *_TAR_COMMON, *excludes, "--sparse", "-cf", str(dest), "."],
+        ["tar", "-C", str(upper), *_TAR_COMMON, *excludes, "--sparse", "-cf", str(dest), *members],
         what=f"archiving writable layer {upper}",
     )
     return dest.stat().st_size

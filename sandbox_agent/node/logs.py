@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
 from sandbox_agent.host import confined
 from sandbox_agent.runtime.backend import HARNESS_LOG
@@ -30,10 +31,14 @@ def read(root: Path, tail_bytes: int, offset: int | None) -> tuple[bytes, int]:
     return confined.read(root, HARNESS_LOG, *window(size, tail_bytes, offset))
 
 
-def read_archived(layer: Path, tail_bytes: int, offset: int | None) -> tuple[bytes, int]:
+def read_archived(layer: BinaryIO, tail_bytes: int, offset: int | None) -> tuple[bytes, int]:
     """The window of the log in a checkpoint's layer archive, and the log's size; none if the
-    layer holds no regular file there."""
-    with tarfile.open(layer) as tar:
+    layer holds no regular file there.
+
+    Of the archive, only the headers up to the log's (the state dir is archived first, see
+    `overlay.export_layer`) and the window are read, so a page of a snapshot's log fetches only
+    the chunks under them, however large the layer is."""
+    with tarfile.open(fileobj=layer, mode="r:") as tar:
         member = next((m for m in tar if m.name.removeprefix("./") == HARNESS_LOG.lstrip("/")), None)
         if member is None or not member.isreg():
             return b"", 0

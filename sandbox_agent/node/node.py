@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 import signal as signals
-import tempfile
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ from sandbox_agent.node.sandboxes import Sandboxes, in_thread, partial
 from sandbox_agent.node.staging import PAGES, checkpoint_shaped, private_dir, staged_bytes, staging_for
 from sandbox_agent.phases import Phase, PhaseHooks, Timeline
 from sandbox_agent.runtime import launch
-from sandbox_agent.runtime.backend import Backend, SandboxLayout
+from sandbox_agent.runtime.backend import STATE_DIR, Backend, SandboxLayout
 from sandbox_agent.runtime.runc import RuncBackend
 from sandbox_agent.settings import AgentSettings
 from sandbox_agent.spec import (
@@ -345,7 +344,7 @@ class Node:
                         timeline.measured(Phase.NODE_FREE, free_ms)
                     with timeline.phase(Phase.LAYER):
                         upper = self.backend.upper_dir(record, layout)
-                        layer_bytes = overlay.export_layer(upper, staging / ckpt.LAYER)
+                        layer_bytes = overlay.export_layer(upper, staging / ckpt.LAYER, first=STATE_DIR)
                         log_bytes = logs.read(upper, 0, None)[1]
                     if leave_running:
                         self.backend.thaw(record, layout)
@@ -803,17 +802,17 @@ class Node:
     def snapshot_log(
         self, snapshot_id: str, tail_bytes: int = 65536, offset: int | None = None
     ) -> tuple[bytes, int]:
-        """The harness's log as a committed snapshot holds it, read from the snapshot's layer."""
+        """The harness's log as a committed snapshot holds it, read from the snapshot's layer:
+        only the chunks of the layer under the tar headers read and under the window."""
         validate_id("snapshot_id", snapshot_id)
-        with tempfile.TemporaryDirectory(prefix=".log-", dir=self.settings.root) as tmp:
-            layer = Path(tmp) / ckpt.LAYER
-            try:
-                self._require_store().read_file(snapshot_id, ckpt.LAYER, layer)
-            except SnapshotNotFound:
-                raise NotFound(f"snapshot {snapshot_id} does not exist") from None
-            except FileNotFoundError:
-                return b"", 0
-            return logs.read_archived(layer, tail_bytes, offset)
+        try:
+            layer = self._require_store().open_file(snapshot_id, ckpt.LAYER, read_ahead=False)
+        except SnapshotNotFound:
+            raise NotFound(f"snapshot {snapshot_id} does not exist") from None
+        except FileNotFoundError:
+            return b"", 0
+        with layer, layer.stream() as stream:
+            return logs.read_archived(stream, tail_bytes, offset)
 
     def delete_all(self) -> None:
         """Delete every sandbox of this node: for tests and decommissioning."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import pytest
 
 from sandbox_agent import Phase, PhaseHooks, SandboxSpec, SandboxState
 from sandbox_agent.errors import FailedPrecondition
+from sandbox_agent.host import overlay
 from sandbox_agent.node import SnapshotTarget
 from snapshots import ManifestMismatch, SnapshotCorrupt, SnapshotStore, import_checkpoint_archive
 from tests.s3server import MotoServer
@@ -318,3 +322,67 @@ def test_a_snapshots_log_is_read_as_a_window_even_when_the_harness_made_it_terab
     node = make_node("node-a", snapshot_store=url)
     assert node.snapshot_log("sparse-1", tail_bytes=6) == (b"tail!\n", 1 << 40)
     assert node.snapshot_log("sparse-1", offset=4096) == (bytes(4 << 20), 1 << 40)
+
+
+def _bytes_read() -> int:
+    """What this process has read so far (/proc/self/io rchar): every read(2) and pread(2), the
+    local store's among them."""
+    io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(io["rchar"])
+
+
+@pytest.mark.timeout(120)
+def test_a_page_of_a_snapshots_log_fetches_only_the_part_of_the_layer_it_reads(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    """The layer holds 64 MiB of other files ahead of a 22 MiB log; a page of 4 MiB of the log
+    reads the tar's headers and the chunks under the page (about 2 MiB as stored), never the
+    rest of the layer nor the rest of the log."""
+    layer = tmp_path / "layer"
+    (layer / ".stasis").mkdir(parents=True)
+    (layer / "dataset.bin").write_bytes(os.urandom(64 << 20))
+    log = os.urandom(11 << 20).hex().encode()  # Stored at about half its size, as logs are.
+    (layer / ".stasis" / "harness.log").write_bytes(log)
+    tree = tmp_path / "tree"
+    (tree / "criu").mkdir(parents=True)
+    (tree / "checkpoint.json").write_text("{}")
+    # As an agent before this one archived it: the log's place in the tar is wherever it fell.
+    subprocess.run(
+        ["tar", "-cf", str(tree / "layer.tar"), "-C", str(layer), "./dataset.bin", "./.stasis"], check=True
+    )
+    url = f"file://{tmp_path}/store"
+    with SnapshotStore.open(url) as store:
+        store.put(tree, make_meta("big-1"))
+    node = make_node("node-a", snapshot_store=url)
+    node.snapshot_log("big-1", tail_bytes=1)  # Opens the store, whose first use reads more.
+
+    pages = {
+        "from 8 MiB": ({"offset": 8 << 20}, log[8 << 20 : 12 << 20]),
+        "the last 4 MiB": ({"tail_bytes": 4 << 20}, log[-(4 << 20) :]),
+    }
+    for name, (where, expected) in pages.items():
+        before = _bytes_read()
+        assert node.snapshot_log("big-1", **where) == (expected, len(log))
+        read = _bytes_read() - before
+        assert read < 6 << 20, f"the page {name} read {read / (1 << 20):.1f} MiB of an 86 MiB layer"
+
+
+@pytest.mark.timeout(30)
+def test_a_layer_is_archived_with_its_state_dir_first_and_everything_else_once(tmp_path: Path) -> None:
+    """So a log page finds the log in the archive's first headers."""
+    upper = tmp_path / "upper"
+    for path in ("a/f", "a/.stasis/g", "z/h", ".stasis/harness.log"):
+        (upper / path).parent.mkdir(parents=True, exist_ok=True)
+        (upper / path).write_text(path)
+    overlay.export_layer(upper, tmp_path / "layer.tar", first="/.stasis")
+    with tarfile.open(tmp_path / "layer.tar") as tar:
+        names = tar.getnames()
+    assert names[:2] == ["./.stasis", "./.stasis/harness.log"]
+    assert sorted(names) == sorted(
+        [".", "./.stasis", "./.stasis/harness.log", "./a", "./a/f", "./a/.stasis", "./a/.stasis/g",
+         "./z", "./z/h"]
+    )  # fmt: skip
+    shutil.rmtree(upper / ".stasis")
+    overlay.export_layer(upper, tmp_path / "without.tar", first="/.stasis")
+    with tarfile.open(tmp_path / "without.tar") as tar:
+        assert "./a/.stasis/g" in tar.getnames()

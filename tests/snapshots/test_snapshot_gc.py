@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import threading
 import time
 import uuid
@@ -282,10 +283,12 @@ def test_a_gc_cut_short_after_its_sweep_leaves_data_that_no_put_reuses_and_the_n
     assert (scratch / "out" / "criu" / "pages-1.img").read_bytes() == memory
 
 
-def _foreign_lock(store: SnapshotStore, purpose: str, refreshed: float) -> str:
+def _foreign_lock(
+    store: SnapshotStore, purpose: str, refreshed: float, host: str = "node-elsewhere", pidns: str = "p"
+) -> str:
     """A shared lock as a live writer on another host writes it, dated `refreshed` by its clock."""
     key = f"locks/{uuid.uuid4().hex}.json"
-    doc = {"kind": "shared", "host": "node-elsewhere", "boot_id": "b", "pidns": "p", "pid": 7,
+    doc = {"kind": "shared", "host": host, "boot_id": "b", "pidns": pidns, "pid": 7,
            "purpose": purpose, "refreshed": refreshed}  # fmt: skip
     store._backend.put(key, json.dumps(doc).encode())  # Test seam: the lock protocol is internal.
     return key
@@ -297,6 +300,19 @@ def test_a_writer_whose_clock_lags_still_keeps_gc_away(store: SnapshotStore) -> 
     key = _foreign_lock(store, "writer with a slow clock", refreshed=time.time() - 3600)
     _gc_is_refused(store, "writer with a slow clock")
     assert key in list(store._backend.list("locks/")), "a live lock is not removed as stale"
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_on_another_machine_with_our_hostname_still_keeps_gc_away(store: SnapshotStore) -> None:
+    """Pods and cloned machines share host names: a holder with ours but another boot id may be
+    alive on another kernel, so only its lock's expiry frees the store."""
+    key = _foreign_lock(store, "namesake writer", time.time(), host=socket.gethostname(), pidns=_our_pidns())
+    _gc_is_refused(store, "namesake writer")
+    assert key in list(store._backend.list("locks/")), "a live lock is not removed as stale"
+
+
+def _our_pidns() -> str:
+    return os.readlink("/proc/self/ns/pid")
 
 
 @pytest.mark.timeout(60)

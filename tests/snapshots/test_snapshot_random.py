@@ -51,6 +51,19 @@ def test_any_range_reads_back_exactly(stored: SnapshotStore) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_stream_without_read_ahead_fetches_only_the_chunks_it_reads(stored: SnapshotStore) -> None:
+    with stored.open_file("s1", "criu/pages-1.img", read_ahead=False) as f, f.stream() as stream:
+        stream.seek(1 << 20)
+        assert stream.read(512) == MEMORY[(1 << 20) : (1 << 20) + 512]
+        assert stream.tell() == (1 << 20) + 512
+        stream.seek(-100, os.SEEK_END)
+        assert stream.read() == MEMORY[-100:]
+        assert stream.read(10) == b""
+        # A chunk is at most 256 KiB: one under each read, two where a read straddles a boundary.
+        assert f.fetched_bytes <= 4 * (256 << 10)
+
+
+@pytest.mark.timeout(60)
 def test_many_scattered_ranges_read_at_once_as_one_by_one(stored: SnapshotStore) -> None:
     rng = random.Random(11)
     ranges = [(0, 0), (len(MEMORY), 0), (0, 4096), (len(MEMORY) - 10, 10)]

@@ -32,6 +32,28 @@ def test_unreachable_endpoint_is_unavailable_after_retries(moto_server: MotoServ
 
 
 @pytest.mark.timeout(60)
+def test_an_endpoint_that_ignores_conditional_create_is_refused_before_anything_is_written(
+    moto_server: MotoServer, scratch: Path
+) -> None:
+    """A put there could publish over another writer's manifest of the same snapshot id."""
+    import boto3
+
+    server = MotoServer(honours_if_none_match=False)
+    try:
+        server.create_bucket("careless")
+        store = SnapshotStore(fast_settings(f"s3://careless/p?endpoint={server.endpoint}"))
+        with store, pytest.raises(StoreRejected, match="If-None-Match") as caught:
+            store.put(make_tree(scratch / "tree"), make_meta("s1"))
+        assert server.endpoint in str(caught.value)
+        client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
+        left = client.list_objects_v2(Bucket="careless").get("Contents", [])
+        client.close()
+        assert left == [], "neither the probe nor any of the snapshot is left behind"
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(60)
 def test_missing_bucket_is_rejected_not_retried(moto_server: MotoServer, scratch: Path) -> None:
     url = f"s3://no-such-bucket?endpoint={moto_server.endpoint}"
     with SnapshotStore(fast_settings(url)) as store, pytest.raises(StoreRejected, match="NoSuchBucket"):
@@ -61,6 +83,7 @@ def test_s3_layout_and_dedup_across_stores(moto_server: MotoServer, scratch: Pat
         "team/snaps/episodes/ep-2/s2",
     } <= set(keys)
     assert not [k for k in keys if k.startswith("team/snaps/locks/")], "locks are released"
+    assert not [k for k in keys if k.startswith("team/snaps/probes/")], "the store's probe is removed"
 
 
 @pytest.mark.timeout(60)
