@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.local import LocalSettings, agent_command, claim_address_pool
+from orchestrator.cli.local import LocalSettings, LocalStack, agent_command, claim_address_pool
 from orchestrator.domain import FailedPrecondition
+from tests.orchestrator.programs import counter_spec
 
 
 def _settings(tmp_path: Path, name: str, pool: str = "") -> LocalSettings:
@@ -34,3 +36,25 @@ def test_stacks_on_one_host_get_their_own_names_and_disjoint_address_pools(tmp_p
     shutil.rmtree(a.state_dir)  # that stack is gone, and its pool is free
     assert claim_address_pool(_settings(tmp_path, "e")) == pool_a
     assert not (tmp_path / "stacks" / a.stack).exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_second_stack_started_beside_a_running_episode_leaves_it_running(
+    make_stack: Callable[..., LocalStack],
+) -> None:
+    """Two `stasis up` on one host, each with a node-1: the second's start-up leaves the first's
+    sandbox running, and both run an episode at once, at addresses of their own."""
+    first = make_stack(nodes=1, slots=1)
+    with first.client() as a:
+        one = a.wait(a.submit(counter_spec(60)).id, ["RUNNING"], timeout_s=60)
+        second = make_stack(nodes=1, slots=1)
+        with second.client() as b:
+            two = b.wait(b.submit(counter_spec(20)).id, ["RUNNING"], timeout_s=60)
+            assert one.node == two.node == "node-1"
+            assert one.address != two.address
+            assert a.get(one.id).state == "RUNNING"
+            assert b.wait(two.id, ["SUCCEEDED"], timeout_s=60).exit_code == 0
+        assert a.wait(one.id, ["SUCCEEDED"], timeout_s=60).exit_code == 0
+        moves = [(e.from_state, e.to_state) for e in a.events(one.id) if e.kind == "transition"]
+        assert moves[-1] == ("RUNNING", "SUCCEEDED") and ("RUNNING", "FAILED") not in moves, moves
+        assert len([m for m in moves if m[1] == "RUNNING"]) == 1, f"it started over: {moves}"
