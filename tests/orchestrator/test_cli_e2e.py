@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.local import free_port
+from orchestrator.cli.local import LocalSettings, free_port
 from tests.orchestrator.conftest import STASIS, cli, remove_sandboxes
 
 PROGRAM = """\
@@ -57,6 +57,9 @@ def stasis_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         proc.wait(timeout=60)
         log.close()
         remove_sandboxes(state)
+        # Its claim of an address pool on the host goes with it (`claim_address_pool`).
+        settings = LocalSettings(state_dir=state)
+        (settings.stacks_dir / settings.stack).unlink(missing_ok=True)
 
 
 @pytest.mark.timeout(300)
