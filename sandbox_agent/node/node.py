@@ -94,7 +94,9 @@ class Node:
         """Called around every checkpoint and restore phase."""
         self.name = validate_id("node", settings.node)
         if settings.stack and "." in validate_id("stack", settings.stack):
-            raise InvalidSpec("stack", f"{settings.stack!r} has a dot, which `host_key` needs to itself")
+            raise InvalidSpec(
+                "stack", f"{settings.stack!r} holds a dot; the node is <node>.<stack> on the host"
+            )
         self.host_key = settings.host_key
         """Names what this node holds on the host (`AgentSettings.host_key`)."""
         settings.root.mkdir(parents=True, exist_ok=True)
