@@ -84,14 +84,37 @@ class LocalSettings:
 
     @property
     def stack(self) -> str:
-        """The stack's name on this host, which its agents carry (`--stack`): from its state dir,
-        which no two stacks share. It keeps their node-1s' cgroups, netns and allowances apart."""
-        return hashlib.sha256(os.fsencode(self.state_dir.resolve())).hexdigest()[:8]
+        """The stack's name on this host, which its agents carry (`--stack`): it keeps the node-1s
+        of two stacks apart, their cgroups, netns and allowances (`stack_name`)."""
+        return stack_name(self.state_dir)
+
+    @property
+    def pool_claim(self) -> Path:
+        """The file of this stack's claim of its address pool (`claim_address_pool`)."""
+        return self.stacks_dir / _digest(self.state_dir)
 
     def image_cache(self, node: str) -> Path:
         """Where a node keeps its image trees."""
         state_dir = self.state_dir.resolve()
         return state_dir / "images" if self.shared_image_cache else state_dir / "nodes" / node / "images"
+
+
+def _digest(state_dir: Path) -> str:
+    """Eight hex digits of the state dir's path, which no two stacks share."""
+    return hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:8]
+
+
+def stack_name(state_dir: Path) -> str:
+    """The name of the stack in `state_dir`, kept in <state_dir>/stack from its first start:
+    the state dir's `_digest`. A state dir whose nodes ran before stacks were named keeps none,
+    as their sandboxes, which may still run, are named without one."""
+    recorded = state_dir / "stack"
+    if recorded.is_file():
+        return recorded.read_text().strip()
+    name = "" if any((state_dir / "nodes").glob("*/sandboxes")) else _digest(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(name + "\n")
+    return name
 
 
 class AgentProcess:
@@ -155,8 +178,8 @@ def agent_command(
 
 def claim_address_pool(settings: LocalSettings) -> str:
     """The stack's address pool (`LocalSettings.address_pool`), claimed in `stacks_dir` as
-    <stack>: {"pool", "state_dir"}. A claim whose state dir is gone is free again, and removed.
-    A pool given that overlaps another live stack's is refused."""
+    <digest of its state dir>: {"pool", "state_dir"}. A claim whose state dir is gone is free
+    again, and removed. A pool given that overlaps another live stack's is refused."""
     stacks = settings.stacks_dir
     stacks.mkdir(parents=True, exist_ok=True)
     with open(stacks / ".lock", "a") as lock:
@@ -171,7 +194,7 @@ def claim_address_pool(settings: LocalSettings) -> str:
                 pool = ipaddress.IPv4Network(held["pool"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if claim.name == settings.stack:
+            if claim == settings.pool_claim:
                 own = pool
             elif Path(held.get("state_dir", "")).is_dir():
                 others[held["state_dir"]] = pool
@@ -197,8 +220,7 @@ def claim_address_pool(settings: LocalSettings) -> str:
                     f"(see {stacks}): give this one --address-pool"
                 )
             pool = found
-        claim = stacks / settings.stack
-        claim.write_text(
+        settings.pool_claim.write_text(
             json.dumps({"pool": str(pool), "state_dir": str(settings.state_dir.resolve())}) + "\n"
         )
         return str(pool)
@@ -320,7 +342,7 @@ class LocalStack:
         self.registry.start()
         progress(f"image registry at {self.registry.host} for `stasis image import`")
         auth = self._auth()
-        pool = claim_address_pool(s)
+        stack, pool = s.stack, claim_address_pool(s)
         self.orchestrator = Orchestrator(
             OrchestratorSettings(
                 state_dir=self.state_dir,
@@ -335,7 +357,7 @@ class LocalStack:
             )
         ).start(gateway=False)
         progress(f"orchestrator listening on {self.address}, state in {self.state_dir}")
-        progress(f"stack {s.stack} on this host, sandbox addresses from {pool}")
+        progress(f"stack {stack or '(unnamed)'} on this host, sandbox addresses from {pool}")
         if auth is not None:
             self.write_client_config(self.client_config)
             progress(f"operator credential in {self.client_config} (context `local`)")

@@ -58,8 +58,7 @@ def stasis_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         log.close()
         remove_sandboxes(state)
         # Its claim of an address pool on the host goes with it (`claim_address_pool`).
-        settings = LocalSettings(state_dir=state)
-        (settings.stacks_dir / settings.stack).unlink(missing_ok=True)
+        LocalSettings(state_dir=state).pool_claim.unlink(missing_ok=True)
 
 
 @pytest.mark.timeout(300)

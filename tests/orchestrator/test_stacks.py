@@ -35,7 +35,19 @@ def test_stacks_on_one_host_get_their_own_names_and_disjoint_address_pools(tmp_p
     assert claim_address_pool(_settings(tmp_path, "d", pool="10.77.0.0/24")) == "10.77.0.0/24"
     shutil.rmtree(a.state_dir)  # that stack is gone, and its pool is free
     assert claim_address_pool(_settings(tmp_path, "e")) == pool_a
-    assert not (tmp_path / "stacks" / a.stack).exists()
+    assert not a.pool_claim.exists()
+
+
+def test_a_stack_keeps_its_name_and_one_from_before_names_had_none(tmp_path: Path) -> None:
+    """A state dir's stack is named at its first start and keeps that name; one whose nodes ran
+    before stacks were named keeps none, so its agents find the sandboxes still running."""
+    fresh = _settings(tmp_path, "fresh")
+    name = fresh.stack
+    (fresh.state_dir / "nodes" / "node-1" / "sandboxes").mkdir(parents=True)
+    assert name and _settings(tmp_path, "fresh").stack == name
+    older = _settings(tmp_path, "older")
+    (older.state_dir / "nodes" / "node-1" / "sandboxes").mkdir(parents=True)
+    assert older.stack == "" and _settings(tmp_path, "older").stack == ""
 
 
 @pytest.mark.timeout(240)
