@@ -103,7 +103,10 @@ def preempt_resume(root: Path, cycles: int) -> list[tuple[float, float, float, f
     finally:
         stack.stop()
         for node_root in sorted((stack.state_dir / "nodes").glob("*")):
-            node = Node(AgentSettings(node=node_root.name, root=node_root, base_image_tar=None))
+            settings = AgentSettings(
+                node=node_root.name, root=node_root, stack=stack.settings.stack, base_image_tar=None
+            )
+            node = Node(settings)
             node.delete_all()
             node.close()
     return rows

@@ -28,6 +28,12 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     p = argparse.ArgumentParser(prog="stasis-agent", description="Stasis node agent")
     p.add_argument("--node", default=env("STASIS_NODE", ""), required=not env("STASIS_NODE"))
     p.add_argument("--root", type=Path, default=Path(env("STASIS_AGENT_ROOT", "/var/lib/stasis/agent")))
+    p.add_argument(
+        "--stack",
+        default=env("STASIS_STACK", ""),
+        help="the stack this node belongs to where several share a host (keys its cgroups, netns, "
+        "veths and gateway allowances); [a-z0-9-], empty for the host's only stack",
+    )
     p.add_argument("--image-cache", type=Path, default=None, help="image cache dir (default ROOT/images)")
     p.add_argument("--backend", choices=("runc", "docker"), default=env("STASIS_BACKEND", "runc"))
     p.add_argument("--listen", default=env("STASIS_AGENT_LISTEN", "127.0.0.1:0"))
@@ -157,6 +163,7 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
     return AgentSettings(
         node=a.node,
         root=a.root,
+        stack=a.stack,
         image_cache=a.image_cache,
         backend=a.backend,
         listen=a.listen,

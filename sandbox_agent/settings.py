@@ -29,9 +29,14 @@ class JoinSettings:
 @dataclass(frozen=True)
 class AgentSettings:
     node: str
-    """Node name; unique in the cluster, it also keys this agent's runc state, cgroups and netns names."""
+    """Node name; unique in the cluster. With `stack` it keys what the agent holds on the host
+    (`host_key`)."""
     root: Path
     """The agent's own state root: image cache, sandboxes, staging. Two agents never share one."""
+    stack: str = ""
+    """The stack (one orchestrator and its nodes) this agent belongs to, when several share a
+    host: two stacks may both have a node-1. `stasis up` names each after its state dir. Empty:
+    the host's only stack, whose names carry no stack."""
     backend: str = "runc"
     """`runc` (default: no daemon in the checkpoint path) or `docker` (a Docker Engine on the node)."""
     listen: str = "127.0.0.1:0"
@@ -101,3 +106,10 @@ class AgentSettings:
     """Get `tls` from the orchestrator at start-up, by proving which node this is."""
     insecure_registries: tuple[str, ...] = ()
     """Registries (host[:port]) spoken to over plain HTTP; those on loopback addresses always may."""
+
+    @property
+    def host_key(self) -> str:
+        """What names this agent's things on the host, where every stack's agents meet: its
+        sandboxes' cgroups, netns and veths, its gateway allowances, its run and staging dirs.
+        The node's name, then its stack's after a dot (a stack's name has none)."""
+        return f"{self.node}.{self.stack}" if self.stack else self.node

@@ -7,8 +7,11 @@ import ipaddress
 import os
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+
+from sandbox_agent import AgentSettings, Node
+from sandbox_agent.host import network
 
 TAG = "stasis-test-fault"
 """The comment on every rule a fault adds, so a leftover one is easy to find and remove."""
@@ -87,3 +90,34 @@ def full_disk(directory: Path, leave_mb: int) -> Iterator[None]:
     finally:
         os.close(fd)
         path.unlink()
+
+
+@contextmanager
+def second_stack(state_dir: Path, nodes: int = 1, **settings: object) -> Iterator[list[Node]]:
+    """Start another stack's node agents on this host, as a second `stasis up` given its own
+    `state_dir` would: nodes named node-1..N like every stack's, each with its root under
+    <state_dir>/nodes and the stack name `stasis up` gives that state dir. They run in this
+    process, and start as such agents do: each cleans up its stack's leftovers and sets its
+    gateway allowances (`settings` are further `AgentSettings` fields: image_cache,
+    allowed_ports, ...). On the way out each deletes its sandboxes, and its allowances go."""
+    from orchestrator.cli.local import LocalSettings  # the control plane, for this fault alone
+
+    stack = LocalSettings(state_dir=state_dir).stack
+    started: list[Node] = []
+    with ExitStack() as undo:
+        for i in range(1, nodes + 1):
+            name = f"node-{i}"
+            root = state_dir / "nodes" / name
+            node = Node(AgentSettings(node=name, root=root, stack=stack, **settings))  # type: ignore[arg-type]
+            undo.callback(_forget_node, node)
+            started.append(node)
+        yield started
+
+
+def _forget_node(node: Node) -> None:
+    """A node of a `second_stack` gone: its sandboxes deleted, its allowances taken away."""
+    try:
+        node.delete_all()
+    finally:
+        for rule in network.allowances(node.host_key, unmarked=False):
+            _iptables("-D", network.ISOLATION_CHAIN, *rule)

@@ -134,6 +134,7 @@ class Commands:
             insecure_registries=tuple(a.insecure_registry),
             secure=not a.insecure,
             model=model_settings(a, reference_model=not a.upstream),
+            address_pool=a.address_pool,
         )
         return run_foreground(settings, self.out)
 
@@ -202,6 +203,7 @@ class Commands:
                 auth=auth,
                 control=ControlSettings(
                     node_lost_after_s=a.node_lost_after,
+                    address_pool=a.address_pool,
                     gc_keep_last=a.gc_keep_last,
                     default_time_slice_s=a.default_time_slice,
                     default_priority=a.default_priority,

@@ -10,6 +10,9 @@ also merged into the default client config, so the CLI finds it with no flag.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -28,13 +31,17 @@ from orchestrator.api import AuthSettings, Orchestrator, OrchestratorSettings, T
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.client import StasisClient, config_path, merge_context
 from orchestrator.control import ControlSettings
-from orchestrator.domain import FailedPrecondition, Role, StasisError
+from orchestrator.domain import FailedPrecondition, Role, StasisError, ids
 from orchestrator.gateway import GATEWAY_IP, GatewaySettings
 from orchestrator.reference_model import TOKENIZER_DIR, ReferenceModelServer, ReferenceModelSettings
 from protos.tls import TlsFiles
 from snapshots import set_aside_startup_objects
 
 log = logging.getLogger(__name__)
+
+ADDRESS_SPACE = ipaddress.IPv4Network("10.200.0.0/16")
+"""Where stacks that were given no pool get theirs: 16 pools of 4094 addresses."""
+STACK_POOL_PREFIX = 20
 
 
 @dataclass(frozen=True)
@@ -67,11 +74,47 @@ class LocalSettings:
     model: Mapping[str, Any] = field(default_factory=dict)
     """The gateway's model settings (renderer, tokenizer, ...; `GatewaySettings` fields): by
     default prompts go to the reference model as token ids through its Qwen3 template."""
+    address_pool: str = ""
+    """Sandbox addresses of this stack (a CIDR). Empty: the pool it claimed before, else the first
+    /20 of 10.200.0.0/16 that no other stack on this host claimed (`claim_address_pool`), so
+    that two stacks never give two sandboxes one address."""
+    stacks_dir: Path = Path("/var/lib/stasis/stacks")
+    """Where the stacks on this host claim their address pools, a file each. On disk, not under
+    /run: a stack's episodes keep their addresses across a reboot, to be restored with them."""
+
+    @property
+    def stack(self) -> str:
+        """The stack's name on this host, which its agents carry (`--stack`): it keeps the node-1s
+        of two stacks apart, their cgroups, netns and allowances (`stack_name`)."""
+        return stack_name(self.state_dir)
+
+    @property
+    def pool_claim(self) -> Path:
+        """The file of this stack's claim of its address pool (`claim_address_pool`)."""
+        return self.stacks_dir / _digest(self.state_dir)
 
     def image_cache(self, node: str) -> Path:
         """Where a node keeps its image trees."""
         state_dir = self.state_dir.resolve()
         return state_dir / "images" if self.shared_image_cache else state_dir / "nodes" / node / "images"
+
+
+def _digest(state_dir: Path) -> str:
+    """Eight hex digits of the state dir's path, which no two stacks share."""
+    return hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:8]
+
+
+def stack_name(state_dir: Path) -> str:
+    """The name of the stack in `state_dir`, kept in <state_dir>/stack from its first start:
+    the state dir's `_digest`. A state dir whose nodes ran before stacks were named keeps none,
+    as their sandboxes, which may still run, are named without one."""
+    recorded = state_dir / "stack"
+    if recorded.is_file():
+        return recorded.read_text().strip()
+    name = "" if any((state_dir / "nodes").glob("*/sandboxes")) else _digest(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(name + "\n")
+    return name
 
 
 class AgentProcess:
@@ -115,6 +158,7 @@ def agent_command(
     return [
         sys.executable, "-m", "sandbox_agent",
         "--node", name,
+        "--stack", settings.stack,
         "--root", str(state_dir / "nodes" / name),
         "--image-cache", str(settings.image_cache(name)),
         "--listen", "127.0.0.1:0",
@@ -130,6 +174,56 @@ def agent_command(
         *(arg for host in settings.insecure_registries for arg in ("--insecure-registry", host)),
         *(["--tls-ca", str(tls.ca), "--tls-cert", str(tls.cert), "--tls-key", str(tls.key)] if tls else ["--insecure"]),
     ]  # fmt: skip
+
+
+def claim_address_pool(settings: LocalSettings) -> str:
+    """The stack's address pool (`LocalSettings.address_pool`), claimed in `stacks_dir` as
+    <digest of its state dir>: {"pool", "state_dir"}. A claim whose state dir is gone is free
+    again, and removed. A pool given that overlaps another live stack's is refused."""
+    stacks = settings.stacks_dir
+    stacks.mkdir(parents=True, exist_ok=True)
+    with open(stacks / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        others: dict[str, ipaddress.IPv4Network] = {}
+        own = None
+        for claim in stacks.iterdir():
+            if claim.name.startswith("."):
+                continue
+            try:
+                held = json.loads(claim.read_text())
+                pool = ipaddress.IPv4Network(held["pool"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if claim == settings.pool_claim:
+                own = pool
+            elif Path(held.get("state_dir", "")).is_dir():
+                others[held["state_dir"]] = pool
+            else:  # its stack is gone with its state
+                claim.unlink(missing_ok=True)
+        if settings.address_pool:
+            pool = ids.address_pool(settings.address_pool)
+            clash = [d for d, p in others.items() if p.overlaps(pool)]
+            if clash:
+                raise FailedPrecondition(
+                    f"address pool {pool} overlaps {others[clash[0]]} of the stack in {clash[0]} on this host: "
+                    "give one that is disjoint, or none to be given a free one"
+                )
+        elif own is not None and not any(own.overlaps(p) for p in others.values()):
+            pool = own
+        else:
+            free = (p for p in ADDRESS_SPACE.subnets(new_prefix=STACK_POOL_PREFIX)
+                    if not any(p.overlaps(o) for o in others.values()))  # fmt: skip
+            found = next(free, None)
+            if found is None:
+                raise FailedPrecondition(
+                    f"every /{STACK_POOL_PREFIX} of {ADDRESS_SPACE} is claimed by another stack on this host "
+                    f"(see {stacks}): give this one --address-pool"
+                )
+            pool = found
+        settings.pool_claim.write_text(
+            json.dumps({"pool": str(pool), "state_dir": str(settings.state_dir.resolve())}) + "\n"
+        )
+        return str(pool)
 
 
 class LocalRegistry:
@@ -248,6 +342,7 @@ class LocalStack:
         self.registry.start()
         progress(f"image registry at {self.registry.host} for `stasis image import`")
         auth = self._auth()
+        stack, pool = s.stack, claim_address_pool(s)
         self.orchestrator = Orchestrator(
             OrchestratorSettings(
                 state_dir=self.state_dir,
@@ -255,13 +350,14 @@ class LocalStack:
                 snapshot_store=self.store_url,
                 import_registry=self.registry.host,
                 auth=auth,
-                control=ControlSettings(node_lost_after_s=s.node_lost_after_s),
+                control=ControlSettings(node_lost_after_s=s.node_lost_after_s, address_pool=pool),
                 gateway=GatewaySettings(
                     listen=f"{GATEWAY_IP}:{gateway_port}", port=gateway_port, upstream=upstream, **model
                 ),
             )
         ).start(gateway=False)
         progress(f"orchestrator listening on {self.address}, state in {self.state_dir}")
+        progress(f"stack {stack or '(unnamed)'} on this host, sandbox addresses from {pool}")
         if auth is not None:
             self.write_client_config(self.client_config)
             progress(f"operator credential in {self.client_config} (context `local`)")

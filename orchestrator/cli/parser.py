@@ -98,6 +98,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no TLS and no tokens: anyone who reaches a port may call it (development only)",
     )
+    up.add_argument(
+        "--address-pool",
+        default="",
+        help="sandbox addresses (CIDR), disjoint from other stacks' on this host "
+        "(default: the pool claimed before, else a free /20 of 10.200.0.0/16)",
+    )
     _model_flags(up, lambda _, default: default, local=True)
 
     env = os.environ.get
@@ -122,6 +128,11 @@ def parser() -> argparse.ArgumentParser:
         help="host:port of the registry `stasis image import` pushes local sources to",
     )
     srv.add_argument("--node-lost-after", type=float, default=float(env("STASIS_NODE_LOST_AFTER", "10")))
+    srv.add_argument(
+        "--address-pool",
+        default=env("STASIS_ADDRESS_POOL", "10.200.0.0/16"),
+        help="sandbox addresses (CIDR); each live episode holds one on every node it runs on",
+    )
     srv.add_argument("--gateway-listen", default=env("STASIS_GATEWAY_LISTEN", ""))
     srv.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
     srv.add_argument("--upstream", default=env("STASIS_UPSTREAM", ""))

@@ -81,27 +81,32 @@ def _allowance(node: str, port: int) -> tuple[str, ...]:
             "-m", "comment", "--comment", f"{ALLOWANCE_MARK}{node}", "-j", "RETURN")  # fmt: skip
 
 
-def allowances(node: str | None = None) -> list[tuple[str, ...]]:
+def allowances(node: str | None = None, unmarked: bool = True) -> list[tuple[str, ...]]:
     """The allowance rules in the isolation chain, as `iptables -S` spells them (without `-A
-    CHAIN`): `node`'s, or every node's. Rules of an agent that marked none count for no node."""
+    CHAIN`): `node`'s, or every node's. Rules of an agent that marked none count for any node
+    unless `unmarked` is False."""
     listed = _iptables("-S", ISOLATION_CHAIN, check=False)
     rules = [tuple(shlex.split(line))[2:] for line in listed.stdout.decode().splitlines()]
     ours = [r for r in rules if "--dport" in r and r[-2:] == ("-j", "RETURN")]
     if node is None:
         return ours
-    return [r for r in ours if _mark(r) in (f"{ALLOWANCE_MARK}{node}", None)]
+    marks = (f"{ALLOWANCE_MARK}{node}", *((None,) if unmarked else ()))
+    return [r for r in ours if _mark(r) in marks]
 
 
 def _mark(rule: tuple[str, ...]) -> str | None:
     return rule[rule.index("--comment") + 1] if "--comment" in rule else None
 
 
-def prepare_node(node: str, allowed_ports: Sequence[int]) -> None:
+def prepare_node(node: str, allowed_ports: Sequence[int], owns_unmarked: bool = True) -> None:
     """Give the node 169.254.1.1 and the rule that sandboxes reach nothing but its allowed ports,
     and the agent the netns its sandboxes' netns are made from (`_parent_netns`).
 
-    Each node's allowances are marked with its name, and a node that starts again with other
-    ports drops the ones it no longer allows: a gateway that moved leaves no port open behind it.
+    Each node's allowances are marked with `node` (its `AgentSettings.host_key`, so a node of
+    another stack on the host has other marks), and a node that starts again with other ports
+    drops the ones it no longer allows: a gateway that moved leaves no port open behind it.
+    Rules marked with no node are an older agent's; only a node that `owns_unmarked` (one of the
+    host's only stack, as such agents were) drops them, never a node of another stack.
     """
     if GATEWAY_IP not in _ip("-4", "addr", "show", "dev", "lo").stdout.decode():
         _ip("addr", "add", f"{GATEWAY_IP}/32", "dev", "lo", check=False)
@@ -113,7 +118,7 @@ def prepare_node(node: str, allowed_ports: Sequence[int]) -> None:
         if _iptables("-C", ISOLATION_CHAIN, *rule, check=False).returncode != 0:
             # Insert before the final DROP.
             _iptables("-I", ISOLATION_CHAIN, "1", *rule)
-    for rule in allowances(node):
+    for rule in allowances(node, unmarked=owns_unmarked):
         if rule not in wanted:
             _iptables("-D", ISOLATION_CHAIN, *rule, check=False)
     if _iptables("-C", ISOLATION_CHAIN, "-j", "DROP", check=False).returncode != 0:
@@ -324,6 +329,17 @@ def _disable_ipv6(link: str) -> None:
     conf = Path(f"/proc/sys/net/ipv6/conf/{link}/disable_ipv6")
     if conf.exists():  # absent when the host runs without IPv6
         conf.write_text("1")
+
+
+def reclaim(node: str, sandbox_id: str) -> None:
+    """Remove what is left of the network of a sandbox whose tasks are gone (one its agent lost
+    track of): its netns, and now, not in the kernel's background, its veth with the /32 route
+    through it, so that its address is free for the next sandbox given it."""
+    destroy(node, sandbox_id)
+    link = veth_name(node, sandbox_id)
+    if Path(f"/sys/class/net/{link}").exists():
+        with suppress(FailedPrecondition), netlink.Route() as route:  # gone meanwhile
+            route.delete_link(link)
 
 
 def destroy(node: str, sandbox_id: str) -> None:

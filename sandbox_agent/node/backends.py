@@ -61,9 +61,9 @@ def make_backend(settings: AgentSettings) -> Backend:
         conf.write_text("tcp-close\nnetwork-lock skip\nmanage-cgroups=ignore\nno-breakpoints\n" + scans)
         disks = LayerDisks(settings.root / "layer-disks")
         cgroups.favor_moves()  # every restore moves CRIU into the sandbox's cgroups
-        return RuncBackend(settings.node, settings.root / "runc", conf, disks, criu=settings.criu)
+        return RuncBackend(settings.host_key, settings.root / "runc", conf, disks, criu=settings.criu)
     if settings.backend == "docker":
         from sandbox_agent.runtime.docker_backend import DockerBackend
 
-        return DockerBackend(settings.node, settings.docker_url)
+        return DockerBackend(settings.host_key, settings.docker_url)
     raise InvalidSpec("backend", f"{settings.backend!r} is not a backend; use runc or docker")

@@ -93,6 +93,12 @@ class Node:
         self.hooks = hooks or PhaseHooks()
         """Called around every checkpoint and restore phase."""
         self.name = validate_id("node", settings.node)
+        if settings.stack and "." in validate_id("stack", settings.stack):
+            raise InvalidSpec(
+                "stack", f"{settings.stack!r} holds a dot; the node is <node>.<stack> on the host"
+            )
+        self.host_key = settings.host_key
+        """Names what this node holds on the host (`AgentSettings.host_key`)."""
         settings.root.mkdir(parents=True, exist_ok=True)
         self.images = ImageCache(settings.image_cache or settings.root / "images")
         self.registry = oci.RegistryAccess(
@@ -106,7 +112,12 @@ class Node:
         self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
         self.disk = DiskBudget(self.name, settings.disk_mb or disk.offered_mb(settings.root))
         self.sandboxes = Sandboxes(
-            self.name, self.backend, settings.root / "sandboxes", settings.run_dir / self.name, self.disk
+            self.name,
+            self.host_key,
+            self.backend,
+            settings.root / "sandboxes",
+            settings.run_dir / self.host_key,
+            self.disk,
         )
         self._userns_base = settings.userns_base if isinstance(self.backend, RuncBackend) else 0
         """Where new sandboxes' ids start on the host; the docker backend has no user namespaces."""
@@ -126,10 +137,10 @@ class Node:
         whole, so it fails outright, as the control plane expects of a damaged snapshot."""
         self._staging = settings.root / "staging"
         self._staging.mkdir(exist_ok=True)
-        self._memory_staging = private_dir(settings.memory_dir, f"stasis-{self.name}")
+        self._memory_staging = private_dir(settings.memory_dir, f"stasis-{self.host_key}")
         self._lock = threading.Lock()
         """Guards `_arriving` and `_eager_next`."""
-        network.prepare_node(self.name, settings.allowed_ports)
+        network.prepare_node(self.host_key, settings.allowed_ports, owns_unmarked=not settings.stack)
         self._import_base_image()
         self._recover()
         # Whatever a crash left half-written here is garbage now (recovery took what it needed);
@@ -155,9 +166,14 @@ class Node:
     def _recover(self) -> None:
         """After a crash: drop half-made sandboxes and containers that have no record, and finish
         or undo what an operation left half done."""
-        known = self.sandboxes.recover()
-        for leftover in self.backend.remove_leftovers(known):
+        known, unrecorded = self.sandboxes.recover()
+        leftovers = self.backend.remove_leftovers(known)
+        for leftover in leftovers:
             log.warning("node %s removed container %s that had no record", self.name, leftover)
+        if self.backend.wants_netns:
+            # Its tasks are gone; its netns, veth and route would keep its address taken.
+            for sandbox_id in sorted({*leftovers, *unrecorded}):
+                network.reclaim(self.host_key, sandbox_id)
         for sandbox_id in known:
             record, layout = self.sandboxes.record(sandbox_id), self.sandboxes.layout(sandbox_id)
             if layout.arriving.exists():

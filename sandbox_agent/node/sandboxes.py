@@ -30,9 +30,11 @@ class Sandboxes:
     """Every sandbox's record and layout on one node; safe to call from many threads."""
 
     def __init__(
-        self, node: str, backend: Backend, root: Path, reachable_dir: Path, disk: DiskBudget
+        self, node: str, host_key: str, backend: Backend, root: Path, reachable_dir: Path, disk: DiskBudget
     ) -> None:
         self.node = node
+        self.host_key = host_key
+        """What names the sandboxes' netns and veths on the host (`AgentSettings.host_key`)."""
         self.backend = backend
         self.disk = disk
         """Every sandbox here holds its layer's room from `new` until `teardown`."""
@@ -44,20 +46,23 @@ class Sandboxes:
         self._lock = threading.Lock()
         self._busy: set[str] = set()
 
-    def recover(self) -> set[str]:
+    def recover(self) -> tuple[set[str], set[str]]:
         """After a crash: remove the directories of sandboxes that have no record; the ids of
-        those that have one."""
-        known = set()
+        those that have one, and of those removed."""
+        known: set[str] = set()
+        unrecorded: set[str] = set()
         for d in self.dir.iterdir():
             if d.name.startswith(".") or not (d / "sandbox.json").exists():
                 remove(self.layout(d.name))
+                unrecorded.add(d.name)
                 continue
             known.add(d.name)
             self.disk.hold(d.name, self.record(d.name).spec.resources, admit=False)
         for d in self.reachable_dir.iterdir():
             if d.name not in known:
                 remove(self.layout(d.name))
-        return known
+                unrecorded.add(d.name)
+        return known, unrecorded
 
     def layout(self, sandbox_id: str) -> SandboxLayout:
         # Every request names its sandbox by id: one like '../x' or 'a/layer/upper' would reach
@@ -112,7 +117,7 @@ class Sandboxes:
             meanwhile = in_thread(lambda: alongside(layout), f"build-{sandbox_id}") if alongside else None
             try:
                 if self.backend.wants_netns:
-                    network.create(self.node, sandbox_id, record.spec.address)
+                    network.create(self.host_key, sandbox_id, record.spec.address)
             finally:
                 if meanwhile is not None:
                     wait([meanwhile])  # nothing is undone under it
@@ -135,7 +140,7 @@ class Sandboxes:
         try:
             self.backend.destroy(record, layout)
         finally:
-            network.destroy(self.node, record.id)
+            network.destroy(self.host_key, record.id)
             remove(layout)
             self.disk.release(record.id)
 

@@ -89,6 +89,7 @@ class RuncBackend:
         self, node: str, state_root: Path, criu_restore_config: Path, disks: LayerDisks, criu: str = "criu"
     ) -> None:
         self.node = node
+        """The node's `AgentSettings.host_key`: it names the sandboxes' cgroups and netns."""
         self.state_root = state_root
         """runc's own state dir; one per node keeps two agents on one host apart."""
         self.criu_restore_config = criu_restore_config
@@ -581,7 +582,10 @@ class RuncBackend:
                     break  # still in use by another sandbox or node
 
     def remove_leftovers(self, keep: set[str]) -> list[str]:
-        """Sandboxes runc has a state of, or that have cgroups of this node (a restored one)."""
+        """Sandboxes runc has a state of, or that have cgroups of this node (a restored one):
+        their tasks, runc's state and mounts, and their cgroups. Only this node's: its cgroups
+        are named by its `host_key`, which another stack's node of the same name does not share.
+        Their netns and veths are the node's to reclaim (`network.reclaim`)."""
         found = (
             {d.name for d in self.state_root.iterdir() if d.is_dir()} if self.state_root.is_dir() else set()
         )
@@ -593,6 +597,8 @@ class RuncBackend:
         for sandbox_id in removed:
             self._forget_runc(sandbox_id)
             self._kill_cgroup_tasks(sandbox_id)
+            overlay.unmount_below(self.state_root / sandbox_id)
+            shutil.rmtree(self.state_root / sandbox_id, ignore_errors=True)
             self._remove_cgroups(sandbox_id)
         return removed
 

@@ -142,6 +142,15 @@ def test_agent_flags_parse_with_the_real_agent(reference_install: list[Manifest]
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_release_sharing_its_nodes_names_its_stack(chart: Chart, reference_install: list[Manifest]) -> None:
+    """`agent.stack` reaches the agent as --stack; none keeps the nodes' one Stasis unnamed."""
+    assert _agent_settings(container(find(reference_install, "DaemonSet", AGENT), "agent")).stack == ""
+    named = chart.render("reference-model-values.yaml", sets={"agent.stack": "team-b"})
+    settings = _agent_settings(container(find(named, "DaemonSet", AGENT), "agent"))
+    assert (settings.stack, settings.host_key) == ("team-b", "node-a.team-b")
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_agent_drains_its_node_before_stopping(chart: Chart, reference_install: list[Manifest]) -> None:
     """On SIGTERM the agent has its node drained (`--drain-on-stop`), within the grace period."""
     daemonset = find(reference_install, "DaemonSet", AGENT)
@@ -395,6 +404,7 @@ def test_policy_configmap_feeds_the_orchestrator_and_rolls_it(chart: Chart) -> N
         "STASIS_DEFAULT_PRIORITY": "0",
         "STASIS_NODE_LOST_AFTER": "30",
         "STASIS_GC_KEEP_LAST": "3",
+        "STASIS_ADDRESS_POOL": "10.200.0.0/16",
     }
     deployment = find(before, "Deployment", FULLNAME)
     assert container(deployment, "orchestrator")["envFrom"] == [

@@ -33,9 +33,11 @@ STASIS = str(Path(sys.executable).with_name("stasis"))
 
 
 def remove_node_sandboxes(root: Path) -> None:
-    """Delete every sandbox a node root holds, as the node's own agent would."""
+    """Delete every sandbox a node root (<state dir>/nodes/<node>) holds, as the node's own agent
+    would: one of the stack named after that state dir."""
     if (root / "sandboxes").is_dir():
-        node = Node(AgentSettings(node=root.name, root=root, base_image_tar=None))
+        stack = LocalSettings(state_dir=root.parent.parent).stack
+        node = Node(AgentSettings(node=root.name, root=root, stack=stack, base_image_tar=None))
         node.delete_all()
         node.close()
 
@@ -105,7 +107,7 @@ def make_stack(tmp_path: Path, base_images: Path) -> Iterator[Callable[..., Loca
         settings = LocalSettings(
             state_dir=tmp_path / f"stack{len(stacks)}",
             listen=f"127.0.0.1:{free_port()}",
-            **overrides,  # type: ignore[arg-type]
+            **{"stacks_dir": tmp_path / "stacks", **overrides},  # type: ignore[arg-type]
         )
         seed_images(settings, images)
         stack = LocalStack(settings)

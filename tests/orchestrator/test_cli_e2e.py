@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.local import free_port
+from orchestrator.cli.local import LocalSettings, free_port
 from tests.orchestrator.conftest import STASIS, cli, remove_sandboxes
 
 PROGRAM = """\
@@ -41,6 +42,8 @@ def stasis_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     address = f"127.0.0.1:{free_port()}"
     monkeypatch.setenv("STASIS_CONFIG", str(tmp_path / "home" / "config"))
     state = tmp_path / "state"
+    claims = LocalSettings(state_dir=state).stacks_dir
+    made = [d for d in (claims, *claims.parents) if not d.exists()]
     log = open(tmp_path / "up.log", "w+")  # noqa: SIM115 - read back while the process runs
     proc = subprocess.Popen(
         [STASIS, "up", "--state-dir", str(state), "--listen", address], stdout=log, stderr=log
@@ -57,6 +60,13 @@ def stasis_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         proc.wait(timeout=60)
         log.close()
         remove_sandboxes(state)
+        # Its claim of an address pool on the host goes with it (`claim_address_pool`).
+        LocalSettings(state_dir=state).pool_claim.unlink(missing_ok=True)
+        if made:  # the dirs it made for that claim go, if nothing else came into them
+            (claims / ".lock").unlink(missing_ok=True)
+            for d in made:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
 
 
 @pytest.mark.timeout(300)

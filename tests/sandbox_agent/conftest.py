@@ -81,7 +81,7 @@ def wait_for_log(node: Node, sandbox_id: str, predicate: Callable[[str], object]
 def restore_staging(node: Node) -> Path:
     """Where the node stages a lazy restore's files: its dir on the memory tmpfs, if it has one."""
     memory = node.settings.memory_dir
-    return memory / f"stasis-{node.name}" if memory is not None else node.settings.root / "staging"
+    return memory / f"stasis-{node.host_key}" if memory is not None else node.settings.root / "staging"
 
 
 def lazy_daemons(node: Node) -> list[int]:
