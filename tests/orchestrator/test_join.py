@@ -386,3 +386,24 @@ def test_a_joined_agent_renews_its_certificate_through_join_before_it_expires(
         assert info.name == "node-a"
     finally:
         agent.stop()
+
+
+def test_the_local_stacks_node_certificates_last_a_week_and_are_issued_again_when_due(tmp_path: Path) -> None:
+    """`stasis up` gives its nodes certificates itself, from its own CA: a week's, and the next
+    one once two thirds have passed (the running stack asks every hour)."""
+    certs = ClusterPki(tmp_path / "pki")
+    files = certs.node("node-1")
+    cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc <= datetime.timedelta(days=7, minutes=5)
+    assert certs.node("node-1") == files and files.cert.read_bytes() == pki.pem(cert), "kept while current"
+    ca = pki.load_ca(certs.ca_cert.read_bytes(), certs.ca_key.read_bytes())
+    short = pki.issue(ca, cert.public_key(), node_identity("node-1"), lifetime=datetime.timedelta(seconds=3))
+    files.cert.write_bytes(pki.pem(short))
+    time.sleep((pki.due(short) - datetime.datetime.now(datetime.UTC)).total_seconds() + 0.1)
+    certs.node("node-1")
+    renewed = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    assert (
+        renewed.serial_number != short.serial_number
+        and renewed.not_valid_after_utc > short.not_valid_after_utc
+    )
+    assert pki.pair(files.cert.read_bytes(), files.key.read_bytes())
