@@ -113,13 +113,19 @@ class Renewal:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            cert = x509.load_pem_x509_certificate(self.files.cert.read_bytes())
-            now = datetime.datetime.now(datetime.UTC)
-            if self._stop.wait(max(0.0, (pki.due(cert) - now).total_seconds())):
-                return
+            try:
+                cert: x509.Certificate | None = x509.load_pem_x509_certificate(self.files.cert.read_bytes())
+            except (OSError, ValueError) as exc:
+                log.warning("node %s cannot read its certificate, so joins again: %s", self.node, exc)
+                cert = None
+            if cert is not None:
+                now = datetime.datetime.now(datetime.UTC)
+                if self._stop.wait(max(0.0, (pki.due(cert) - now).total_seconds())):
+                    return
             try:
                 _join(self.node, self.files, self.join)
             except Exception as exc:
-                left = (cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)).total_seconds()
+                now = datetime.datetime.now(datetime.UTC)
+                left = (cert.not_valid_after_utc - now).total_seconds() if cert is not None else 0.0
                 log.warning("node %s could not renew its certificate (%.0f s left): %s", self.node, left, exc)
                 self._stop.wait(min(RENEW_RETRY_S, max(left / 10, 1.0)))
