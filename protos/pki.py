@@ -20,10 +20,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_DAYS = 3650
-LEAF_DAYS = 397
-"""A year and a month, the longest a browser would take: renewed well before by `RENEW_DAYS`."""
-RENEW_DAYS = 30
-"""A certificate with fewer days left is issued again at the next start."""
+LEAF_LIFETIME = datetime.timedelta(days=397)
+"""The orchestrator's own certificate: a year and a month, the longest a browser would take. It
+is issued again at a start once it is `due`; its key lives beside the CA's, which outweighs it."""
+BACKDATE = datetime.timedelta(minutes=5)
+"""How long before its issue a certificate is valid from, for a holder whose clock is a little
+behind ours; at most a quarter of a short-lived certificate's life."""
 
 CaKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 """A CA's key: ours are elliptic-curve; Helm's genCA (the chart) makes RSA ones."""
@@ -45,11 +47,18 @@ def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    """Write a private key readable by its owner alone."""
+    """Write a private key readable by its owner alone, in place of any before it at once."""
+    write(path, key_pem(key))
+
+
+def write(path: Path, content: bytes) -> None:
+    """Replace a file at once, readable by its owner alone: a reader sees the old one or the new."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    staged = path.with_name(f".{path.name}.new")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(key_pem(key))
+        f.write(content)
+    os.replace(staged, path)
 
 
 def load_ca(cert_pem: bytes, key_pem_bytes: bytes) -> tuple[x509.Certificate, CaKey]:
@@ -67,7 +76,7 @@ def new_ca(common_name: str = "stasis cluster CA") -> tuple[x509.Certificate, ec
     key = new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     cert = (
-        _builder(name, name, key.public_key(), CA_DAYS)
+        _builder(name, name, key.public_key(), datetime.timedelta(days=CA_DAYS))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_CA_USAGE, critical=True)
         .sign(key, hashes.SHA256())
@@ -80,8 +89,10 @@ def issue(
     public_key: ec.EllipticCurvePublicKey | rsa.RSAPublicKey,
     common_name: str,
     hosts: tuple[str, ...] = (),
+    lifetime: datetime.timedelta = LEAF_LIFETIME,
 ) -> x509.Certificate:
-    """A certificate from the CA for `common_name` (also its first DNS name), serving and dialling."""
+    """A certificate from the CA for `common_name` (also its first DNS name), serving and dialling,
+    valid for `lifetime` from now."""
     ca_cert, ca_key = ca
     alt: list[x509.GeneralName] = []
     for host in sorted({common_name, *hosts}):
@@ -91,7 +102,7 @@ def issue(
             alt.append(x509.DNSName(host))
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     return (
-        _builder(subject, ca_cert.subject, public_key, LEAF_DAYS)
+        _builder(subject, ca_cert.subject, public_key, lifetime)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(alt), critical=False)
         .add_extension(
@@ -128,18 +139,34 @@ def requested_key(csr_pem: bytes) -> ec.EllipticCurvePublicKey | rsa.RSAPublicKe
 
 
 def current(cert_pem: bytes, ca_pem: bytes, names: set[str]) -> bool:
-    """Whether a certificate is the CA's, names exactly `names`, and has more than RENEW_DAYS left."""
+    """Whether a certificate is the CA's, names exactly `names`, and is not yet `due`."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
         cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
     except (ValueError, TypeError, InvalidSignature):
         return False
-    left = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
     alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     held = {str(n) for n in alt.get_values_for_type(x509.IPAddress)} | set(
         alt.get_values_for_type(x509.DNSName)
     )
-    return held == names and left > datetime.timedelta(days=RENEW_DAYS)
+    return held == names and datetime.datetime.now(datetime.UTC) < due(cert)
+
+
+def due(cert: x509.Certificate) -> datetime.datetime:
+    """When a certificate should be replaced: once two thirds of its life have passed, so that a
+    third is left to get the next one in, through a failed attempt or an orchestrator restart."""
+    return cert.not_valid_after_utc - (cert.not_valid_after_utc - cert.not_valid_before_utc) / 3
+
+
+def pair(cert_pem: bytes, key_pem_bytes: bytes) -> bool:
+    """Whether a private key belongs to a certificate (a certificate and key read while they were
+    being replaced may not)."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        key = serialization.load_pem_private_key(key_pem_bytes, password=None)
+    except (ValueError, TypeError):
+        return False
+    return cert.public_key() == key.public_key()
 
 
 def pem(cert: x509.Certificate) -> bytes:
@@ -150,7 +177,7 @@ def _builder(
     subject: x509.Name,
     issuer: x509.Name,
     public_key: ec.EllipticCurvePublicKey | rsa.RSAPublicKey,
-    days: int,
+    lifetime: datetime.timedelta,
 ) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (
@@ -159,6 +186,6 @@ def _builder(
         .issuer_name(issuer)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
+        .not_valid_before(now - min(BACKDATE, lifetime / 4))
+        .not_valid_after(now + lifetime)
     )

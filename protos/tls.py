@@ -3,16 +3,25 @@ whose common name says who it is (`ORCHESTRATOR`, or `node_identity(name)` for a
 
 The orchestrator dials a node expecting that node's name, and a node may speak for no node but
 the one its certificate names, so a node's name is bound to its certificate in both directions.
+
+Certificate files may be replaced while they are in use (a node renews its own through
+`ClusterJoin`; an operator's tooling may rotate theirs): a server presents the new one from its
+next handshake on, and a dialler that sees `TlsFiles.stamp` change dials again.
 """
 
 from __future__ import annotations
 
+import datetime
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+from cryptography import x509
+
+from protos import pki
 
 ORCHESTRATOR = "stasis-orchestrator"
 """Common name (and DNS name) of the orchestrator's certificate."""
@@ -29,6 +38,10 @@ def node_of(identity: str) -> str:
     return identity.removesuffix(NODE_SUFFIX) if identity.endswith(NODE_SUFFIX) else ""
 
 
+READ_TRIES = 20
+"""How often a certificate and key that do not belong together are read again, 50 ms apart."""
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """PEM files of one party: the cluster CA's certificate, its own certificate and key."""
@@ -38,20 +51,57 @@ class TlsFiles:
     key: Path
 
     def _read(self) -> tuple[bytes, bytes, bytes]:
-        parts = []
-        for what, path in (("CA certificate", self.ca), ("certificate", self.cert), ("key", self.key)):
-            try:
-                parts.append(path.read_bytes())
-            except OSError as exc:
-                raise ValueError(f"cannot read the TLS {what} {path}: {exc.strerror}") from None
+        """The CA certificate, certificate and key; read again while the key does not belong to
+        the certificate, as when they are read between the replacement of one and the other."""
+        for _ in range(READ_TRIES):
+            parts = []
+            for what, path in (("CA certificate", self.ca), ("certificate", self.cert), ("key", self.key)):
+                try:
+                    parts.append(path.read_bytes())
+                except OSError as exc:
+                    raise ValueError(f"cannot read the TLS {what} {path}: {exc.strerror}") from None
+            if pki.pair(parts[1], parts[2]):
+                break
+            time.sleep(0.05)
         return parts[0], parts[1], parts[2]
 
+    def stamp(self) -> tuple[tuple[int, int], ...]:
+        """What changes when any of the files is replaced or rewritten (inode and mtime)."""
+        stamps = []
+        for path in (self.ca, self.cert, self.key):
+            try:
+                st = path.stat()
+            except OSError:
+                stamps.append((0, 0))
+            else:
+                stamps.append((st.st_ino, st.st_mtime_ns))
+        return tuple(stamps)
+
     def server_credentials(self, *, require_client_cert: bool) -> grpc.ServerCredentials:
-        """Serve with this certificate; with require_client_cert, a caller must present a
-        certificate from the cluster CA or the handshake fails."""
+        """Serve with this certificate, read again for the next handshake whenever the files
+        change; with require_client_cert, a caller must present a certificate from the cluster CA
+        or the handshake fails."""
         ca, cert, key = self._read()
-        return grpc.ssl_server_credentials(
-            [(key, cert)], root_certificates=ca, require_client_auth=require_client_cert
+        served = [self.stamp()]
+
+        def renewed() -> grpc.ServerCertificateConfiguration | None:
+            # gRPC asks before every handshake: a stat unless the files changed.
+            stamp = self.stamp()
+            if stamp == served[0]:
+                return None
+            try:
+                ca, cert, key = self._read()
+            except ValueError:
+                return None
+            if not pki.pair(cert, key):
+                return None  # caught mid-replacement: asked again at the next handshake
+            served[0] = stamp
+            return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+        return grpc.dynamic_ssl_server_credentials(
+            grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca),
+            renewed,
+            require_client_authentication=require_client_cert,
         )
 
     def channel(self, address: str, server: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
@@ -75,6 +125,13 @@ def anonymous_channel(address: str, ca: Path, server: str) -> grpc.Channel:
         raise ValueError(f"cannot read the TLS CA certificate {ca}: {exc.strerror}") from None
     credentials = grpc.ssl_channel_credentials(root_certificates=root)
     return grpc.secure_channel(address, credentials, [("grpc.ssl_target_name_override", server)])
+
+
+def peer_expiry(context: grpc.ServicerContext) -> datetime.datetime | None:
+    """When the caller's verified certificate expires; None without one. The handshake checked
+    it was valid then, but a connection may outlive it."""
+    pems = context.auth_context().get("x509_pem_cert") or []
+    return x509.load_pem_x509_certificate(pems[0]).not_valid_after_utc if pems else None
 
 
 def peer_identity(context: grpc.ServicerContext) -> str:

@@ -16,7 +16,7 @@ from sandbox_agent.errors import AgentError
 from sandbox_agent.host.network import GATEWAY_IP
 from sandbox_agent.node import Node
 from sandbox_agent.server.forwarder import Forwarder, parse_target
-from sandbox_agent.server.joining import joined
+from sandbox_agent.server.joining import Renewal, joined
 from sandbox_agent.server.registration import Registration
 from sandbox_agent.server.service import serve
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR, AgentSettings, JoinSettings
@@ -232,6 +232,9 @@ def main(argv: list[str] | None = None) -> None:
             f"relaying {GATEWAY_IP}:{settings.gateway_port} to the gateway at {settings.gateway_forward}",
             flush=True,
         )
+    renewal = None
+    if settings.join is not None and settings.tls is not None:
+        renewal = Renewal(settings.node, settings.tls, settings.join).start()
     registration = None
     if settings.orchestrator:
         orchestrators = [o.strip() for o in settings.orchestrator.split(",") if o.strip()]
@@ -248,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     # Sandboxes still here keep running: a restarted agent picks them up from its records.
     if registration:
         registration.stop()
+    if renewal:
+        renewal.stop()
     if forwarder:
         forwarder.stop()
     server.stop(grace=1).wait()

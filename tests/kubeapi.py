@@ -7,7 +7,9 @@ makes, in the API's own JSON, so the real `kubernetes` client is what the tests 
   account's, bound to a pod; any other is not authenticated;
 * `GET /api/v1/namespaces/{ns}/pods/{name}`: the pods it was told of, or a 404 Status;
 * `GET /api/v1/namespaces/{ns}/{services,pods,secrets}?labelSelector=k=v,...`: the objects it
-  was given as manifests, filtered by equality selectors; `GET /api/v1/nodes`: its nodes;
+  was given as manifests, filtered by equality selectors, and the pods it was told of (which
+  carry no labels); `fieldSelector=spec.nodeName=N` keeps a node's pods;
+* `GET /api/v1/nodes`: its nodes, and `GET /api/v1/nodes/{name}` one of them, or a 404 Status;
 * `GET /api/v1/namespaces/{ns}/pods/{name}/portforward?ports=N` upgraded to a WebSocket
   (`v4.channel.k8s.io`, as the API server speaks it): the port's data channel carried to a
   loopback port the test named for that pod and port.
@@ -37,6 +39,9 @@ class Pod:
     name: str
     node: str
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    ip: str = "127.0.0.1"
+    """Its status.podIP: loopback, where the tests' agents listen."""
+    service_account: str = "stasis-agent"
 
 
 @dataclass
@@ -86,12 +91,22 @@ class StandInApiServer:
                     return self._send(
                         200, {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": nodes}
                     )
+                if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+                    named = [n for n in api.objects.get("nodes", []) if n["metadata"]["name"] == parts[3]]
+                    if not named:
+                        return self._send(404, _status(404, f'nodes "{parts[3]}" not found'))
+                    return self._send(200, named[0])
                 if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5:
                     return self._send(404, _status(404, f"no route {self.path}"))
                 namespace, plural = parts[3], parts[4]
                 if len(parts) == 5:
                     selector = (query.get("labelSelector") or [""])[0]
-                    items = [o for o in api.objects.get(plural, []) if _selected(o, namespace, selector)]
+                    objects = api.objects.get(plural, [])
+                    if plural == "pods":
+                        objects = [*objects, *(_pod(p) for p in api.pods.values())]
+                    items = [o for o in objects if _selected(o, namespace, selector)]
+                    on = (query.get("fieldSelector") or [""])[0].removeprefix("spec.nodeName=")
+                    items = [o for o in items if not on or o.get("spec", {}).get("nodeName") == on]
                     kind = {"services": "ServiceList", "pods": "PodList", "secrets": "SecretList"}.get(plural)
                     if kind is None:
                         return self._send(404, _status(404, f"no route {self.path}"))
@@ -289,8 +304,12 @@ def _pod(pod: Pod) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-        "spec": {"nodeName": pod.node, "containers": [{"name": "agent", "image": "stasis"}]},
-        "status": {"phase": "Running"},
+        "spec": {
+            "nodeName": pod.node,
+            "serviceAccountName": pod.service_account,
+            "containers": [{"name": "agent", "image": "stasis"}],
+        },
+        "status": {"phase": "Running", "podIP": pod.ip, "podIPs": [{"ip": pod.ip}]},
     }
 
 

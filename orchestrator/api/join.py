@@ -3,7 +3,9 @@
 The proof is its agent pod's service-account token (`control.kube.NodeIdentities`): Kubernetes
 says which pod holds it, and that pod says which node it runs on. The certificate is signed by
 the cluster CA, whose key only the orchestrator holds, and names that node alone; with it the
-node registers, heartbeats and serves its sandboxes (`protos.tls`).
+node registers, heartbeats and serves its sandboxes (`protos.tls`). It lasts a day
+(`AuthSettings.node_certificate_s`), and the node joins again for the next before it runs out:
+nothing revokes a certificate, so a copied key outlives neither its lifetime nor the pod.
 
 Anyone who reaches the port may ask, and each request costs a TokenReview on the Kubernetes API
 and, if it passes, a signature: requests are throttled per peer address and in all (`Throttle`).
@@ -11,6 +13,7 @@ and, if it passes, a signature: requests are throttled per peer address and in a
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
 import time
@@ -91,10 +94,13 @@ class JoinService(pb_grpc.ClusterJoinServicer):
         ca: tuple[x509.Certificate, pki.CaKey] | None,
         identities: Identities | None,
         throttle: Throttle | None = None,
+        lifetime: datetime.timedelta = datetime.timedelta(days=1),
     ) -> None:
         self.ca = ca
         self.identities = identities
         self.throttle = throttle or Throttle()
+        self.lifetime = lifetime
+        """How long each certificate it issues lasts (`AuthSettings.node_certificate_s`)."""
 
     @rpc
     def JoinCluster(
@@ -119,6 +125,6 @@ class JoinService(pb_grpc.ClusterJoinServicer):
         where = self.identities.node_of(request.token)
         if where != node:
             raise PermissionDenied(f"node: the token's pod runs on node {where!r}, not {node!r}")
-        cert = pki.issue(self.ca, key, node_identity(node))
+        cert = pki.issue(self.ca, key, node_identity(node), lifetime=self.lifetime)
         log.info("node %s joined the cluster; its certificate expires %s", node, cert.not_valid_after_utc)
         return pb.JoinClusterResponse(certificate_pem=pki.pem(cert), ca_pem=pki.pem(self.ca[0]))

@@ -15,12 +15,13 @@ plaintext port serves both.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import socket
 import threading
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -51,6 +52,9 @@ from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 from protos.tls import bind
 from snapshots import SnapshotStore
+
+if TYPE_CHECKING:
+    from orchestrator.control.kube import NodeIdentities
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +110,10 @@ class Orchestrator:
             self.control, self.store, self.snapshots, self.ledger, settings.import_registry
         )
         pb_grpc.add_StasisServicer_to_server(service, self.server)
-        registry = RegistryService(self.control, self._must_lead, certified=auth is not None)
+        agents = _agents(auth)
+        registry = RegistryService(self.control, self._must_lead, certified=auth is not None, places=agents)
         pb_grpc.add_NodeRegistryServicer_to_server(registry, self.cluster or self.server)
-        pb_grpc.add_ClusterJoinServicer_to_server(_joining(auth), self.server)
+        pb_grpc.add_ClusterJoinServicer_to_server(_joining(auth, agents), self.server)
         self.health = health.HealthServicer()
         services = [
             pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Stasis", "NodeRegistry", "ClusterJoin")
@@ -310,19 +315,27 @@ def _listen(server: grpc.Server, address: str, auth: AuthSettings | None, *, cli
 JOIN_METHODS = "/stasis.v1.ClusterJoin/"
 
 
-def _joining(auth: AuthSettings | None) -> JoinService:
+def _agents(auth: AuthSettings | None) -> NodeIdentities | None:
+    """The agents in Kubernetes, when `--join-service-account` names their service account:
+    which node a joining one runs on, and where each node is for the registry."""
+    if auth is None or not auth.join_service_account:
+        return None
+    from orchestrator.control.kube import NodeIdentities
+
+    try:
+        return NodeIdentities(auth.join_service_account)
+    except ValueError as exc:
+        raise FailedPrecondition(f"--join-service-account: {exc}") from None
+
+
+def _joining(auth: AuthSettings | None, agents: NodeIdentities | None) -> JoinService:
     """The join service: signing for nodes that prove themselves, when given the CA's key."""
     if auth is None or auth.ca_key is None:
         return JoinService(None, None)
-    if not auth.join_service_account:
+    if agents is None:
         raise FailedPrecondition("--tls-ca-key needs --join-service-account: who may join, if not anyone")
     try:
         ca = pki.load_ca(auth.tls.ca.read_bytes(), auth.ca_key.read_bytes())
     except (OSError, ValueError) as exc:
         raise FailedPrecondition(f"cannot use the cluster CA ({auth.tls.ca}, {auth.ca_key}): {exc}") from None
-    from orchestrator.control.kube import NodeIdentities
-
-    try:
-        return JoinService(ca, NodeIdentities(auth.join_service_account))
-    except ValueError as exc:
-        raise FailedPrecondition(f"--join-service-account: {exc}") from None
+    return JoinService(ca, agents, lifetime=datetime.timedelta(seconds=auth.node_certificate_s))

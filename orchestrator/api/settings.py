@@ -27,6 +27,12 @@ class AuthSettings:
     its certificate by whoever runs it (`stasis up` does)."""
     join_service_account: str = ""
     """NAMESPACE:NAME of the agents' Kubernetes service account, whose pod tokens prove a node."""
+    node_certificate_s: float = 24 * 3600.0
+    """How long a certificate issued to a joining node lasts, in seconds; the node joins again
+    for the next once two thirds have passed. Nothing revokes a certificate, so this bounds how
+    long a copied node key can pass for that node: a day, where the node renews 16 hours in and
+    has 8 left to outlast an orchestrator outage, while a join every 16 hours per node costs
+    Kubernetes one TokenReview and one pod read."""
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,8 @@ class Commands:
                 "is required: the orchestrator serves TLS with its certificate from the cluster CA and "
                 "checks bearer tokens (or give --insecure to trust every caller)",
             )
+        if a.node_certificate_hours <= 0:
+            raise InvalidArgument("--node-certificate-hours", "must be more than 0")
         auth = (
             None
             if a.insecure
@@ -190,6 +192,7 @@ class Commands:
                 cluster_listen=a.cluster_listen,
                 ca_key=Path(a.tls_ca_key) if a.tls_ca_key else None,
                 join_service_account=a.join_service_account,
+                node_certificate_s=a.node_certificate_hours * 3600,
             )
         )
         orchestrator = Orchestrator(

@@ -378,6 +378,12 @@ class LocalStack:
             f"gateway at http://{GATEWAY_IP}:{gateway_port}/v1 for sandboxes, forwarding {how} to {upstream}"
         )
 
+    def renew_certificates(self) -> None:
+        """Issue again each node certificate that is due; its agent takes the new one up."""
+        if self.settings.secure:
+            for name in self.agents:
+                self.pki.node(name)
+
     def wait_for_nodes(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         with self.client() as client:
@@ -405,6 +411,10 @@ class LocalStack:
         if self.model is not None:
             self.model.stop()
         self.registry.stop()
+
+
+CERTIFICATE_CHECK_S = 3600.0
+"""How often a running stack checks its nodes' certificates (`ClusterPki.node`) for renewal."""
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -447,7 +457,8 @@ def run_foreground(settings: LocalSettings, out: IO[str]) -> int:
         file=out,
         flush=True,
     )
-    stop.wait()
+    while not stop.wait(CERTIFICATE_CHECK_S):
+        stack.renew_certificates()
     print(
         "stopping (running sandboxes keep running and are picked up by the next `stasis up`)",
         file=out,

@@ -170,6 +170,12 @@ def parser() -> argparse.ArgumentParser:
         help="NAMESPACE:NAME of the agents' Kubernetes service account, whose pod tokens prove a node",
     )
     srv.add_argument(
+        "--node-certificate-hours",
+        type=float,
+        default=float(env("STASIS_NODE_CERTIFICATE_HOURS", "24")),
+        help="how long a joining node's certificate lasts; the node renews it two thirds of the way through",
+    )
+    srv.add_argument(
         "--tokens-file",
         default=env("STASIS_TOKENS_FILE", ""),
         help="bearer tokens and their roles (`stasis token create`)",

@@ -248,6 +248,36 @@ class NodeIdentities:
             raise PermissionDenied(f"token: its pod {self.namespace}/{pod_name} is gone or not on a node")
         return str(pod.spec.node_name)
 
+    def addresses_of(self, node: str) -> set[str]:
+        """Where Kubernetes has node `node`: the addresses of the agents' pods on it (with host
+        networking, the node's own) and those the node itself lists. TemporaryError if
+        Kubernetes cannot be asked."""
+        try:
+            return self._addresses_of(node)
+        except (ApiException, urllib3.exceptions.HTTPError) as exc:
+            raise TemporaryError(f"the Kubernetes API did not answer: {exc}", delay=2.0) from None
+
+    def _addresses_of(self, node: str) -> set[str]:
+        core = client.CoreV1Api(self.api)
+        pods = core.list_namespaced_pod(
+            self.namespace, field_selector=f"spec.nodeName={node}", _request_timeout=KUBE_TIMEOUT_S
+        ).items
+        found: set[str] = set()
+        for pod in pods:
+            if pod.spec is None or pod.spec.service_account_name != self.account or pod.status is None:
+                continue
+            found |= {ip.ip for ip in pod.status.pod_ips or [] if ip.ip}
+            found |= {pod.status.pod_ip} if pod.status.pod_ip else set()
+        try:
+            listed = core.read_node(node, _request_timeout=KUBE_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        else:
+            status = listed.status
+            found |= {a.address for a in (status.addresses if status else None) or [] if a.address}
+        return found
+
 
 def _api_client() -> client.ApiClient:
     """In a pod, its service account's; elsewhere, the kubeconfig kubectl would use."""

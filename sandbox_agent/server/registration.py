@@ -2,7 +2,8 @@
 
 Given several orchestrators (replicas sharing one database, of which one leads), the agent
 stays with the one that answers and moves on to the next when a call fails: a standby refuses
-with UNAVAILABLE, and a dead leader does not answer at all.
+with UNAVAILABLE, and a dead leader does not answer at all. When this node's certificate is
+replaced (renewed), it dials the same orchestrator again, to present the new one.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class Registration:
         self.interval = node.settings.heartbeat_s
         self._orchestrators = orchestrators
         self._current = -1
+        self._stamp: object = None
+        """The certificate files' `TlsFiles.stamp` when the channel was dialled."""
         self._channel: grpc.Channel
         self._registry: spb_grpc.NodeRegistryStub
         self._connect_next()
@@ -48,11 +51,24 @@ class Registration:
                 return  # the one channel reconnects by itself
             self._channel.close()
         self._current = (self._current + 1) % len(self._orchestrators)
+        self._dial()
+
+    def _dial(self) -> None:
         address = self._orchestrators[self._current]
         tls = self.node.settings.tls
         # With TLS, this node's certificate is its name: the orchestrator takes no other from it.
+        self._stamp = tls.stamp() if tls else None
         self._channel = tls.channel(address, ORCHESTRATOR) if tls else grpc.insecure_channel(address)
         self._registry = spb_grpc.NodeRegistryStub(self._channel)
+
+    def _redial_if_renewed(self) -> None:
+        """Dial the same orchestrator again if the certificate files changed: the open connection
+        goes on with the old certificate, which the registry refuses once it has expired."""
+        tls = self.node.settings.tls
+        if tls is not None and tls.stamp() != self._stamp:
+            log.info("node %s has a new certificate; dialling the orchestrator again", self.node.name)
+            self._channel.close()
+            self._dial()
 
     def leave(self, timeout_s: float) -> bool:
         """Have the orchestrator drain this node, then wait up to timeout_s for every sandbox to be
@@ -87,6 +103,7 @@ class Registration:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
+                self._redial_if_renewed()
                 sandboxes = self.node.list()
                 if not registered:
                     reply = self._registry.RegisterNode(

@@ -4,11 +4,13 @@ node's certificate for that node alone.
 
 Kubernetes here is `tests.kubeapi.StandInApiServer`, a stand-in API server over real HTTP (no
 API server can run on these machines); the orchestrator reaches it with the real `kubernetes`
-client through a kubeconfig, as it would reach a cluster's from outside one.
+client through a kubeconfig, as it would reach a cluster's from outside one. The same stand-in
+says where each node's agent pod is, which a registering node's address must match.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import subprocess
@@ -24,12 +26,13 @@ from cryptography import x509
 
 from orchestrator.api import AuthSettings, Orchestrator, OrchestratorSettings, add_token
 from orchestrator.api.join import JOIN_BURST, JOIN_RATE, Throttle
-from orchestrator.cli.local import free_port
+from orchestrator.cli.local import AgentProcess, LocalSettings, agent_command, free_port
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.control.kube import KUBE_TIMEOUT_S
 from orchestrator.domain import NodeState, Role
 from protos import pki
 from protos.stasis.v1 import agent_pb2 as apb
+from protos.stasis.v1 import agent_pb2_grpc as apb_grpc
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 from protos.tls import ORCHESTRATOR, anonymous_channel, node_identity
@@ -37,7 +40,7 @@ from sandbox_agent import FailedPrecondition
 from sandbox_agent.server.joining import joined
 from sandbox_agent.settings import JoinSettings
 from tests.kubeapi import Pod, StandInApiServer
-from tests.orchestrator.conftest import wait_until
+from tests.orchestrator.conftest import seed_images, wait_until
 
 AGENTS = "stasis:stasis-agent"
 
@@ -71,7 +74,12 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Cluster]:
+    """An orchestrator that lets nodes join; parametrised indirectly, the seconds its node
+    certificates last."""
+    lifetime = getattr(request, "param", AuthSettings.node_certificate_s)
     kube = StandInApiServer()
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig")))
     pods = {node: kube.add_pod("stasis", f"stasis-agent-{node}", node) for node in ("node-a", "node-b")}
@@ -80,7 +88,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster
     add_token(tokens_file, "ops", Role.OPERATOR)
     auth = AuthSettings(
         certs.orchestrator(), tokens_file, cluster_listen="127.0.0.1:0",
-        ca_key=certs.ca_key, join_service_account=AGENTS,
+        ca_key=certs.ca_key, join_service_account=AGENTS, node_certificate_s=lifetime,
     )  # fmt: skip
     orchestrator = Orchestrator(
         OrchestratorSettings(state_dir=tmp_path / "state", listen="127.0.0.1:0", auth=auth)
@@ -99,6 +107,8 @@ def test_a_node_that_proves_itself_gets_a_certificate_for_itself_alone(cluster: 
     cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate(cluster.pki.ca_cert.read_bytes()))
     assert cert.subject.rfc4514_string() == f"CN={node_identity('node-a')}"
+    life = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert life <= datetime.timedelta(days=1, minutes=5), f"nothing revokes it: it lasts a day, not {life}"
     assert files.key.stat().st_mode & 0o077 == 0, "the node's key is its own"
     assert cluster.kube.reviews[-1]["spec"]["audiences"] == ["stasis"], "a token for this use alone"
 
@@ -264,3 +274,136 @@ def test_the_join_throttle_refills_per_peer_and_bounds_all_peers() -> None:
     assert all(throttle.admit(f"peer-{i}") == 0 for i in range(29))
     assert throttle.admit("d") == pytest.approx(1 / 20), "the total's budget is spent"
     assert len(throttle._by_peer) == 2, "only the peers heard from last are remembered"
+
+
+@pytest.mark.parametrize("cluster", [3.0], indirect=True)
+@pytest.mark.timeout(60)
+def test_an_expired_certificate_is_refused_by_the_node_registry(cluster: Cluster) -> None:
+    """TLS checks a certificate's dates at the handshake alone: a connection made while it was
+    valid would speak for the node for as long as it stays open, so the registry checks each call."""
+    token = cluster.kube.issue_token(AGENTS, cluster.pods["node-a"])
+    files = joined("node-a", cluster.root / "agent-a", cluster.join("node-a", token))
+    expires = x509.load_pem_x509_certificate(files.cert.read_bytes()).not_valid_after_utc
+    assert expires - datetime.datetime.now(datetime.UTC) < datetime.timedelta(seconds=4), "it lasts 3 s"
+    info = apb.NodeInfo(name="node-a", slots=1, memory_mb=1024)
+    with files.channel(cluster.orchestrator.cluster_address, ORCHESTRATOR) as channel:
+        registry = pb_grpc.NodeRegistryStub(channel)
+        registry.RegisterNode(pb.RegisterNodeRequest(info=info, address="127.0.0.1:1"), timeout=10)
+        assert registry.Heartbeat(pb.HeartbeatRequest(node="node-a"), timeout=10).known
+        time.sleep(max(0.0, (expires - datetime.datetime.now(datetime.UTC)).total_seconds()) + 0.5)
+        with pytest.raises(grpc.RpcError) as err:
+            registry.Heartbeat(pb.HeartbeatRequest(node="node-a"), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, err.value.details()
+        assert "the certificate of node 'node-a' expired at" in (err.value.details() or "")
+    # A new connection with it does not get past the handshake.
+    with files.channel(cluster.orchestrator.cluster_address, ORCHESTRATOR) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            pb_grpc.NodeRegistryStub(channel).Heartbeat(pb.HeartbeatRequest(node="node-a"), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.timeout(60)
+def test_a_node_registers_only_at_an_address_kubernetes_has_for_it(cluster: Cluster) -> None:
+    """The orchestrator sends a node its sandboxes, and the verifier its hidden tests, at the
+    address it registered: a copied node key must not be able to name another."""
+    token = cluster.kube.issue_token(AGENTS, cluster.pods["node-a"])
+    files = joined("node-a", cluster.root / "agent-a", cluster.join("node-a", token))
+    cluster.pods["node-a"].ip = "127.0.0.2"
+    # Another pod on the node, not an agent: its address is not the node's agent's.
+    cluster.kube.pods[("stasis", "intruder")] = Pod(
+        "stasis", "intruder", "node-a", ip="127.0.0.4", service_account="default"
+    )
+    cluster.kube.put("nodes", {
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.3"}]},
+    })  # fmt: skip
+    info = apb.NodeInfo(name="node-a", slots=1, memory_mb=1024)
+    with files.channel(cluster.orchestrator.cluster_address, ORCHESTRATOR) as channel:
+        registry = pb_grpc.NodeRegistryStub(channel)
+        for declared in ("127.0.0.1:7072", "127.0.0.4:7072", "[::1]:7072"):
+            with pytest.raises(grpc.RpcError) as err:
+                registry.RegisterNode(pb.RegisterNodeRequest(info=info, address=declared), timeout=10)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value.details()
+            assert f"node 'node-a' declared {declared!r}, but Kubernetes has it at 127.0.0.2, 127.0.0.3" in (
+                err.value.details() or ""
+            )
+        assert not cluster.orchestrator.store.nodes(), "none registered"
+        # Its agent pod's address, or its node's.
+        for declared in ("127.0.0.2:7072", "127.0.0.3:7072"):
+            registry.RegisterNode(pb.RegisterNodeRequest(info=info, address=declared), timeout=10)
+            assert cluster.orchestrator.store.node("node-a").address == declared
+
+
+@pytest.mark.parametrize("cluster", [6.0], indirect=True)
+@pytest.mark.timeout(120)
+def test_a_joined_agent_renews_its_certificate_through_join_before_it_expires(
+    cluster: Cluster, base_images: Path
+) -> None:
+    """A real agent, started as the chart starts it (--join, no certificate given), with
+    certificates that last 6 s: it joins again for each next one two thirds of the way through,
+    and its registration and its own server carry on with the new one, without a restart."""
+    local = LocalSettings(state_dir=cluster.root / "stack", nodes=1)
+    seed_images(local, base_images)
+    token = cluster.kube.issue_token(AGENTS, cluster.pods["node-a"])
+    # The stack's agent, but for its certificate: none given, it joins for one.
+    argv = [
+        a for a in agent_command(local, "node-a", cluster.orchestrator.cluster_address) if a != "--insecure"
+    ]
+    argv += ["--heartbeat", "0.5", "--tls-ca", str(cluster.pki.ca_cert), "--join", cluster.orchestrator.address,
+             "--join-token-file", str(cluster.token_file(token, "node-a"))]  # fmt: skip
+    agent = AgentProcess("node-a", argv, cluster.root / "agent-a.log")
+    agent.start()
+    try:
+        cert_file = local.state_dir.resolve() / "nodes" / "node-a" / "tls" / "node.crt"
+        wait_until(lambda: cluster.orchestrator.store.nodes(), 60, "the agent to register")
+        first = x509.load_pem_x509_certificate(cert_file.read_bytes())
+        assert first.not_valid_after_utc - first.not_valid_before_utc < datetime.timedelta(seconds=10)
+        held = [first]
+        reviews = len(cluster.kube.reviews)
+
+        def renewed_twice() -> bool:
+            cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+            if cert.serial_number != held[-1].serial_number:
+                assert datetime.datetime.now(datetime.UTC) < held[-1].not_valid_after_utc, (
+                    "renewed before expiry"
+                )
+                held.append(cert)
+            return len(held) >= 3
+
+        wait_until(renewed_twice, 30, "two renewals")
+        assert len(cluster.kube.reviews) - reviews >= 2, "each renewal is a join, with its token reviewed"
+        assert all(c.not_valid_after_utc < held[-1].not_valid_after_utc for c in held[:-1])
+        # The first certificate has expired: the node heartbeats still, with the new one.
+        assert datetime.datetime.now(datetime.UTC) > first.not_valid_after_utc
+        beat = time.time()
+        members = cluster.orchestrator.control.members
+        wait_until(lambda: members.last_heartbeat("node-a") > beat, 10, "a heartbeat")
+        assert cluster.orchestrator.store.node("node-a").state == NodeState.READY
+        # Its server presents the new one to a new connection (an expired one fails the handshake).
+        address = cluster.orchestrator.store.node("node-a").address
+        with cluster.pki.orchestrator().channel(address, node_identity("node-a")) as channel:
+            info = apb_grpc.SandboxAgentStub(channel).GetNodeInfo(apb.GetNodeInfoRequest(), timeout=10)
+        assert info.name == "node-a"
+    finally:
+        agent.stop()
+
+
+def test_the_local_stacks_node_certificates_last_a_week_and_are_issued_again_when_due(tmp_path: Path) -> None:
+    """`stasis up` gives its nodes certificates itself, from its own CA: a week's, and the next
+    one once two thirds have passed (the running stack asks every hour)."""
+    certs = ClusterPki(tmp_path / "pki")
+    files = certs.node("node-1")
+    cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc <= datetime.timedelta(days=7, minutes=5)
+    assert certs.node("node-1") == files and files.cert.read_bytes() == pki.pem(cert), "kept while current"
+    ca = pki.load_ca(certs.ca_cert.read_bytes(), certs.ca_key.read_bytes())
+    short = pki.issue(ca, cert.public_key(), node_identity("node-1"), lifetime=datetime.timedelta(seconds=3))
+    files.cert.write_bytes(pki.pem(short))
+    time.sleep((pki.due(short) - datetime.datetime.now(datetime.UTC)).total_seconds() + 0.1)
+    certs.node("node-1")
+    renewed = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    assert (
+        renewed.serial_number != short.serial_number
+        and renewed.not_valid_after_utc > short.not_valid_after_utc
+    )
+    assert pki.pair(files.cert.read_bytes(), files.key.read_bytes())
