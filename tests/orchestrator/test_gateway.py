@@ -865,3 +865,32 @@ def test_a_nodes_relay_to_the_gateway_is_tls_and_an_on_path_tap_reads_no_key_or_
     answer_id = str(json.loads(answer)["id"]).encode()
     for secret in (b"tok-1", b"Bearer", b"Make a notes file", b"chat.completion", answer_id, *words):
         assert secret not in seen, f"{secret!r} crossed the wire in plaintext"
+
+
+@pytest.mark.timeout(60)
+def test_a_kept_alive_harness_waits_out_no_delayed_ack_through_the_tls_relay(
+    tls_world: tuple[World, ClusterPki],
+) -> None:
+    """A reply crosses the relay in two TLS records (head, body): were Nagle left on towards the
+    harness, the second would wait for its delayed ACK, 40 ms a turn. Replays, so the model's
+    time is not measured."""
+    world, pki = tls_world
+    relay = Forwarder(("127.0.0.1", 0), ("127.0.0.1", world.gateway.port), tls=pki.node("node-1")).start()
+    conn = http.client.HTTPConnection(*relay.address, timeout=30)
+    try:
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        took = []
+        for _ in range(21):
+            started = time.monotonic()
+            conn.request("POST", "/v1/chat/completions", json.dumps(_chat(USER)).encode(),
+                         {"Authorization": "Bearer tok-1", "Content-Type": "application/json"})  # fmt: skip
+            response = conn.getresponse()
+            assert response.status == 200, response.read()
+            response.read()
+            took.append(time.monotonic() - started)
+    finally:
+        conn.close()
+        relay.stop()
+    assert sorted(took[1:])[10] < 0.02, f"median turn {sorted(took[1:])[10] * 1000:.1f} ms through the relay"
