@@ -1,5 +1,6 @@
 """TLS between the orchestrator and its nodes: one cluster CA, and a certificate for each party
-whose common name says who it is (`ORCHESTRATOR`, or `node_identity(name)` for a node).
+whose common name says who it is (`ORCHESTRATOR`, or `node_identity(name)` for a node). gRPC
+takes it as credentials; the gateway and the nodes' relays to it as `ssl` contexts.
 
 The orchestrator dials a node expecting that node's name, and a node may speak for no node but
 the one its certificate names, so a node's name is bound to its certificate in both directions.
@@ -12,6 +13,7 @@ next handshake on, and a dialler that sees `TlsFiles.stamp` change dials again.
 from __future__ import annotations
 
 import datetime
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,6 +116,46 @@ class TlsFiles:
         return grpc.secure_channel(
             address, credentials, [*options, ("grpc.ssl_target_name_override", server)]
         )
+
+    def server_context(self) -> ssl.SSLContext:
+        """TLS (outside gRPC) served with this certificate: a caller must present a certificate
+        from the cluster CA or the handshake fails. ValueError names an unreadable file."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.verify_mode = ssl.CERT_REQUIRED
+        self._load(context)
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        """TLS (outside gRPC) that presents this certificate and accepts a server only with a
+        certificate from the cluster CA naming the host dialled as (`server_hostname`)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        self._load(context)
+        return context
+
+    def _load(self, context: ssl.SSLContext) -> None:
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        ca, _, _ = self._read()  # names an unreadable file
+        try:
+            context.load_verify_locations(cadata=ca.decode())
+            context.load_cert_chain(self.cert, self.key)
+        except (ssl.SSLError, UnicodeDecodeError) as exc:
+            raise ValueError(
+                f"cannot use the TLS certificate {self.cert} and key {self.key}: {exc}"
+            ) from None
+
+
+def certified_identity(peercert: dict[str, Any] | None) -> str:
+    """The common name of a verified certificate as `ssl` gives it (`getpeercert()`); empty
+    without one, or once it has expired: the handshake checked it, but a connection kept alive
+    may outlive it."""
+    not_after = (peercert or {}).get("notAfter")
+    if not_after and ssl.cert_time_to_seconds(not_after) <= time.time():
+        return ""
+    for rdn in (peercert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return ""
 
 
 def anonymous_channel(address: str, ca: Path, server: str) -> grpc.Channel:

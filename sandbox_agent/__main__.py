@@ -225,11 +225,13 @@ def main(argv: list[str] | None = None) -> None:
     if settings.gateway_forward:
         try:
             target = parse_target(settings.gateway_forward)
+            # With this node's certificate the relay speaks TLS, as the node it names.
+            forwarder = Forwarder((GATEWAY_IP, settings.gateway_port), target, tls=settings.tls).start()
         except ValueError as exc:
             sys.exit(f"stasis-agent: {exc}")
-        forwarder = Forwarder((GATEWAY_IP, settings.gateway_port), target).start()
         print(
-            f"relaying {GATEWAY_IP}:{settings.gateway_port} to the gateway at {settings.gateway_forward}",
+            f"relaying {GATEWAY_IP}:{settings.gateway_port} to the gateway at {settings.gateway_forward}"
+            f"{' over TLS' if settings.tls else ''}",
             flush=True,
         )
     renewal = None

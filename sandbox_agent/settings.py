@@ -84,8 +84,9 @@ class AgentSettings:
     advertise: str = ""
     """Address the orchestrator should dial for this agent; empty means the bound listen address."""
     gateway_forward: str = ""
-    """HOST:PORT of the orchestrator's gateway; the node relays 169.254.1.1:<gateway_port> to it.
-    Empty when the gateway listens on 169.254.1.1 itself (the local stack)."""
+    """HOST:PORT of the orchestrator's gateway; the node relays 169.254.1.1:<gateway_port> to it,
+    over TLS with `tls` (the gateway then knows the node by its certificate). Empty when the
+    gateway listens on 169.254.1.1 itself (the local stack)."""
     gateway_port: int = 8080
     """Port on 169.254.1.1 where sandboxes find the gateway; also allowed through the isolation rules."""
     drain_on_stop_s: float = 0.0

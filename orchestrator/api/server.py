@@ -41,6 +41,7 @@ from orchestrator.gateway import (
     Gateway,
     GatewaySettings,
     Ledger,
+    Peer,
     RendererUnavailable,
     live_peer,
 )
@@ -178,7 +179,7 @@ class Orchestrator:
         record = next((r for r in self.store.snapshots(e.id) if r.id == e.restored_from), None)
         return record.created_at if record is not None else 0.0
 
-    def live_from(self, e: Episode, peer: str) -> bool:
+    def live_from(self, e: Episode, peer: Peer) -> bool:
         """Whether a gateway connection from `peer` can be the episode's current run."""
         try:
             node_address = self.store.node(e.node).address if e.node else ""
@@ -244,7 +245,12 @@ class Orchestrator:
             g, self.ledger, self.store.by_token, self.resumed_at, self.live_from, renderer=self.renderer,
             live_run=live_run,
         ).start()  # fmt: skip
-        log.info("gateway listening on %s, forwarding to %s", g.listen, g.upstream)
+        log.info(
+            "gateway listening on %s%s, forwarding to %s",
+            g.listen,
+            " (TLS, for nodes)" if g.tls else "",
+            g.upstream,
+        )
         return self.gateway
 
     def stop(self) -> None:

@@ -215,6 +215,8 @@ class Commands:
                 gateway=GatewaySettings(
                     listen=a.gateway_listen,
                     port=a.gateway_port,
+                    # Nodes relay it to their sandboxes: each with its certificate, over TLS.
+                    tls=auth.tls if auth is not None else None,
                     upstream=a.upstream,
                     upstream_api_key=a.upstream_api_key,
                     **model_settings(a, reference_model=False),

@@ -12,7 +12,7 @@ from orchestrator.gateway.ledger import Branch, Ledger, Lineage, Sampling, Turn,
 from orchestrator.gateway.protocols import GatewayError
 from orchestrator.gateway.rendering import ChatRenderer, RendererUnavailable
 from orchestrator.gateway.samples import Sample, samples
-from orchestrator.gateway.server import PROTOCOLS, Gateway, live_peer
+from orchestrator.gateway.server import PROTOCOLS, Gateway, Peer, live_peer
 from orchestrator.gateway.settings import GATEWAY_IP, GatewaySettings
 from orchestrator.gateway.upstream import Upstream
 
@@ -27,6 +27,7 @@ __all__ = [
     "GatewaySettings",
     "Ledger",
     "Lineage",
+    "Peer",
     "RendererUnavailable",
     "Sample",
     "Sampling",

@@ -49,6 +49,7 @@ from orchestrator.gateway.settings import GatewaySettings
 from orchestrator.gateway.slots import FairSlots, SlotTimeout
 from orchestrator.gateway.upstream import Stream, Upstream, UpstreamUnreachable
 from orchestrator.state.sql import Connection
+from protos.tls import certified_identity, node_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -108,6 +109,9 @@ class _KeyLocks:
                 del self._locks[key]
 
 
+HANDSHAKE_TIMEOUT_S = 10.0
+"""Longest a node may take over its TLS handshake; until it is done its connection counts
+against no bound of the front door."""
 LATER_S = 0.05
 """How long a ledger note nobody waits for (a delivery) may wait to share a commit."""
 
@@ -160,14 +164,35 @@ class _GroupCommit:
                     future.set_exception(value)
 
 
-def live_peer(e: Episode, peer: str, node_address: str) -> bool:
-    """Whether a connection from `peer` can come from the episode's live run: from the sandbox's
-    own address (the gateway on its node's host), or from the node it is placed on, whose agent
-    relays the gateway (`node_address` is that agent's host:port). A preempted episode has no
-    live run; any other sandbox with its key is a stale one."""
-    if e.state == EpisodeState.PREEMPTED or not e.node or not peer:
+@dataclass(frozen=True)
+class Peer:
+    """The other end of a gateway connection."""
+
+    host: str
+    """Its address: a sandbox's own, or a node's that relays for its sandboxes."""
+    node: str | None = None
+    """On a port that speaks TLS (`GatewaySettings.tls`), the node its verified certificate
+    names ("" if it names none); None on a plaintext port, where a node is told by its address."""
+
+    def __str__(self) -> str:
+        if self.node is None:
+            return self.host
+        return f"node {self.node} at {self.host}" if self.node else f"{self.host}, certified as no node"
+
+
+def live_peer(e: Episode, peer: Peer, node_address: str) -> bool:
+    """Whether a connection from `peer` can come from the episode's live run: over TLS, from the
+    node it is placed on, named by the node's certificate, whose agent relays the gateway; in
+    plaintext, from the sandbox's own address (the gateway on its node's host) or from that
+    node's address (`node_address` is its agent's host:port). A preempted episode has no live
+    run; any other sandbox with its key is a stale one."""
+    if e.state == EpisodeState.PREEMPTED or not e.node:
         return False
-    return peer == e.address or peer == node_address.rsplit(":", 1)[0].strip("[]")
+    if peer.node is not None:  # a certificate says which node relays: its address says nothing
+        return peer.node == e.node
+    if not peer.host:
+        return False
+    return peer.host == e.address or peer.host == node_address.rsplit(":", 1)[0].strip("[]")
 
 
 class Gateway:
@@ -179,7 +204,7 @@ class Gateway:
         ledger: Ledger,
         episodes: Callable[[str], Episode | None],
         resumed_at: Callable[[Episode], float],
-        live_from: Callable[[Episode, str], bool],
+        live_from: Callable[[Episode, Peer], bool],
         renderer: ChatRenderer | None = None,
         live_run: Callable[[Connection, str], tuple[int, str]] | None = None,
     ) -> None:
@@ -190,8 +215,8 @@ class Gateway:
         self.resumed_at = resumed_at
         """When the snapshot the episode's current run came from froze it; 0 for a fresh start."""
         self.live_from = live_from
-        """Whether a connection from this peer address can be the episode's live run. A stale
-        sandbox (on a node declared lost, or thawed after its episode moved) cannot: 409."""
+        """Whether a connection from this peer can be the episode's live run (`live_peer`). A
+        stale sandbox (on a node declared lost, or thawed after its episode moved) cannot: 409."""
         self.live_run = live_run
         """An episode's current run, and why its trajectory takes no more turns, read again in
         the transaction that records a turn (`Ledger.record`): a generation that outlives its run
@@ -246,6 +271,8 @@ class Gateway:
             int(port),
             backlog=1024,
             reuse_address=True,
+            ssl=s.tls.server_context() if s.tls is not None else None,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if s.tls is not None else None,
         )
         self.port = int(self._listener.sockets[0].getsockname()[1])
         if s.metrics_listen:
@@ -302,7 +329,18 @@ class Gateway:
 
     # -- the front door ---------------------------------------------------------------------
 
-    def _episode(self, token: str, peer: str) -> tuple[Episode, float, bool] | None:
+    def _peer(self, request: web.Request) -> Peer:
+        """Who sent the request: over TLS, the node its certificate names (the handshake took
+        only a certificate from the cluster CA)."""
+        host = request.remote or ""
+        if self.settings.tls is None:
+            return Peer(host)
+        transport = request.transport
+        return Peer(
+            host, node_of(certified_identity(transport.get_extra_info("peercert") if transport else None))
+        )
+
+    def _episode(self, token: str, peer: Peer) -> tuple[Episode, float, bool] | None:
         episode = self.episodes(token)
         if episode is None:
             return None
@@ -313,7 +351,8 @@ class Gateway:
         auth = request.headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
         token = token or request.headers.get("x-api-key", "").strip()
-        found = await self._call(self._episode, token, request.remote or "") if token else None
+        peer = self._peer(request)
+        found = await self._call(self._episode, token, peer) if token else None
         if found is None:
             raise GatewayError(401, "missing or unknown API key: use this sandbox's OPENAI_API_KEY or ANTHROPIC_API_KEY",
                                "authentication_error")  # fmt: skip
@@ -322,7 +361,7 @@ class Gateway:
             raise GatewayError(403, f"episode {episode.id} has ended ({episode.state})", "permission_error")
         if not live:
             raise GatewayError(409, f"episode {episode.id} is {episode.state} on {episode.node or 'no node'}; "
-                               f"this connection ({request.remote}) is not its live run, and nothing is recorded",
+                               f"this connection ({peer}) is not its live run, and nothing is recorded",
                                "conflict_error")  # fmt: skip
         return episode, resumed_at
 

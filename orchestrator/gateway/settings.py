@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from protos.tls import TlsFiles
+
 GATEWAY_IP = "169.254.1.1"
 """Every node serves the gateway at this address, so a sandbox finds it on any node."""
 
@@ -15,6 +17,12 @@ class GatewaySettings:
     """Where the gateway listens; empty means no gateway (sandboxes get no model endpoint)."""
     port: int = 8080
     """Port of the gateway as sandboxes see it, on 169.254.1.1."""
+    tls: TlsFiles | None = None
+    """The orchestrator's certificate from the cluster CA, where nodes relay the gateway to their
+    sandboxes: `listen` then speaks TLS and completes a handshake only with a certificate from
+    that CA, and a node's certificate speaks only for the episodes placed on it (`live_peer`).
+    None: plaintext, for sandboxes that reach the gateway on their own host (`stasis up`) or a
+    cluster run `--insecure`."""
     upstream: str = ""
     """OpenAI-compatible model server the gateway forwards to, up to and including /v1."""
     upstream_api_key: str = ""

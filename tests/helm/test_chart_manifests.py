@@ -266,6 +266,7 @@ def test_orchestrator_service_exposes_grpc_and_gateway(reference_install: list[M
     assert ports["grpc"]["port"] == 7070
     assert ports["grpc"]["appProtocol"] == "grpc"
     assert ports["gateway"]["port"] == 8080
+    assert ports["gateway"]["appProtocol"] == "https", "the nodes' relays speak TLS to the gateway"
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == "orchestrator"
     pod_labels = find(reference_install, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
@@ -498,7 +499,8 @@ def test_without_auth_everything_is_plaintext(chart: Chart) -> None:
     assert orchestrator["args"][-1] == "--insecure" and "--tls-ca" not in orchestrator["args"]
     assert agent["readinessProbe"]["grpc"] == {"port": 7071}
     assert not [m for m in manifests if m["kind"] == "Secret"]
-    assert "cluster" not in by_name(find(manifests, "Service", FULLNAME)["spec"]["ports"])
+    ports = by_name(find(manifests, "Service", FULLNAME)["spec"]["ports"])
+    assert "cluster" not in ports and ports["gateway"]["appProtocol"] == "http"
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
