@@ -31,7 +31,7 @@ from orchestrator.gateway.protocols.openai import ChatCompletions
 from orchestrator.gateway.samples import samples
 from orchestrator.gateway.server import INLINE_BODY_BYTES
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
-from protos.tls import ORCHESTRATOR, TlsFiles
+from protos.tls import ORCHESTRATOR, TlsFiles, certified_identity
 from sandbox_agent.server.forwarder import Forwarder
 from tests.orchestrator.conftest import wait_until
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
@@ -894,3 +894,48 @@ def test_a_kept_alive_harness_waits_out_no_delayed_ack_through_the_tls_relay(
         conn.close()
         relay.stop()
     assert sorted(took[1:])[10] < 0.02, f"median turn {sorted(took[1:])[10] * 1000:.1f} ms through the relay"
+
+
+def _through(relay: Forwarder, body: Any) -> tuple[int, bytes]:
+    """POST as a sandbox does, to its node's relay: plain HTTP."""
+    conn = http.client.HTTPConnection(*relay.address, timeout=30)
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                     {"Authorization": "Bearer tok-1", "Content-Type": "application/json"})  # fmt: skip
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_relay_presents_the_certificate_its_node_renewed_from_the_next_connection(
+    tls_world: tuple[World, ClusterPki], tmp_path: Path
+) -> None:
+    """A joined node's certificate is replaced every day or so while its agent runs: the relay
+    dials with whatever its files hold. Here they come to name node-2, which the gateway then
+    hears, not node-1."""
+    world, pki = tls_world
+    mine = TlsFiles(pki.ca_cert, tmp_path / "node.crt", tmp_path / "node.key")
+    first, renewed = pki.node("node-1"), pki.node("node-2")
+    for src, dst in ((first.cert, mine.cert), (first.key, mine.key)):
+        dst.write_bytes(src.read_bytes())
+    relay = Forwarder(("127.0.0.1", 0), ("127.0.0.1", world.gateway.port), tls=mine).start()
+    try:
+        assert _through(relay, _chat(USER))[0] == 200
+        for src, dst in ((renewed.key, mine.key), (renewed.cert, mine.cert)):
+            dst.with_suffix(".new").write_bytes(src.read_bytes())
+            dst.with_suffix(".new").replace(dst)
+        status, answer = _through(relay, _chat(USER, seed=2))
+    finally:
+        relay.stop()
+    assert status == 409 and b"node node-2" in answer, (status, answer)
+
+
+def test_a_certificate_that_expired_on_a_kept_alive_connection_names_no_node() -> None:
+    subject = ((("commonName", "node-1.node.stasis"),),)
+    assert (
+        certified_identity({"subject": subject, "notAfter": "Jan  1 00:00:00 2999 GMT"})
+        == "node-1.node.stasis"
+    )
+    assert certified_identity({"subject": subject, "notAfter": "Jan  1 00:00:00 2020 GMT"}) == ""
