@@ -37,8 +37,9 @@ import aiohttp
 from aiohttp import web
 
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
-from orchestrator.gateway import Gateway, GatewaySettings, Ledger
+from orchestrator.gateway import Gateway, GatewaySettings
 from orchestrator.reference_model import TOKENIZER_DIR
+from orchestrator.trajectory import Ledger
 
 TOKENS = {"renderer": "qwen3", "tokenizer": str(TOKENIZER_DIR)}
 TOOLS = [{"type": "function", "function": {"name": "shell", "description": "run a shell command",

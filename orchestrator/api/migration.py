@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from orchestrator.domain import FailedPrecondition
-from orchestrator.gateway import Ledger
 from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock
+from orchestrator.trajectory import Ledger
 
 TABLES = ("episodes", "events", "snapshots", "nodes", "images", "logs", "requests", "turns", "verifications")
 """Every table the two databases share, the ledger's last."""

@@ -36,17 +36,10 @@ from orchestrator.api.settings import AuthSettings, OrchestratorSettings
 from orchestrator.api.streams import API_WORKERS
 from orchestrator.control import AgentPool, Control, Verifier
 from orchestrator.domain import Episode, FailedPrecondition, InvalidArgument, NotFound
-from orchestrator.gateway import (
-    ChatRenderer,
-    Gateway,
-    GatewaySettings,
-    Ledger,
-    Peer,
-    RendererUnavailable,
-    live_peer,
-)
+from orchestrator.gateway import ChatRenderer, Gateway, GatewaySettings, Peer, RendererUnavailable, live_peer
 from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock, StateStore, standing_by
 from orchestrator.state.sql import live_run
+from orchestrator.trajectory import Ledger
 from protos import pki
 from protos.admission import OPEN, Admission
 from protos.stasis.v1 import stasis_pb2 as pb

@@ -33,8 +33,8 @@ from orchestrator.domain import (
     ids,
     may_read_hidden,
 )
-from orchestrator.gateway import Branch, Ledger, Turn, samples
 from orchestrator.state import StateStore
+from orchestrator.trajectory import Branch, Ledger, Turn, samples
 from protos.relay import relay
 from protos.stasis.v1 import agent_pb2 as apb
 from protos.stasis.v1 import stasis_pb2 as pb

@@ -9,7 +9,7 @@ import math
 from orchestrator.control.node_agent import NodeAgents
 from orchestrator.control.operations import default_finish
 from orchestrator.domain import Episode, EpisodeState, PermanentError, StasisError, TemporaryError
-from orchestrator.gateway import Ledger, Verification
+from orchestrator.trajectory import Ledger, Verification
 
 
 def parse_reward(log: bytes) -> float:

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.gateway.canonical import arguments_object, canonical_message
+from orchestrator.trajectory.canonical import arguments_object, canonical_message
 
 
 class UpstreamFault(Exception):

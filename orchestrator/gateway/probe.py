@@ -18,10 +18,10 @@ from typing import Any
 
 from orchestrator.gateway.dialects import Dialect
 from orchestrator.gateway.generation import UpstreamFault
-from orchestrator.gateway.ledger import Sampling
 from orchestrator.gateway.readers import loads
 from orchestrator.gateway.rendering import ChatRenderer
 from orchestrator.gateway.upstream import Upstream, UpstreamUnreachable
+from orchestrator.trajectory.ledger import Sampling
 
 log = logging.getLogger(__name__)
 RETRY_S = 60.0

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.gateway.ledger import Lineage, Turn, extension
 from orchestrator.gateway.protocols import Request
 from orchestrator.gateway.rendering import ChatRenderer
+from orchestrator.trajectory.ledger import Lineage, Turn, extension
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,6 @@ from orchestrator.domain import Conflict, Episode, EpisodeState
 from orchestrator.gateway.dialects import DIALECTS
 from orchestrator.gateway.door import Door
 from orchestrator.gateway.generation import Generation, UpstreamFault
-from orchestrator.gateway.ledger import Ledger, Sampling, extension
-from orchestrator.gateway.ledger import Turn as RecordedTurn
 from orchestrator.gateway.metrics import Metrics
 from orchestrator.gateway.probe import LogprobsProbe
 from orchestrator.gateway.prompts import Prompt, chat_prompt, completion_prompt
@@ -49,6 +47,8 @@ from orchestrator.gateway.settings import GatewaySettings
 from orchestrator.gateway.slots import FairSlots, SlotTimeout
 from orchestrator.gateway.upstream import Stream, Upstream, UpstreamUnreachable
 from orchestrator.state.sql import Connection
+from orchestrator.trajectory.ledger import Ledger, Sampling, extension
+from orchestrator.trajectory.ledger import Turn as RecordedTurn
 from protos.tls import certified_identity, node_of
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.gateway import Ledger
 from orchestrator.state import PostgresStateStore
+from orchestrator.trajectory import Ledger
 from tests.postgres import PostgresServer
 
 OpenLedger = Callable[[], Ledger]

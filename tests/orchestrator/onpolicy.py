@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.gateway import Sample, Turn, samples
 from orchestrator.reference_model import ReferenceModel
+from orchestrator.trajectory import Sample, Turn, samples
 
 
 def assert_on_policy(turns: Sequence[Turn], model: ReferenceModel) -> list[Sample]:

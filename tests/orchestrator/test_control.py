@@ -30,8 +30,8 @@ from orchestrator.domain import (
     Reason,
     ids,
 )
-from orchestrator.gateway import Ledger
 from orchestrator.state import SqliteStateStore
+from orchestrator.trajectory import Ledger
 from protos.stasis.v1 import stasis_pb2 as pb
 from snapshots import SnapshotStore
 from tests.orchestrator.fakes import FakeAgent, FakeAgents

@@ -26,11 +26,12 @@ import pytest
 
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
-from orchestrator.gateway import Gateway, GatewaySettings, Ledger, live_peer
+from orchestrator.gateway import Gateway, GatewaySettings, live_peer
 from orchestrator.gateway.protocols.openai import ChatCompletions
-from orchestrator.gateway.samples import samples
 from orchestrator.gateway.server import INLINE_BODY_BYTES
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from orchestrator.trajectory import Ledger
+from orchestrator.trajectory.samples import samples
 from protos.tls import ORCHESTRATOR, TlsFiles, certified_identity
 from sandbox_agent.server.forwarder import Forwarder
 from tests.orchestrator.conftest import wait_until

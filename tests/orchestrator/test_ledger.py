@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from orchestrator.domain import Conflict, EpisodeSpec, EpisodeState, FailedPrecondition, StandingBy
-from orchestrator.gateway import CanonicalRequest, Ledger, Sampling, Turn, Verification
-from orchestrator.gateway.canonical import canonical_message
 from orchestrator.gateway.generation import Generation, ToolCall
 from orchestrator.gateway.protocols import anthropic
 from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore
 from orchestrator.state.sql import live_run
+from orchestrator.trajectory import CanonicalRequest, Ledger, Sampling, Turn, Verification
+from orchestrator.trajectory.canonical import canonical_message
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
 from tests.postgres import PostgresServer
 

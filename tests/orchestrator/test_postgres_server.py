@@ -17,7 +17,7 @@ import pytest
 from orchestrator import InvalidArgument, StasisClient
 from orchestrator.api import Orchestrator, OrchestratorSettings
 from orchestrator.domain import NodeRecord, NodeState
-from orchestrator.gateway import CanonicalRequest
+from orchestrator.trajectory import CanonicalRequest
 from tests.postgres import PostgresServer
 
 

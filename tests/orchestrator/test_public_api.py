@@ -11,7 +11,7 @@ import pytest
 import orchestrator
 import sandbox_agent
 
-ROOMS = ["api", "cli", "client", "control", "domain", "gateway", "reference_model", "state"]
+ROOMS = ["api", "cli", "client", "control", "domain", "gateway", "reference_model", "state", "trajectory"]
 
 
 def _public(module: ModuleType) -> set[str]:

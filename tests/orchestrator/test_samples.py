@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.gateway import Lineage, Sampling, Turn, samples
-from orchestrator.gateway.ledger import ROOT, common_prefix, extension
+from orchestrator.trajectory import Lineage, Sampling, Turn, samples
+from orchestrator.trajectory.ledger import ROOT, common_prefix, extension
 
 
 def _turn(

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.gateway import Ledger
 from orchestrator.gateway.slots import FairSlots, SlotTimeout
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
+from orchestrator.trajectory import Ledger
 from tests.orchestrator.test_gateway import USER, _episode, _world
 
 

@@ -19,8 +19,8 @@ from orchestrator.domain import (
     NodeRecord,
     NodeState,
 )
-from orchestrator.gateway import Ledger, Verification
 from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock, StateStore
+from orchestrator.trajectory import Ledger, Verification
 from tests.orchestrator.test_ledger import BYTES, _chat, _record
 from tests.orchestrator.test_state_store import POOL, SPEC, _snapshot
 from tests.postgres import PostgresServer

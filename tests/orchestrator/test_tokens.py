@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.gateway import Ledger, samples
 from orchestrator.reference_model import TOKENIZER_DIR, ReferenceModelServer, ReferenceModelSettings, decode
+from orchestrator.trajectory import Ledger, samples
 from tests.orchestrator.onpolicy import assert_linear, assert_on_policy
 from tests.orchestrator.test_gateway import ANTHROPIC_TOOLS, RESPONSES_TOOLS, TOOLS, USER, World, _world
 

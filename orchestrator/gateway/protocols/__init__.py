@@ -14,9 +14,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.gateway.generation import Generation
-from orchestrator.gateway.ledger import Sampling
+from orchestrator.trajectory.canonical import CanonicalRequest
+from orchestrator.trajectory.ledger import Sampling
 
 
 class GatewayError(Exception):

@@ -22,7 +22,6 @@ import json
 import uuid
 from typing import Any
 
-from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.gateway.generation import Generation
 from orchestrator.gateway.protocols import (
     GatewayError,
@@ -35,6 +34,7 @@ from orchestrator.gateway.protocols import (
     require,
     sse,
 )
+from orchestrator.trajectory.canonical import CanonicalRequest
 
 DROPPED = (
     "thinking", "context_management", "output_config", "metadata", "service_tier", "container",

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.gateway.generation import Generation
 from orchestrator.gateway.protocols import GatewayError, Protocol, Request, StreamEncoder, sse
+from orchestrator.trajectory.canonical import CanonicalRequest
 
 DONE = b"data: [DONE]\n\n"
 ASKED = ("logprobs", "top_logprobs", "return_token_ids", "stream_options")

@@ -19,7 +19,6 @@ import time
 import uuid
 from typing import Any
 
-from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.gateway.generation import Generation, ToolCall
 from orchestrator.gateway.protocols import (
     GatewayError,
@@ -32,6 +31,7 @@ from orchestrator.gateway.protocols import (
     require,
     sse,
 )
+from orchestrator.trajectory.canonical import CanonicalRequest
 
 DROPPED = (
     "store", "include", "reasoning", "metadata", "user", "prompt_cache_key", "service_tier", "truncation",

@@ -29,11 +29,11 @@ from typing import Any, Protocol, TypeVar
 import zstandard
 
 from orchestrator.domain import Conflict, FailedPrecondition
-from orchestrator.gateway import ledger_schema
-from orchestrator.gateway.canonical import CanonicalRequest
 from orchestrator.state.database import Database
 from orchestrator.state.postgres_database import PostgresDatabase
 from orchestrator.state.sql import Connection
+from orchestrator.trajectory import schema
+from orchestrator.trajectory.canonical import CanonicalRequest
 
 T = TypeVar("T")
 
@@ -161,9 +161,7 @@ class Verification:
 
 
 _BUT_BODIES = ", ".join(
-    c
-    for c in ledger_schema.TURN_COLUMNS
-    if c not in ("request_raw", "response", "delivered", "request", "answer")
+    c for c in schema.TURN_COLUMNS if c not in ("request_raw", "response", "delivered", "request", "answer")
 )
 """A turn's columns but its bodies (megabytes for a long conversation): what finding one needs."""
 
@@ -219,16 +217,16 @@ class Ledger:
             raise FailedPrecondition(
                 f"{path} holds a trajectory ledger from an older Stasis; start with a new state dir"
             )
-        for statement in ledger_schema.added_columns(columns, "INTEGER") if columns else ():
+        for statement in schema.added_columns(columns, "INTEGER") if columns else ():
             database.db.execute(statement)
-        database.db.executescript(ledger_schema.SQLITE)
+        database.db.executescript(schema.SQLITE)
         return cls(database, owned=True)
 
     @classmethod
     def postgres(cls, database: PostgresDatabase) -> Ledger:
         """A ledger in the PostgreSQL state store's database, beside the store's tables, on its
         pool; the store closes it."""
-        database.create(ledger_schema.POSTGRES + ledger_schema.POSTGRES_ADDED)
+        database.create(schema.POSTGRES + schema.POSTGRES_ADDED)
         return cls(database, owned=False)
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.gateway.ledger import Sampling, Turn
+from orchestrator.trajectory.ledger import Sampling, Turn
 
 
 @dataclass
