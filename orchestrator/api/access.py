@@ -37,6 +37,7 @@ METHOD_ROLES: dict[str, Role] = {
     "ListSnapshots": Role.VIEWER,
     "ListNodes": Role.VIEWER,
     "ListImages": Role.VIEWER,
+    "ListGroups": Role.VIEWER,
     "SubmitEpisode": Role.TRAINER,
     "SubmitEpisodes": Role.TRAINER,
     "CancelEpisode": Role.TRAINER,

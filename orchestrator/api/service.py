@@ -25,6 +25,8 @@ from orchestrator.domain import (
     EpisodeSpec,
     EpisodeState,
     FailedPrecondition,
+    Group,
+    GroupOutcome,
     ImageRecord,
     InvalidArgument,
     NodeRecord,
@@ -91,6 +93,19 @@ def branch_to_pb(b: Branch) -> pb.TrajectoryBranch:
     )
 
 
+def group_to_pb(outcome: GroupOutcome) -> pb.GroupResult:
+    broken = outcome.broken_by
+    return wire.encode(
+        outcome.group, pb.GroupResult,
+        final=outcome.final,
+        complete=outcome.complete,
+        broken=broken is not None,
+        broken_by=broken,
+        problem=outcome.problem,
+        members=outcome.members,
+    )  # fmt: skip
+
+
 def _page_token(after: tuple[float, str] | None) -> str:
     """Where a ListEpisodes page ended (the last episode read: its submitted_at and id)."""
     return base64.urlsafe_b64encode(json.dumps(after).encode()).decode()
@@ -154,16 +169,29 @@ class StasisService(pb_grpc.StasisServicer):
             raise InvalidArgument("submits", "is empty")
         if len(request.submits) > MAX_SUBMITS:
             raise InvalidArgument("submits", f"has {len(request.submits)} entries; at most {MAX_SUBMITS}")
+        group = self._group(request)
         specs, pinned = [], dict[str, str]()
         for i, submit in enumerate(request.submits):
             try:
                 specs.append((self._accepted(submit, pinned), submit.request_id))
             except InvalidArgument as exc:
                 raise InvalidArgument(f"submits[{i}].{exc.field}", exc.problem) from None
-        episodes = self.store.submit_many(specs, self.control.pool_of_addresses)
+        episodes = self.store.submit_many(specs, self.control.pool_of_addresses, group)
         self.control.wake()
         now = time.time()
         return pb.SubmitEpisodesResponse(episodes=[episode_to_pb(e, now) for e in episodes])
+
+    def _group(self, request: pb.SubmitEpisodesRequest) -> Group | None:
+        """The request's group, validated; its submits must be all N members at once."""
+        if not request.HasField("group"):
+            return None
+        group = wire.decode(request.group, Group).validate()
+        if len(request.submits) != group.size:
+            raise InvalidArgument(
+                "group.size", f"is {group.size}, but the request has {len(request.submits)} submits;"
+                " a group's members are submitted together"
+            )  # fmt: skip
+        return group
 
     def _accepted(self, request: pb.SubmitEpisodeRequest, pinned: dict[str, str]) -> EpisodeSpec:
         """The request's spec, validated, with the cluster's defaults and its images pinned
@@ -457,5 +485,26 @@ class StasisService(pb_grpc.StasisServicer):
                 episode = self.store.get(ev.episode_id)
                 if all(episode.spec.labels.get(k) == v for k, v in labels.items()):
                     yield self._trajectory(episode, request.include_branches, ev.seq)
+                    if request.include_groups and episode.group_id:
+                        decided = self._group_decided_by(episode)
+                        if decided is not None:
+                            yield pb.Trajectory(seq=ev.seq, group=group_to_pb(decided))
             if not events:
                 self.store.wait_for_events(since, timeout=1.0)
+
+    def _group_decided_by(self, episode: Episode) -> GroupOutcome | None:
+        """The group of `episode` if its end decided the group's outcome (`decided_by`). Each
+        member ends once, so a stream yields each group's item once, whenever it began reading."""
+        group = self.store.group(episode.group_id)
+        outcome = GroupOutcome.of(group, self.store.members(group.id))
+        decided = outcome.decided_by
+        return outcome if decided is not None and decided.episode_id == episode.id else None
+
+    @rpc
+    def ListGroups(
+        self, request: pb.ListGroupsRequest, context: grpc.ServicerContext
+    ) -> pb.ListGroupsResponse:
+        groups = [self.store.group(request.group_id)] if request.group_id else self.store.groups()
+        return pb.ListGroupsResponse(
+            groups=[group_to_pb(GroupOutcome.of(g, self.store.members(g.id))) for g in groups]
+        )

@@ -1,5 +1,18 @@
 """Operations on nodes: start, restore, checkpoint and finish an episode.
 
+What ends an episode for good, and what a GRPO group's member gets instead (docs/trajectory.md,
+"Groups"): its group is lost with it, so a member is never ended by the infrastructure.
+  * Its node lost, or its sandbox gone: back to its last snapshot, or to the start (`recover`),
+    however often, for any episode.
+  * A start the agent could not make (unreachable: retried without end; refused for a reason
+    that may be the node's): failed after `max_attempts`, a member after `group_max_attempts`.
+  * A restore that keeps failing, or whose snapshots are all gone or unverifiable: failed, but a
+    member starts over from the beginning instead (`Outcomes.restore_failed`).
+  * A spec the node refuses (`SpecRefused`), an image that does not exist, a harness that exits
+    with an error, a verifier that prints no reward, a cancel: final for members too. Their group
+    cannot complete, and says so.
+No reward is ever made up: a member's reward is its verifier's, of a run that ended.
+
 Each first commits its intent (a placement with the sandbox id it will create, RESTORING, or
 CHECKPOINTING with the snapshot id it will write), then calls the node's agent from a worker,
 then commits the outcome. An intent found with no worker behind it after a restart is settled
@@ -109,7 +122,7 @@ class Operations:
             return
         except (PermanentError, NotFound) as exc:
             # A bad image or spec fails the same way everywhere; anything else may be this node.
-            final = isinstance(exc, NotFound | SpecRefused) or e.attempts + 1 >= self.settings.max_attempts
+            final = isinstance(exc, NotFound | SpecRefused) or self.outcomes.gives_up(e)
             self.outcomes.start_failed(e, str(exc), final=final)
             return
         pulled = view.timings_ms.get("pull_ms", 0.0)
@@ -156,7 +169,7 @@ class Operations:
         except PermanentError as exc:
             if isinstance(exc, SnapshotDamaged) and self._fall_back(e, f"is corrupt ({exc})"):
                 return
-            final = e.attempts + 1 >= self.settings.max_attempts
+            final = self.outcomes.gives_up(e, member_limit=False)
             self.outcomes.restore_failed(e, f"{where}: {exc}", final=final)
             return
         except NotFound as exc:

@@ -43,6 +43,23 @@ class Outcomes:
             wait = max(wait, exc.delay)
         return time.time() + wait
 
+    def gives_up(self, e: Episode, *, member_limit: bool = True) -> bool:
+        """Whether this failed start or restore attempt of `e` is its last (see `settings`): a
+        GRPO group's member is given `group_max_attempts` where others have `max_attempts`."""
+        limit = self.settings.max_attempts
+        if e.group_id and member_limit:
+            limit = self.settings.group_max_attempts
+        return e.attempts + 1 >= limit
+
+    def start_over(self, e: Episode, why: str) -> None:
+        """A group member whose snapshots cannot be restored runs again from the start rather
+        than fail: its group would be lost with it. The old lineage is left to retention."""
+        self.transition_or_cleanup(
+            e, S.PENDING, f"{why}; group {e.group_id}'s member {e.group_index} starts over",
+            expect=(S.RESTORING,), node="", sandbox_id="", last_snapshot_id="", restored_from="",
+            attempts=0, not_before=0.0, queued_at=time.time(), pinned_node="",
+        )  # fmt: skip
+
     def transition_or_cleanup(
         self, e: Episode, to: EpisodeState, reason: str, expect: tuple[EpisodeState, ...] = (), **changes: Any
     ) -> None:
@@ -72,7 +89,12 @@ class Outcomes:
             )  # fmt: skip
 
     def restore_failed(self, e: Episode, reason: str, *, final: bool, exc: Exception | None = None) -> None:
-        if final:
+        """A restore that failed: retried later, or, if `final`, the end of the episode; a group
+        member starts over from the beginning instead (`start_over`), as no fault of its spec
+        keeps a restore from working."""
+        if final and e.group_id:
+            self.start_over(e, reason)
+        elif final:
             self.transition_or_cleanup(e, S.FAILED, reason, node="", sandbox_id="")
         else:
             self.transition_or_cleanup(

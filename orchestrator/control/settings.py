@@ -19,7 +19,12 @@ class ControlSettings:
     workers: int = 16
     """Agent calls (create, checkpoint, restore) run at once; each can take seconds."""
     max_attempts: int = 5
-    """Consecutive failed starts or restores before an episode fails for good."""
+    """Consecutive failed starts or restores before an episode fails for good; for a GRPO group's
+    member, consecutive failed restores before it starts over from the beginning instead."""
+    group_max_attempts: int = 20
+    """Consecutive failed starts before a GRPO group's member fails for good. Higher than
+    max_attempts, as a member that fails takes its whole group with it: with the backoff capped at
+    64 times retry_backoff_s (128 s), the default keeps trying for about half an hour."""
     retry_backoff_s: float = 2.0
     """First wait after a failed start or restore; doubles with every further failure, and is
     never shorter than the delay an unreachable agent asked for."""

@@ -19,6 +19,7 @@ from orchestrator.domain.errors import (
     TemporaryError,
     Unauthenticated,
 )
+from orchestrator.domain.group import MAX_GROUP_SIZE, Group, GroupMember, GroupOutcome
 from orchestrator.domain.image import ImageRecord, PullStatus, check_name, is_pinned, is_reference
 from orchestrator.domain.node import NodeRecord, NodeState
 from orchestrator.domain.snapshot import SnapshotRecord
@@ -26,6 +27,7 @@ from orchestrator.domain.spec import EpisodeSpec, Limits, Preemption, Resources,
 
 __all__ = [
     "ALLOWED",
+    "MAX_GROUP_SIZE",
     "TERMINAL",
     "Caller",
     "Conflict",
@@ -34,6 +36,9 @@ __all__ = [
     "EpisodeState",
     "Event",
     "FailedPrecondition",
+    "Group",
+    "GroupMember",
+    "GroupOutcome",
     "ImageRecord",
     "InvalidArgument",
     "Limits",

@@ -99,6 +99,10 @@ class Episode:
     log_offsets: tuple[int, ...] = ()
     """Where each run's output begins in the harness log (index run - 1); -1 for a run whose
     output is gone (the episode started over after it)."""
+    group_id: str = ""
+    """The GRPO group this episode is a member of (`Group`); empty for none."""
+    group_index: int = 0
+    """Its place in the group, from 0; fixed at submit, kept across every re-run."""
 
     def with_run_log(self, run: int, start: int, *, fresh: bool) -> tuple[int, ...]:
         """`log_offsets` once run `run` began at byte `start`; a fresh start begins a new log."""

@@ -42,8 +42,20 @@ CREATE TABLE IF NOT EXISTS episodes (
     finished_at DOUBLE PRECISION NOT NULL DEFAULT 0,
     not_before DOUBLE PRECISION NOT NULL DEFAULT 0,
     attempts BIGINT NOT NULL DEFAULT 0,
-    log_offsets TEXT NOT NULL DEFAULT '[]'
+    log_offsets TEXT NOT NULL DEFAULT '[]',
+    group_id TEXT NOT NULL DEFAULT '',
+    group_index BIGINT NOT NULL DEFAULT 0
 );
+-- A database from before GRPO groups: its episodes are in none. Checked first, as for snapshots.
+DO $$ BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM information_schema.columns
+        WHERE table_schema = current_schema() AND table_name = 'episodes' AND column_name = 'group_id'
+    ) THEN
+        ALTER TABLE episodes ADD COLUMN group_id TEXT NOT NULL DEFAULT '',
+            ADD COLUMN group_index BIGINT NOT NULL DEFAULT 0;
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
 CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;
 CREATE TABLE IF NOT EXISTS events (
@@ -113,6 +125,13 @@ CREATE TABLE IF NOT EXISTS logs (
     start BIGINT NOT NULL,
     content BYTEA NOT NULL
 );
+CREATE TABLE IF NOT EXISTS episode_groups (
+    id TEXT COLLATE "C" PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    size BIGINT NOT NULL,
+    max_staleness BIGINT,
+    created_at DOUBLE PRECISION NOT NULL
+);
 CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT PRIMARY KEY,
     method TEXT NOT NULL,
@@ -132,6 +151,7 @@ ADDED_INDEXES = (
     ("episodes_queue", f"episodes(priority DESC, queued_at, id) WHERE {QUEUED_SQL}"),
     ("episodes_on_node", f"episodes(node) WHERE {ON_NODE_SQL}"),
     ("episodes_ended", "episodes(finished_at, id) WHERE finished_at > 0"),
+    ("episodes_group", "episodes(group_id, group_index) WHERE group_id != ''"),
 )
 """Indexes (name, and what follows ON) added after the tables first shipped. A database that holds
 many episodes already builds them without blocking writes to its tables (`PostgresDatabase`)."""

@@ -18,6 +18,7 @@ from orchestrator.domain import (
     EpisodeSpec,
     EpisodeState,
     FailedPrecondition,
+    Group,
     InvalidArgument,
     NodeRecord,
     NodeState,
@@ -96,6 +97,13 @@ def transition_changes(
         derived["snapshots"] = current.snapshots + 1
         derived["last_snapshot_id"] = snapshot.id
     return {"state": str(to), "reason": reason, "updated_at": now, **derived, **changes}
+
+
+def group_from_row(row: Mapping[str, Any]) -> Group:
+    return Group(
+        id=row["id"], task_id=row["task_id"], size=int(row["size"]), created_at=row["created_at"],
+        max_staleness=None if row["max_staleness"] is None else int(row["max_staleness"]),
+    )  # fmt: skip
 
 
 def snapshot_row(s: SnapshotRecord) -> tuple[Any, ...]:

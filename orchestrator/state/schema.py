@@ -10,6 +10,12 @@ ON_NODE_SQL = "finished_at = 0 AND node != ''"
 """The live episodes on a node: the rows of the index `episodes_on_node`, which a query reads
 only if its condition holds this text as it is (`SqlStateStore.on_nodes`)."""
 
+GROUP_MEMBERS_INDEX = (
+    "CREATE INDEX IF NOT EXISTS episodes_group ON episodes(group_id, group_index) WHERE group_id != ''"
+)
+"""Made once the episodes table has its group columns: after the migration of a database from
+before groups (`SqliteStateStore`)."""
+
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS episodes (
     id TEXT PRIMARY KEY,
@@ -41,7 +47,9 @@ CREATE TABLE IF NOT EXISTS episodes (
     finished_at REAL NOT NULL DEFAULT 0,
     not_before REAL NOT NULL DEFAULT 0,
     attempts INTEGER NOT NULL DEFAULT 0,
-    log_offsets TEXT NOT NULL DEFAULT '[]'
+    log_offsets TEXT NOT NULL DEFAULT '[]',
+    group_id TEXT NOT NULL DEFAULT '',
+    group_index INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
 CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;
@@ -101,6 +109,13 @@ CREATE TABLE IF NOT EXISTS logs (
     episode_id TEXT PRIMARY KEY,
     start INTEGER NOT NULL,
     content BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS episode_groups (
+    id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    max_staleness INTEGER,
+    created_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT PRIMARY KEY,

@@ -26,7 +26,9 @@ from orchestrator.domain import (
     EpisodeState,
     Event,
     FailedPrecondition,
+    Group,
     ImageRecord,
+    InvalidArgument,
     NodeRecord,
     NodeState,
     NotFound,
@@ -126,38 +128,75 @@ class SqlStateStore:
         return self.submit_many([(spec, request_id)], address_pool)[0]
 
     def submit_many(
-        self, submits: Sequence[tuple[EpisodeSpec, str]], address_pool: ipaddress.IPv4Network
+        self,
+        submits: Sequence[tuple[EpisodeSpec, str]],
+        address_pool: ipaddress.IPv4Network,
+        group: Group | None = None,
     ) -> list[Episode]:
-        """Accept episodes durably, all or none. A request id seen before returns its episode."""
+        """Accept episodes durably, all or none. A request id seen before returns its episode.
+        With a `group`, the submits are its members in index order (`_join_group`)."""
         encoded = [(spec, records.encode_spec(spec), rid) for spec, rid in submits]
 
         def insert(db: Connection) -> list[Episode]:
-            return [self._insert(db, spec, spec_json, rid, address_pool) for spec, spec_json, rid in encoded]
+            if group is None:
+                return [
+                    self._insert(db, spec, spec_json, rid, address_pool) for spec, spec_json, rid in encoded
+                ]
+            self._join_group(db, group, len(encoded))
+            return [
+                self._insert(db, spec, spec_json, rid, address_pool, group.id, index)
+                for index, (spec, spec_json, rid) in enumerate(encoded)
+            ]
 
         return self._grouped(insert)
 
+    def _join_group(self, db: Connection, group: Group, members: int) -> None:
+        """Store `group`, or check it against the group of its id stored already (InvalidArgument
+        naming the field that differs). Members are submitted all at once: `members` must be the
+        group's size."""
+        if members != group.size:
+            raise InvalidArgument("group.size", f"is {group.size}, but {members} members were submitted")
+        row = db.execute("SELECT * FROM episode_groups WHERE id = ?", (group.id,)).fetchone()
+        if row is not None:
+            group.same_as(records.group_from_row(row))
+            return
+        db.execute(
+            "INSERT INTO episode_groups (id, task_id, size, max_staleness, created_at) VALUES (?,?,?,?,?)",
+            (group.id, group.task_id, group.size, group.max_staleness, time.time()),
+        )
+
     def _insert(
         self, db: Connection, spec: EpisodeSpec, spec_json: str, request_id: str,
-        address_pool: ipaddress.IPv4Network,
+        address_pool: ipaddress.IPv4Network, group_id: str = "", group_index: int = 0,
     ) -> Episode:  # fmt: skip
         now = time.time()
+        payload = {"spec": spec_json, **({"group": f"{group_id}/{group_index}"} if group_id else {})}
         if request_id:
-            known = self._known_request(db, request_id, "SubmitEpisode", {"spec": spec_json})
+            known = self._known_request(db, request_id, "SubmitEpisode", payload)
             if known is not None:
                 return self._get(db, known)
+        if group_id:
+            taken = db.execute(
+                "SELECT id FROM episodes WHERE group_id = ? AND group_index = ?", (group_id, group_index)
+            ).fetchone()
+            if taken is not None:
+                raise InvalidArgument(
+                    "group.id", f"group {group_id!r} has its member {group_index} already ({taken['id']});"
+                    " a retry must carry the request ids of the first submit"
+                )  # fmt: skip
         episode_id = ids.new_episode_id()
         db.execute(
             "INSERT INTO episodes (id, spec, state, reason, priority, labels, address, token, queued_at,"
-            " submitted_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            " submitted_at, updated_at, group_id, group_index) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 episode_id, spec_json, str(EpisodeState.PENDING), "submitted", spec.preemption.priority,
                 records.encode_labels(spec.labels), self._free_address(db, address_pool),
-                ids.new_gateway_token(), now, now, now,
+                ids.new_gateway_token(), now, now, now, group_id, group_index,
             ),
         )  # fmt: skip
         self._event(db, episode_id, "transition", "", EpisodeState.PENDING, "submitted", "", "")
         if request_id:
-            self._store_request(db, request_id, "SubmitEpisode", {"spec": spec_json}, episode_id)
+            self._store_request(db, request_id, "SubmitEpisode", payload, episode_id)
         return self._get(db, episode_id)
 
     def _get(self, db: Connection, episode_id: str) -> Episode:
@@ -311,6 +350,29 @@ class SqlStateStore:
                     db, episode_id, "decision", current.state, current.state, decision, current.node, ""
                 )
             return self._get(db, episode_id)
+
+    # -- groups -----------------------------------------------------------------------------
+
+    def group(self, group_id: str) -> Group:
+        with self._read() as db:
+            row = db.execute("SELECT * FROM episode_groups WHERE id = ?", (group_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"group {group_id!r} does not exist")
+        return records.group_from_row(row)
+
+    def groups(self) -> list[Group]:
+        """Every group, oldest first."""
+        with self._read() as db:
+            rows = db.execute("SELECT * FROM episode_groups ORDER BY created_at, id").fetchall()
+        return [records.group_from_row(r) for r in rows]
+
+    def members(self, group_id: str) -> list[Episode]:
+        """The group's episodes, in index order."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT * FROM episodes WHERE group_id = ? ORDER BY group_index", (group_id,)
+            ).fetchall()
+        return [self._episode_from_row(r) for r in rows]
 
     # -- snapshots --------------------------------------------------------------------------
 

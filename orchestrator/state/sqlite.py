@@ -15,7 +15,7 @@ from orchestrator.domain import Episode
 from orchestrator.state import records
 from orchestrator.state.database import Database
 from orchestrator.state.lease import SoleLease
-from orchestrator.state.schema import SCHEMA
+from orchestrator.state.schema import GROUP_MEMBERS_INDEX, SCHEMA
 from orchestrator.state.sql import SqlStateStore
 
 
@@ -45,6 +45,11 @@ class SqliteStateStore(SqlStateStore):
         columns = {r["name"] for r in self._db.execute("PRAGMA table_info(snapshots)")}
         if "manifest_digest" not in columns:  # from before manifests were digested: never restored
             self._db.execute("ALTER TABLE snapshots ADD COLUMN manifest_digest TEXT NOT NULL DEFAULT ''")
+        if "group_id" not in {r["name"] for r in self._db.execute("PRAGMA table_info(episodes)")}:
+            # from before GRPO groups: its episodes are in none
+            self._db.execute("ALTER TABLE episodes ADD COLUMN group_id TEXT NOT NULL DEFAULT ''")
+            self._db.execute("ALTER TABLE episodes ADD COLUMN group_index INTEGER NOT NULL DEFAULT 0")
+        self._db.execute(GROUP_MEMBERS_INDEX)
 
     @property
     def closed(self) -> bool:

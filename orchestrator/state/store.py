@@ -12,6 +12,7 @@ from orchestrator.domain import (
     EpisodeSpec,
     EpisodeState,
     Event,
+    Group,
     ImageRecord,
     NodeRecord,
     NodeState,
@@ -25,9 +26,16 @@ class StateStore(Protocol):
 
     def submit(self, spec: EpisodeSpec, request_id: str, address_pool: ipaddress.IPv4Network) -> Episode: ...
     def submit_many(
-        self, submits: Sequence[tuple[EpisodeSpec, str]], address_pool: ipaddress.IPv4Network
+        self,
+        submits: Sequence[tuple[EpisodeSpec, str]],
+        address_pool: ipaddress.IPv4Network,
+        group: Group | None = None,
     ) -> list[Episode]:
-        """All of them, durably, or none."""
+        """All of them, durably, or none; with `group`, they are its members in index order."""
+
+    def group(self, group_id: str) -> Group: ...
+    def groups(self) -> list[Group]: ...
+    def members(self, group_id: str) -> list[Episode]: ...
 
     def get(self, episode_id: str) -> Episode: ...
     def by_token(self, token: str) -> Episode | None: ...

@@ -28,7 +28,7 @@ from orchestrator.control import (
     SpecRefused,
     VerifierOutcome,
 )
-from orchestrator.domain import EpisodeSpec, NotFound, PullStatus, StasisError
+from orchestrator.domain import EpisodeSpec, NotFound, PullStatus, StasisError, ids
 from snapshots import SnapshotCorrupt, SnapshotMeta, SnapshotNotFound, SnapshotStore
 
 
@@ -56,6 +56,9 @@ class FakeAgent:
         """(snapshot id, manifest digest) of each restore asked of this node."""
         self.clock_skew_s = 0.0
         """How far this node's clock is ahead of the orchestrator's."""
+        self.verifier_logs: dict[str, bytes] = {}
+        """What the verifier prints for an episode, by episode id (shared by the nodes); "1.0"
+        for any other."""
         self._lock = threading.Lock()
 
     def _enter(self, method: str, sandbox_id: str) -> None:
@@ -164,7 +167,9 @@ class FakeAgent:
         self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
     ) -> VerifierOutcome:
         self._enter("run_verifier", sandbox_id)
-        return VerifierOutcome(exit_code=0, timed_out=False, log=b"1.0\n", duration_ms=1.0)
+        name = ids.SandboxId.parse(sandbox_id)
+        log = self.verifier_logs.get(name.episode_id if name else "", b"1.0\n")
+        return VerifierOutcome(exit_code=0, timed_out=False, log=log, duration_ms=1.0)
 
     def harness_log(
         self,
@@ -195,9 +200,11 @@ class FakeAgents:
         self.snapshots = snapshots
         self.agents: dict[str, FakeAgent] = {}
         self.logs: dict[str, bytes] = {}
+        self.verifier_logs: dict[str, bytes] = {}
 
     def set(self, node: str, address: str) -> None:
-        self.agents.setdefault(node, FakeAgent(node, self.snapshots, self.logs))
+        agent = self.agents.setdefault(node, FakeAgent(node, self.snapshots, self.logs))
+        agent.verifier_logs = self.verifier_logs
 
     def get(self, node: str) -> FakeAgent:
         if node not in self.agents:

@@ -17,7 +17,7 @@ from orchestrator.api.service import StasisService
 from orchestrator.control import AgentUnavailable, Control, ControlSettings, SnapshotRequest, SpecRefused
 from orchestrator.control.node_agent import SandboxConflict
 from orchestrator.control.retention import collect_snapshots
-from orchestrator.control.verifier import parse_reward
+from orchestrator.control.verifier import Verifier, parse_reward
 from orchestrator.domain import (
     EpisodeSpec,
     EpisodeState,
@@ -28,6 +28,7 @@ from orchestrator.domain import (
     Preemption,
     PullStatus,
     Reason,
+    RewardSpec,
     ids,
 )
 from orchestrator.state import SqliteStateStore
@@ -54,7 +55,11 @@ class Loop:
         self.store = SqliteStateStore(root / "state.db")
         self.snapshots = SnapshotStore.open(f"file://{root / 'snapshots'}")
         self.agents = agents or FakeAgents(self.snapshots)
-        self.control = Control(settings, self.store, self.snapshots, self.agents)
+        self.ledger = Ledger.sqlite(root / "ledger.db")
+        # The real verifier, run by the fake agents: a spec with a reward section gets the
+        # reward its verifier prints (`FakeAgents.verifier_logs`).
+        finish = Verifier(self.agents, self.ledger)
+        self.control = Control(settings, self.store, self.snapshots, self.agents, finish=finish)
         self.silent: set[str] = set()
 
     def register(self, *names: str) -> None:
@@ -93,6 +98,7 @@ class Loop:
     def close(self) -> None:
         self.control.stop()
         self.snapshots.close()
+        self.ledger.close()
         self.store.close()
 
 
@@ -610,3 +616,207 @@ def test_an_export_is_of_the_manifest_recorded_or_none(loop: Loop, tmp_path: Pat
     replace_manifest(loop.snapshots, recorded.id, forge_manifest(loop.snapshots, evil, recorded.id))
     with pytest.raises(_Aborted, match=f"{recorded.id}.*replaced"):
         export(recorded.id)
+
+
+# GRPO groups ----------------------------------------------------------------------------------
+
+GRADED = replace(SPEC, reward=RewardSpec(command=("python3", "/grade.py")))
+
+
+class _Streaming:
+    """The servicer context a stream in progress sees: the caller is still there."""
+
+    def is_active(self) -> bool:
+        return True
+
+
+def _submit_group(service: StasisService, group: pb.EpisodeGroup, n: int | None = None) -> list[str]:
+    spec = wire.encode(GRADED, pb.EpisodeSpec)
+    submits = [
+        pb.SubmitEpisodeRequest(spec=spec, request_id=f"{group.id}/{i}") for i in range(n or group.size)
+    ]
+    reply = service.SubmitEpisodes(pb.SubmitEpisodesRequest(submits=submits, group=group), None)  # type: ignore[arg-type]
+    return [e.id for e in reply.episodes]
+
+
+def _group_item(service: StasisService) -> tuple[pb.GroupResult, list[str]]:
+    """A stream's first group item, and the episodes whose trajectories came before it."""
+    request = pb.StreamTrajectoriesRequest(include_groups=True)
+    stream = service.StreamTrajectories(request, _Streaming())  # type: ignore[arg-type]
+    try:
+        before = []
+        for item in stream:
+            if item.HasField("group"):
+                assert item.episode_id == "", "a group item carries no episode"
+                return item.group, before
+            before.append(item.episode_id)
+    finally:
+        stream.close()
+    raise AssertionError("no group item")
+
+
+def _finish_running(loop: Loop, members: list[str]) -> None:
+    """Every member that runs now exits 0 (its harness is done); the verifier gives its reward."""
+    for episode_id in members:
+        e = loop.store.get(episode_id)
+        if e.state == S.RUNNING and e.sandbox_id in loop.node(e.node).sandboxes:
+            loop.node(e.node).exit(e.sandbox_id, 0)
+
+
+@pytest.fixture
+def groups(tmp_path: Path) -> Iterator[tuple[Loop, StasisService]]:
+    loop = Loop(tmp_path)
+    loop.register("node-1", "node-2", "node-3", "node-4", "node-5")
+    yield loop, StasisService(loop.control, loop.store, loop.snapshots, loop.ledger)
+    loop.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_group_item_comes_once_all_8_members_are_final_with_their_8_rewards(
+    groups: tuple[Loop, StasisService],
+) -> None:
+    loop, service = groups
+    members = _submit_group(service, pb.EpisodeGroup(id="g-1", task_id="task-7", size=8))
+    for index, episode_id in enumerate(members):
+        e = loop.store.get(episode_id)
+        assert (e.group_id, e.group_index) == ("g-1", index)
+        loop.agents.verifier_logs[episode_id] = f"grading...\n{index / 8}\n".encode()
+    shown = service.GetEpisode(pb.GetEpisodeRequest(episode_id=members[3]), None)  # type: ignore[arg-type]
+    assert (shown.group_id, shown.group_index) == ("g-1", 3)
+    loop.until("all 8 running", lambda: {loop.state(m) for m in members} == {S.RUNNING})
+    _finish_running(loop, members[:7])
+    loop.until("7 final", lambda: sum(loop.state(m).terminal for m in members) == 7)
+    (listed,) = service.ListGroups(pb.ListGroupsRequest(), None).groups  # type: ignore[arg-type]
+    assert (listed.final, listed.complete, listed.broken) == (7, False, False)
+
+    _finish_running(loop, members[7:])
+    loop.until("all final", lambda: all(loop.state(m).terminal for m in members))
+    group, before = _group_item(service)
+    assert (group.id, group.task_id, group.size, group.final) == ("g-1", "task-7", 8, 8)
+    assert group.complete and not group.broken and group.problem == ""
+    assert [(m.index, m.episode_id) for m in group.members] == list(enumerate(members))
+    assert [m.reward for m in group.members] == [i / 8 for i in range(8)]
+    assert all(m.has_reward and m.state == pb.EPISODE_STATE_SUCCEEDED for m in group.members)
+    assert sorted(before) == sorted(members), "after the trajectories of all 8, once"
+    assert before[-1] == max(members, key=lambda m: loop.store.get(m).finished_at)
+
+
+@pytest.mark.timeout(60)
+def test_a_member_whose_node_is_lost_mid_run_runs_again_and_the_group_completes_with_real_rewards(
+    tmp_path: Path,
+) -> None:
+    """The member goes back to its autosave and is restored elsewhere; its reward is its
+    verifier's, from the run that finished, and nothing is made up for the run that was lost."""
+    loop = Loop(tmp_path, replace(SETTINGS, node_lost_after_s=0.5))
+    try:
+        loop.register("node-1", "node-2", "node-3", "node-4", "node-5")
+        service = StasisService(loop.control, loop.store, loop.snapshots, loop.ledger)
+        members = _submit_group(service, pb.EpisodeGroup(id="g-2", task_id="task-7", size=8))
+        for index, episode_id in enumerate(members):
+            loop.agents.verifier_logs[episode_id] = f"{index + 1}\n".encode()
+        loop.until("all 8 running", lambda: {loop.state(m) for m in members} == {S.RUNNING})
+        hit = members[3]
+        loop.control.operations.begin_checkpoint(hit, Reason.AUTOSAVE, "save", leave_running=True)
+        loop.until("an autosave", lambda: loop.store.get(hit).snapshots == 1)
+        lost = loop.store.get(hit).node
+        on_lost = [m for m in members if loop.store.get(m).node == lost]
+        loop.silent.add(lost)
+        loop.until("the node lost", lambda: loop.store.node(lost).state == NodeState.LOST)
+        assert loop.state(hit) in (S.PREEMPTED, S.RESTORING, S.RUNNING)
+        _finish_running(loop, [m for m in members if m not in on_lost])
+        loop.until("the lost node's members running elsewhere", lambda: all(
+            loop.store.get(m).node not in ("", lost) and loop.state(m) == S.RUNNING for m in on_lost
+        ))  # fmt: skip
+        assert loop.store.get(hit).restored_from == ids.snapshot_id(hit, 1)
+        assert loop.store.get(hit).runs == 2
+        _finish_running(loop, on_lost)
+        loop.until("all final", lambda: all(loop.state(m).terminal for m in members))
+
+        group, _ = _group_item(service)
+        assert group.complete and group.final == 8
+        assert [m.reward for m in group.members] == [float(i + 1) for i in range(8)]
+        assert {m.state for m in group.members} == {pb.EPISODE_STATE_SUCCEEDED}
+    finally:
+        loop.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_group_with_a_cancelled_member_says_it_cannot_complete_and_which_member(
+    groups: tuple[Loop, StasisService],
+) -> None:
+    loop, service = groups
+    members = _submit_group(service, pb.EpisodeGroup(id="g-3", task_id="task-1", size=3))
+    loop.until("all running", lambda: {loop.state(m) for m in members} == {S.RUNNING})
+    loop.control.commands.cancel(members[1])
+    loop.until("cancelled", lambda: loop.state(members[1]) == S.CANCELLED)
+    group, before = _group_item(service)
+    assert group.broken and not group.complete and group.final == 1
+    assert (group.broken_by.index, group.broken_by.episode_id) == (1, members[1])
+    assert group.broken_by.state == pb.EPISODE_STATE_CANCELLED and not group.broken_by.has_reward
+    assert f"member 1 ({members[1]}) cancelled without a reward" in group.problem, group.problem
+    assert before == [members[1]]
+
+
+@pytest.mark.timeout(60)
+def test_a_member_whose_snapshot_cannot_be_restored_starts_over_rather_than_fail(
+    groups: tuple[Loop, StasisService],
+) -> None:
+    """Where an episode alone would fail (its only snapshot vouched for by no digest), a group's
+    member runs again from the beginning."""
+    loop, service = groups
+    (member,) = _submit_group(service, pb.EpisodeGroup(id="g-4", task_id="task-1", size=1))
+    loop.until("running", lambda: loop.state(member) == S.RUNNING)
+    loop.node(loop.store.get(member).node).reports_digest = False
+    loop.control.commands.preempt(member, "move")
+    loop.until("PREEMPTED", lambda: loop.state(member) == S.PREEMPTED)
+    loop.control.commands.resume(member)
+    loop.until("running again", lambda: loop.state(member) == S.RUNNING and loop.store.get(member).runs == 2)
+    e = loop.store.get(member)
+    assert (e.restored_from, e.last_snapshot_id) == ("", "")
+    reasons = [ev.reason for ev in loop.store.events(0, [member])]
+    assert any("has no recorded manifest digest" in r and "member 0 starts over" in r for r in reasons)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("group", "submits", "field"),
+    [
+        (pb.EpisodeGroup(id="g", task_id="t", size=0), 1, "group.size"),
+        (pb.EpisodeGroup(id="g", task_id="t", size=1001), 1001, "group.size"),
+        (pb.EpisodeGroup(id="g", task_id="t", size=3), 2, "group.size"),
+        (pb.EpisodeGroup(id="", task_id="t", size=1), 1, "group.id"),
+        (pb.EpisodeGroup(id="g g", task_id="t", size=1), 1, "group.id"),
+        (pb.EpisodeGroup(id="g", task_id="", size=1), 1, "group.task_id"),
+        (pb.EpisodeGroup(id="g", task_id="t", size=1, max_staleness=-1), 1, "group.max_staleness"),
+        (pb.EpisodeGroup(id="taken", task_id="t", size=3), 3, "group.size"),
+        (pb.EpisodeGroup(id="taken", task_id="other", size=2), 2, "group.task_id"),
+    ],
+)
+def test_bad_group_input_is_refused_naming_the_field_and_nothing_is_stored(
+    groups: tuple[Loop, StasisService], group: pb.EpisodeGroup, submits: int, field: str
+) -> None:
+    loop, service = groups
+    _submit_group(service, pb.EpisodeGroup(id="taken", task_id="t", size=2))
+    stored, events = loop.store.query(), loop.store.events()
+    spec = wire.encode(GRADED, pb.EpisodeSpec)
+    request = pb.SubmitEpisodesRequest(submits=[pb.SubmitEpisodeRequest(spec=spec)] * submits, group=group)
+    with pytest.raises(InvalidArgument) as err:
+        service.SubmitEpisodes(request, None)  # type: ignore[arg-type]
+    assert err.value.field == field, err.value
+    assert loop.store.query() == stored and loop.store.events() == events
+    assert [g.id for g in loop.store.groups()] == ["taken"]
+
+
+@pytest.mark.timeout(30)
+def test_a_group_submitted_again_returns_its_members_and_new_members_are_refused(
+    groups: tuple[Loop, StasisService],
+) -> None:
+    loop, service = groups
+    group = pb.EpisodeGroup(id="g-5", task_id="t", size=2)
+    first = _submit_group(service, group)
+    assert _submit_group(service, group) == first, "a retry with the same request ids"
+    spec = wire.encode(GRADED, pb.EpisodeSpec)
+    fresh = pb.SubmitEpisodesRequest(submits=[pb.SubmitEpisodeRequest(spec=spec)] * 2, group=group)
+    with pytest.raises(InvalidArgument, match=r"^group.id: group 'g-5' has its member 0 already"):
+        service.SubmitEpisodes(fresh, None)  # type: ignore[arg-type]
+    assert [e.id for e in loop.store.members("g-5")] == first

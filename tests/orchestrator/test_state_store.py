@@ -25,6 +25,7 @@ from orchestrator.domain import (
     EpisodeSpec,
     EpisodeState,
     FailedPrecondition,
+    Group,
     ImageRecord,
     InvalidArgument,
     NodeRecord,
@@ -545,3 +546,75 @@ def test_snapshots_recorded_before_manifests_were_digested_read_back_with_none(
     digest = "sha256:" + "ab" * 32
     reopened.add_snapshot(replace(_snapshot(episode_id, 2, old.id), manifest_digest=digest))
     assert [s.manifest_digest for s in reopened.snapshots(episode_id)] == ["", digest]
+
+
+@pytest.mark.timeout(60)
+def test_a_group_and_its_members_indexes_are_kept_across_a_reopened_store(open_store: OpenStore) -> None:
+    store = open_store()
+    group = Group("g-1", "task-7", 3, max_staleness=2)
+    members = store.submit_many([(SPEC, "m0"), (SPEC, "m1"), (SPEC, "m2")], POOL, group)
+    alone = store.submit(SPEC, "", POOL)
+    assert [(e.group_id, e.group_index) for e in members] == [("g-1", 0), ("g-1", 1), ("g-1", 2)]
+    assert (alone.group_id, alone.group_index) == ("", 0)
+    store.close()
+
+    reopened = open_store()
+    (kept,) = reopened.groups()
+    assert replace(kept, created_at=0.0) == group and kept.created_at > 0
+    assert reopened.group("g-1") == kept
+    assert [(e.id, e.group_index) for e in reopened.members("g-1")] == [
+        (e.id, i) for i, e in enumerate(members)
+    ]
+    assert reopened.get(members[1].id).group_id == "g-1"
+    assert [e.id for e in reopened.submit_many([(SPEC, "m0"), (SPEC, "m1"), (SPEC, "m2")], POOL, group)] == [
+        e.id for e in members
+    ], "a retry of the group returns its members"
+    with pytest.raises(NotFound, match="group 'nope'"):
+        reopened.group("nope")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("group", "field"),
+    [
+        (Group("g-1", "task-7", 2), "group.size"),
+        (Group("g-1", "task-8", 3), "group.task_id"),
+        (Group("g-1", "task-7", 3, max_staleness=1), "group.max_staleness"),
+        (Group("g-1", "task-7", 3), "group.id"),  # new members of a group that has them all
+    ],
+)
+def test_a_group_id_taken_by_another_group_is_refused_naming_the_field_and_nothing_is_stored(
+    store: StateStore, group: Group, field: str
+) -> None:
+    store.submit_many([(SPEC, "")] * 3, POOL, Group("g-1", "task-7", 3))
+    stored, events = store.query(), store.events()
+    with pytest.raises(InvalidArgument) as err:
+        store.submit_many([(SPEC, "")] * group.size, POOL, group)
+    assert err.value.field == field, err.value
+    assert store.query() == stored and store.events() == events
+
+
+@pytest.mark.timeout(60)
+def test_a_database_from_before_groups_gains_them_and_its_episodes_are_in_none(open_store: OpenStore) -> None:
+    store = open_store()
+    old = store.submit(SPEC, "", POOL)
+    # As the older schema had it: no group columns, no table of groups.
+    if isinstance(store, SqliteStateStore):
+        for statement in (
+            "DROP INDEX episodes_group",
+            "ALTER TABLE episodes DROP COLUMN group_id",
+            "ALTER TABLE episodes DROP COLUMN group_index",
+            "DROP TABLE episode_groups",
+        ):
+            store._db.execute(statement)  # Test seam: the database under the store.
+    else:
+        assert isinstance(store, PostgresStateStore)
+        with store.database.tx() as db:
+            db.execute("ALTER TABLE episodes DROP COLUMN group_id, DROP COLUMN group_index")
+            db.execute("DROP TABLE episode_groups")
+    store.close()
+
+    reopened = open_store()
+    assert (reopened.get(old.id).group_id, reopened.get(old.id).group_index) == ("", 0)
+    (member,) = reopened.submit_many([(SPEC, "")], POOL, Group("g-1", "task-7", 1))
+    assert reopened.members("g-1") == [member] and member.group_id == "g-1"

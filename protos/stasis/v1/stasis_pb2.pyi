@@ -135,7 +135,7 @@ class EpisodeSpec(_message.Message):
     def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., resources: _Optional[_Union[EpisodeResources, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., preemption: _Optional[_Union[Preemption, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., reward: _Optional[_Union[RewardSpec, _Mapping]] = ..., entrypoint: _Optional[_Iterable[str]] = ..., has_entrypoint: _Optional[bool] = ...) -> None: ...
 
 class Episode(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "node", "sandbox_id", "address", "snapshots", "last_snapshot_id", "has_reward", "reward", "has_exit_code", "exit_code", "submitted_at", "updated_at", "finished_at", "run_seconds", "runs", "held", "pinned_node")
+    __slots__ = ("id", "spec", "state", "reason", "node", "sandbox_id", "address", "snapshots", "last_snapshot_id", "has_reward", "reward", "has_exit_code", "exit_code", "submitted_at", "updated_at", "finished_at", "run_seconds", "runs", "held", "pinned_node", "group_id", "group_index")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,8 @@ class Episode(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     PINNED_NODE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: EpisodeSpec
     state: EpisodeState
@@ -176,7 +178,9 @@ class Episode(_message.Message):
     runs: int
     held: bool
     pinned_node: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., node: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., address: _Optional[str] = ..., snapshots: _Optional[int] = ..., last_snapshot_id: _Optional[str] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., run_seconds: _Optional[float] = ..., runs: _Optional[int] = ..., held: _Optional[bool] = ..., pinned_node: _Optional[str] = ...) -> None: ...
+    group_id: str
+    group_index: int
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., node: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., address: _Optional[str] = ..., snapshots: _Optional[int] = ..., last_snapshot_id: _Optional[str] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., run_seconds: _Optional[float] = ..., runs: _Optional[int] = ..., held: _Optional[bool] = ..., pinned_node: _Optional[str] = ..., group_id: _Optional[str] = ..., group_index: _Optional[int] = ...) -> None: ...
 
 class EpisodeEvent(_message.Message):
     __slots__ = ("seq", "episode_id", "kind", "from_state", "to_state", "reason", "message", "node", "at", "actor")
@@ -210,11 +214,25 @@ class SubmitEpisodeRequest(_message.Message):
     request_id: str
     def __init__(self, spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
+class EpisodeGroup(_message.Message):
+    __slots__ = ("id", "task_id", "size", "max_staleness")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    task_id: str
+    size: int
+    max_staleness: int
+    def __init__(self, id: _Optional[str] = ..., task_id: _Optional[str] = ..., size: _Optional[int] = ..., max_staleness: _Optional[int] = ...) -> None: ...
+
 class SubmitEpisodesRequest(_message.Message):
-    __slots__ = ("submits",)
+    __slots__ = ("submits", "group")
     SUBMITS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     submits: _containers.RepeatedCompositeFieldContainer[SubmitEpisodeRequest]
-    def __init__(self, submits: _Optional[_Iterable[_Union[SubmitEpisodeRequest, _Mapping]]] = ...) -> None: ...
+    group: EpisodeGroup
+    def __init__(self, submits: _Optional[_Iterable[_Union[SubmitEpisodeRequest, _Mapping]]] = ..., group: _Optional[_Union[EpisodeGroup, _Mapping]] = ...) -> None: ...
 
 class SubmitEpisodesResponse(_message.Message):
     __slots__ = ("episodes",)
@@ -670,7 +688,7 @@ class TrajectoryBranch(_message.Message):
     def __init__(self, id: _Optional[int] = ..., abandoned: _Optional[bool] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("episode_id", "state", "has_reward", "reward", "verifier_log", "main", "branches", "labels", "seq", "samples", "prompt_breaks")
+    __slots__ = ("episode_id", "state", "has_reward", "reward", "verifier_log", "main", "branches", "labels", "seq", "samples", "prompt_breaks", "group_id", "group_index", "group")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -689,6 +707,9 @@ class Trajectory(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BREAKS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     state: EpisodeState
     has_reward: bool
@@ -700,7 +721,64 @@ class Trajectory(_message.Message):
     seq: int
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     prompt_breaks: int
-    def __init__(self, episode_id: _Optional[str] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., verifier_log: _Optional[str] = ..., main: _Optional[_Union[TrajectoryBranch, _Mapping]] = ..., branches: _Optional[_Iterable[_Union[TrajectoryBranch, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., prompt_breaks: _Optional[int] = ...) -> None: ...
+    group_id: str
+    group_index: int
+    group: GroupResult
+    def __init__(self, episode_id: _Optional[str] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., verifier_log: _Optional[str] = ..., main: _Optional[_Union[TrajectoryBranch, _Mapping]] = ..., branches: _Optional[_Iterable[_Union[TrajectoryBranch, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., prompt_breaks: _Optional[int] = ..., group_id: _Optional[str] = ..., group_index: _Optional[int] = ..., group: _Optional[_Union[GroupResult, _Mapping]] = ...) -> None: ...
+
+class GroupMember(_message.Message):
+    __slots__ = ("index", "episode_id", "state", "reason", "has_reward", "reward")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    episode_id: str
+    state: EpisodeState
+    reason: str
+    has_reward: bool
+    reward: float
+    def __init__(self, index: _Optional[int] = ..., episode_id: _Optional[str] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ...) -> None: ...
+
+class GroupResult(_message.Message):
+    __slots__ = ("id", "task_id", "size", "max_staleness", "final", "complete", "broken", "broken_by", "problem", "members", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    BROKEN_FIELD_NUMBER: _ClassVar[int]
+    BROKEN_BY_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    task_id: str
+    size: int
+    max_staleness: int
+    final: int
+    complete: bool
+    broken: bool
+    broken_by: GroupMember
+    problem: str
+    members: _containers.RepeatedCompositeFieldContainer[GroupMember]
+    created_at: float
+    def __init__(self, id: _Optional[str] = ..., task_id: _Optional[str] = ..., size: _Optional[int] = ..., max_staleness: _Optional[int] = ..., final: _Optional[int] = ..., complete: _Optional[bool] = ..., broken: _Optional[bool] = ..., broken_by: _Optional[_Union[GroupMember, _Mapping]] = ..., problem: _Optional[str] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., created_at: _Optional[float] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ("group_id",)
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupResult]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupResult, _Mapping]]] = ...) -> None: ...
 
 class GetTrajectoryRequest(_message.Message):
     __slots__ = ("episode_id", "include_branches")
@@ -711,7 +789,7 @@ class GetTrajectoryRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., include_branches: _Optional[bool] = ...) -> None: ...
 
 class StreamTrajectoriesRequest(_message.Message):
-    __slots__ = ("labels", "since_seq", "include_branches")
+    __slots__ = ("labels", "since_seq", "include_branches", "include_groups")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -722,7 +800,9 @@ class StreamTrajectoriesRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     SINCE_SEQ_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_GROUPS_FIELD_NUMBER: _ClassVar[int]
     labels: _containers.ScalarMap[str, str]
     since_seq: int
     include_branches: bool
-    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., since_seq: _Optional[int] = ..., include_branches: _Optional[bool] = ...) -> None: ...
+    include_groups: bool
+    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., since_seq: _Optional[int] = ..., include_branches: _Optional[bool] = ..., include_groups: _Optional[bool] = ...) -> None: ...

@@ -134,6 +134,11 @@ class StasisStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.StreamTrajectoriesRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Trajectory.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/stasis.v1.Stasis/ListGroups',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class StasisServicer:
@@ -262,7 +267,15 @@ class StasisServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamTrajectories(self, request, context):
-        """Trajectories of episodes as they finish (and those finished after since_seq).
+        """Trajectories of episodes as they finish (and those finished after since_seq); with
+        include_groups, also an item for each GRPO group once all its members are final.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """GRPO groups and where each stands: members final of N, their rewards.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -370,6 +383,11 @@ def add_StasisServicer_to_server(servicer, server):
                     servicer.StreamTrajectories,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.StreamTrajectoriesRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Trajectory.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -912,6 +930,33 @@ class Stasis:
             '/stasis.v1.Stasis/StreamTrajectories',
             protos_dot_stasis_dot_v1_dot_stasis__pb2.StreamTrajectoriesRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_stasis__pb2.Trajectory.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.Stasis/ListGroups',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
