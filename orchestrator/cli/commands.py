@@ -243,10 +243,39 @@ class Commands:
         return 0
 
     def submit(self) -> int:
-        spec = load_spec_file(Path(self.args.file))
+        a = self.args
+        path = Path(a.file)
+        spec = load_spec_file(path)
+        if not a.group and (a.task or a.max_staleness is not None):
+            raise InvalidArgument("--group", "is required with --task or --max-staleness")
         with self.client() as c:
-            episode = c.submit(spec, request_id=self.args.request_id or None)
-        print(episode.id, file=self.out)
+            if a.group:
+                episodes = c.submit_group(
+                    spec, a.count, a.group, a.task or path.stem.split(".")[0],
+                    max_staleness=a.max_staleness, request_id=a.request_id or None,
+                )  # fmt: skip
+            elif a.count > 1:
+                episodes = c.submit_many([spec] * a.count)
+            else:
+                episodes = [c.submit(spec, request_id=a.request_id or None)]
+        for episode in episodes:
+            print(episode.id, file=self.out)
+        return 0
+
+    def groups(self) -> int:
+        a = self.args
+        with self.client() as c:
+            items = c.groups(a.id)
+        if a.output in ("json", "yaml"):
+            data = [g.to_json() for g in items]
+            _dump(data[0] if a.id else {"items": data}, a.output, self.out)
+            return 0
+        rows = [["GROUP", "TASK", "FINAL", "STATUS", "REWARDS"]]
+        for g in items:
+            status = "complete" if g.complete else f"broken: {g.problem}" if g.broken else "open"
+            rewards = " ".join("-" if r is None else f"{r:g}" for r in g.rewards)
+            rows.append([g.id, g.task_id, f"{g.final}/{g.size}", status, rewards])
+        _table(rows, self.out)
         return 0
 
     def get(self) -> int:

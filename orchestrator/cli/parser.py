@@ -198,9 +198,26 @@ def parser() -> argparse.ArgumentParser:
         help="drain nodes Kubernetes is reclaiming (default: on inside a cluster)",
     )
 
-    s = sub.add_parser("submit", help="submit an episode; prints its id")
+    s = sub.add_parser("submit", help="submit an episode, or N of them, or a GRPO group; prints their ids")
     s.add_argument("-f", "--file", required=True, help="episode spec, YAML or JSON")
-    s.add_argument("--request-id", default="", help="makes retries of this submit idempotent")
+    s.add_argument(
+        "--request-id", default="", help="makes retries of this submit idempotent (member i of N: ID/i)"
+    )
+    s.add_argument(
+        "-n", "--count", type=_count, default=1,
+        help="episodes of the spec, in one commit (after `submit`, -n is this; give a namespace as --namespace)",
+    )  # fmt: skip
+    s.add_argument("--group", default="", help="submit the N episodes as the members of this GRPO group")
+    s.add_argument(
+        "--task", default="", help="the group's task id (default: the spec file's name without extension)"
+    )
+    s.add_argument(
+        "--max-staleness", type=int, default=None, help="the group's bound on policy versions a turn may lag"
+    )
+
+    gr = sub.add_parser("groups", help="GRPO groups: members final of N, and their rewards")
+    gr.add_argument("id", nargs="?", default="")
+    gr.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
 
     g = sub.add_parser("get", help="list episodes, or show one")
     g.add_argument("id", nargs="?")
@@ -307,7 +324,7 @@ def parser() -> argparse.ArgumentParser:
     for name, command in sub.choices.items():
         if name not in ("up", "server", "state"):
             for leaf in _leaves(command):
-                _connection_flags(leaf, defaults=False)
+                _connection_flags(leaf, defaults=False, short_namespace=name != "submit")
     return p
 
 
@@ -321,9 +338,10 @@ def _state_flags(p: argparse.ArgumentParser, database: str) -> None:
     )
 
 
-def _connection_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+def _connection_flags(p: argparse.ArgumentParser, *, defaults: bool, short_namespace: bool = True) -> None:
     """Where a client connects, and how long it retries. A command's own copy of a flag leaves
-    the value given before the command, or the default, unless it is given after it."""
+    the value given before the command, or the default, unless it is given after it. After
+    `submit`, -n is its count (`stasis submit -n 8`), so the namespace is --namespace alone."""
 
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
@@ -344,8 +362,7 @@ def _connection_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         help="client config file (default: $STASIS_CONFIG or ~/.stasis/config)",
     )
     p.add_argument(
-        "-n",
-        "--namespace",
+        *(("-n", "--namespace") if short_namespace else ("--namespace",)),
         default=default(""),
         help="find the orchestrator of the Stasis release in this Kubernetes namespace and reach it "
         "through a port-forward (the default of `kubectl stasis` with no --addr or --context: the "
@@ -368,6 +385,18 @@ def _leaves(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     if not subs:
         return [p]
     return [leaf for a in subs for child in a.choices.values() for leaf in _leaves(child)]
+
+
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of episodes (after `submit`, a namespace is --namespace)"
+        ) from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count} episodes: give at least 1")
+    return count
 
 
 def _label(text: str) -> tuple[str, str]:

@@ -25,6 +25,7 @@ from orchestrator.client.imagesource import is_registry_reference, push
 from orchestrator.client.records import (
     EpisodeInfo,
     EventInfo,
+    GroupInfo,
     NamedImageInfo,
     NodeInfo,
     SnapshotInfo,
@@ -169,6 +170,35 @@ class StasisClient:
                 raise InvalidArgument(f"submits[{i}].{exc.field}", exc.problem) from None
         return [_episode(e) for e in self._call(self._stub.SubmitEpisodes, request).episodes]
 
+    def submit_group(
+        self,
+        spec: EpisodeSpec | Mapping[str, Any],
+        size: int,
+        group_id: str,
+        task_id: str,
+        *,
+        max_staleness: int | None = None,
+        request_id: str | None = None,
+    ) -> list[EpisodeInfo]:
+        """Submit a GRPO group: `size` episodes of `spec`, its members 0 to size-1, in one commit.
+        With `request_id`, member i carries `<request_id>/<i>`, so that a retry returns them; a
+        group id taken by another group raises InvalidArgument naming the field that differs."""
+        parsed = spec if isinstance(spec, EpisodeSpec) else spec_from_mapping(spec)
+        encoded = _encoded(parsed)
+        request = pb.SubmitEpisodesRequest(
+            group=pb.EpisodeGroup(id=group_id, task_id=task_id, size=size, max_staleness=max_staleness)
+        )
+        for i in range(size):
+            request.submits.add(
+                spec=encoded, request_id=f"{request_id}/{i}" if request_id else str(uuid.uuid4())
+            )
+        return [_episode(e) for e in self._call(self._stub.SubmitEpisodes, request).episodes]
+
+    def groups(self, group_id: str = "") -> list[GroupInfo]:
+        """Every GRPO group, oldest first, or the one named; where each stands."""
+        reply = self._call(self._stub.ListGroups, pb.ListGroupsRequest(group_id=group_id))
+        return [wire.decode(g, GroupInfo) for g in reply.groups]
+
     def get(self, episode_id: str) -> EpisodeInfo:
         return _episode(self._call(self._stub.GetEpisode, pb.GetEpisodeRequest(episode_id=episode_id)))
 
@@ -283,6 +313,20 @@ class StasisClient:
         with self._translated():
             for m in self._stub.StreamTrajectories(request):
                 yield _trajectory(m)
+
+    def stream_trajectories_and_groups(
+        self, labels: Mapping[str, str] | None = None, since_seq: int = 0, include_branches: bool = False
+    ) -> Iterator[tuple[int, TrajectoryInfo | GroupInfo]]:
+        """As `stream_trajectories`, with each GRPO group once it is decided (complete, or unable
+        to complete), right after the trajectory of the member whose end decided it. Each item
+        comes with the `seq` to resume after."""
+        request = pb.StreamTrajectoriesRequest(
+            labels=dict(labels or {}), since_seq=since_seq, include_branches=include_branches,
+            include_groups=True,
+        )  # fmt: skip
+        with self._translated():
+            for m in self._stub.StreamTrajectories(request):
+                yield m.seq, wire.decode(m.group, GroupInfo) if m.HasField("group") else _trajectory(m)
 
     # -- snapshots and nodes ----------------------------------------------------------------
 

@@ -39,6 +39,9 @@ class EpisodeInfo(_Plain):
     runs: int
     held: bool
     pinned_node: str
+    group_id: str = ""
+    """The GRPO group the episode is a member of; empty for none."""
+    group_index: int = 0
 
     @property
     def finished(self) -> bool:
@@ -169,6 +172,36 @@ class SampleInfo(_Plain):
 
 
 @dataclass(frozen=True)
+class GroupMemberInfo(_Plain):
+    index: int
+    episode_id: str
+    state: EpisodeState
+    reason: str
+    reward: float | None
+
+
+@dataclass(frozen=True)
+class GroupInfo(_Plain):
+    """Where a GRPO group stands (see `GroupResult` in stasis.proto)."""
+
+    id: str
+    task_id: str
+    size: int
+    final: int
+    complete: bool
+    broken: bool
+    problem: str
+    members: list[GroupMemberInfo]
+    created_at: float
+    max_staleness: int | None = None
+
+    @property
+    def rewards(self) -> list[float | None]:
+        """Each member's reward, in index order (None: it has none, yet or ever)."""
+        return [m.reward for m in self.members]
+
+
+@dataclass(frozen=True)
 class TrajectoryInfo:
     episode_id: str
     state: EpisodeState
@@ -180,6 +213,9 @@ class TrajectoryInfo:
     seq: int
     samples: list[SampleInfo]
     prompt_breaks: int
+    group_id: str = ""
+    """The GRPO group of the episode (empty: none), and its index there."""
+    group_index: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The CLI's JSON: every turn of every branch, main first; the training samples; the

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -15,7 +17,7 @@ from orchestrator.api.streams import API_WORKERS, MAX_STREAMS
 from orchestrator.cli.local import LocalStack
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from tests.orchestrator.conftest import wait_until
+from tests.orchestrator.conftest import cli, wait_until
 from tests.orchestrator.programs import counter_spec
 
 
@@ -198,6 +200,41 @@ def test_a_batch_of_submits_is_accepted_whole_or_refused_whole(
         client.submit_many([{"image": "base", "command": ["true"]}, {"image": "base", "command": "true"}])
     assert err.value.field == "submits[1].spec.command"
     assert len(client.submit_many([{"image": "base", "command": ["true"]}] * 2)) == 2
+
+
+@pytest.mark.timeout(180)
+def test_the_cli_submits_a_group_and_lists_it_with_its_rewards(
+    make_stack: Callable[..., LocalStack], tmp_path: Path
+) -> None:
+    """`stasis submit -n 3 --group G` and `stasis groups`, over a real stack: each member's reward
+    is what its verifier read of the answer the member's harness wrote."""
+    stack = make_stack(nodes=1, slots=3, secure=False)
+    spec = tmp_path / "add.yaml"
+    spec.write_text(json.dumps({
+        "image": "base", "command": ["sh", "-c", "echo 0.5 > /answer"],
+        "reward": {"command": ["cat", "/episode/answer"]},
+    }))  # fmt: skip
+    members = cli(stack.address, "submit", "-f", str(spec), "-n", "3", "--group", "g-cli").stdout.split()
+    assert len(members) == 3
+    with stack.client() as client:
+        assert [(e.group_id, e.group_index) for e in map(client.get, members)] == [
+            ("g-cli", i) for i in range(3)
+        ]
+        for episode_id in members:
+            client.wait(episode_id, ["SUCCEEDED"], timeout_s=120)
+
+        (group,) = json.loads(cli(stack.address, "groups", "-o", "json").stdout)["items"]
+        assert (group["id"], group["task_id"], group["size"], group["final"], group["complete"]) == (
+            "g-cli", "add", 3, 3, True,
+        )  # fmt: skip
+        assert [m["reward"] for m in group["members"]] == [0.5, 0.5, 0.5]
+        table = cli(stack.address, "groups").stdout.splitlines()
+        assert table[0].split() == ["GROUP", "TASK", "FINAL", "STATUS", "REWARDS"]
+        assert table[1].split() == ["g-cli", "add", "3/3", "complete", "0.5", "0.5", "0.5"]
+
+        again = cli(stack.address, "submit", "-f", str(spec), "-n", "2", "--group", "g-cli", check=False)
+        assert again.returncode == 1 and again.stderr.startswith("stasis: group.size: "), again.stderr
+        assert len(client.episodes()) == 3, "nothing stored"
 
 
 @pytest.mark.timeout(90)
