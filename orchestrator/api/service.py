@@ -167,9 +167,9 @@ class StasisService(pb_grpc.StasisServicer):
     ) -> pb.SubmitEpisodesResponse:
         if not request.submits:
             raise InvalidArgument("submits", "is empty")
+        group = self._group(request)
         if len(request.submits) > MAX_SUBMITS:
             raise InvalidArgument("submits", f"has {len(request.submits)} entries; at most {MAX_SUBMITS}")
-        group = self._group(request)
         specs, pinned = [], dict[str, str]()
         for i, submit in enumerate(request.submits):
             try:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 
 from orchestrator import wire
@@ -800,9 +801,10 @@ def test_bad_group_input_is_refused_naming_the_field_and_nothing_is_stored(
     stored, events = loop.store.query(), loop.store.events()
     spec = wire.encode(GRADED, pb.EpisodeSpec)
     request = pb.SubmitEpisodesRequest(submits=[pb.SubmitEpisodeRequest(spec=spec)] * submits, group=group)
-    with pytest.raises(InvalidArgument) as err:
-        service.SubmitEpisodes(request, None)  # type: ignore[arg-type]
-    assert err.value.field == field, err.value
+    with pytest.raises(_Aborted) as err:
+        service.SubmitEpisodes(request, _Context())  # type: ignore[arg-type]
+    code, details = err.value.args
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"{field}: "), details
     assert loop.store.query() == stored and loop.store.events() == events
     assert [g.id for g in loop.store.groups()] == ["taken"]
 
@@ -817,6 +819,6 @@ def test_a_group_submitted_again_returns_its_members_and_new_members_are_refused
     assert _submit_group(service, group) == first, "a retry with the same request ids"
     spec = wire.encode(GRADED, pb.EpisodeSpec)
     fresh = pb.SubmitEpisodesRequest(submits=[pb.SubmitEpisodeRequest(spec=spec)] * 2, group=group)
-    with pytest.raises(InvalidArgument, match=r"^group.id: group 'g-5' has its member 0 already"):
-        service.SubmitEpisodes(fresh, None)  # type: ignore[arg-type]
+    with pytest.raises(_Aborted, match=r"group.id: group 'g-5' has its member 0 already"):
+        service.SubmitEpisodes(fresh, _Context())  # type: ignore[arg-type]
     assert [e.id for e in loop.store.members("g-5")] == first
