@@ -1,7 +1,7 @@
 """Operations on nodes: start, restore, checkpoint and finish an episode.
 
 What ends an episode for good, and what a GRPO group's member gets instead (docs/trajectory.md,
-"Groups"): its group is lost with it, so a member is never ended by the infrastructure.
+"GRPO groups"): its group is lost with it, so a member is never ended by the infrastructure.
   * Its node lost, or its sandbox gone: back to its last snapshot, or to the start (`recover`),
     however often, for any episode.
   * A start the agent could not make (unreachable: retried without end; refused for a reason
