@@ -18,8 +18,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from sandbox_agent import checkpoint as ckpt
+from sandbox_agent.criu import images as criu_images
 from sandbox_agent.criu import lazy
-from sandbox_agent.errors import AlreadyExists, FailedPrecondition, ImageMismatch, InvalidSpec, NotFound
+from sandbox_agent.errors import (
+    AlreadyExists,
+    CheckpointCorrupt,
+    FailedPrecondition,
+    ImageMismatch,
+    InvalidSpec,
+    NotFound,
+)
 from sandbox_agent.host import network, overlay
 from sandbox_agent.images import oci
 from sandbox_agent.images.cache import Image, ImageCache
@@ -502,6 +510,8 @@ class Node:
             # Every chunk was verified as it was fetched; the directory needs no second pass.
             with timeline.phase(Phase.VERIFY):
                 checkpoint = ckpt.load(staging, verify=False)
+                if problem := self._foreign_user_namespace(checkpoint):
+                    raise SnapshotCorrupt(snapshot_id, ckpt.CRIU_DIR, None, problem)
             if not lazily:
                 return checkpoint, None
             return checkpoint, lazy.Transfer(fetching, images, fault=lambda _: self._stop_quietly(sandbox_id))
@@ -634,11 +644,21 @@ class Node:
         timeline = Timeline(sandbox_id, self.hooks)
         with timeline.phase(Phase.VERIFY):
             checkpoint = ckpt.load(checkpoint_dir, verify=verify)
+            if problem := self._foreign_user_namespace(checkpoint):
+                raise CheckpointCorrupt(f"checkpoint {checkpoint_dir}: {problem}")
         status, _ = self._restore(
             sandbox_id, checkpoint, timeline, image=image, source=str(checkpoint_dir),
             fetched=lambda: (checkpoint, None),
         )  # fmt: skip
         return status
+
+    def _foreign_user_namespace(self, checkpoint: ckpt.Checkpoint) -> str:
+        """Why CRIU would not restore these tasks as a sandbox's, unprivileged on this node (the
+        images, which the node that took them wrote, decide the user namespace); "" if it would."""
+        if not self._userns_base:
+            return ""
+        problem = criu_images.user_namespace_problem(checkpoint.directory / ckpt.CRIU_DIR, self._userns_base)
+        return f"its images would not restore as a sandbox's: {problem}" if problem else ""
 
     def _restore(
         self,

@@ -7,14 +7,17 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sandbox_agent import Phase, PhaseHooks, SandboxSpec, SandboxState
+from sandbox_agent.criu import images as criu_images
 from sandbox_agent.errors import FailedPrecondition
 from sandbox_agent.host import overlay
 from sandbox_agent.node import SnapshotTarget
@@ -162,6 +165,68 @@ def test_a_manifest_replaced_in_the_store_is_refused_before_the_restore_reads_an
         b.restore_from_store("f2", "f-s1", "")
     assert b.list() == [] and not staged(b)
     assert a.get("f1").state == SandboxState.RUNNING
+
+
+def _userns_image(uid_lower: int, gid_lower: int) -> bytes:
+    """A CRIU userns image (criu/images/userns.proto) mapping ids 0..65535 to these host ids."""
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    def extent(lower: int) -> bytes:
+        return b"\x08\x00\x10" + varint(lower) + b"\x18" + varint(65536)
+
+    entry = b"".join(
+        tag + varint(len(e)) + e for tag, e in ((b"\x0a", extent(uid_lower)), (b"\x12", extent(gid_lower)))
+    )
+    return struct.pack("<III", criu_images.IMG_COMMON_MAGIC, criu_images.USERNS_MAGIC, len(entry)) + entry
+
+
+@pytest.mark.timeout(120)
+def test_images_that_would_restore_a_task_outside_the_sandboxs_user_namespace_are_refused(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    """Issue 45, F8, what a recorded digest cannot stop: the node that took a snapshot wrote its
+    CRIU images, and CRIU recreates the user namespace they describe. A map of uid 0 to host
+    root, or a task left without its namespace, is refused naming the snapshot before CRIU
+    runs, wherever the snapshot is restored; the honest images restore."""
+    url = f"file://{tmp_path}/store"
+    a, b = make_node("node-a", snapshot_store=url), make_node("node-b", snapshot_store=url)
+    a.create("u1", SandboxSpec(image="base", command=("sh", "-c", "echo ready; exec sleep 600")))
+    wait_for_log(a, "u1", lambda t: "ready" in t)
+    a.checkpoint_to_store("u1", SnapshotTarget("u-s1", "u", 1, "manual"), leave_running=True)
+    with SnapshotStore.open(url) as store:
+        honest = store.fetch("u-s1", tmp_path / "honest")
+        (userns,) = (tmp_path / "honest" / "criu").glob("userns-*.img")
+        assert userns.read_bytes() == _userns_image(100000, 100000), "the map the node imposes"
+        forgeries: dict[str, Callable[[Path], object]] = {
+            "root": lambda image: image.write_bytes(_userns_image(0, 100000)),
+            "gone": lambda image: image.unlink(),
+        }
+        forged = {}
+        for name, forge in forgeries.items():
+            shutil.copytree(tmp_path / "honest", tmp_path / name)
+            forge(tmp_path / name / "criu" / userns.name)
+            # The forging node writes the checkpoint's inventory to match.
+            meta = json.loads((tmp_path / name / "checkpoint.json").read_text())
+            meta["files"].pop(f"criu/{userns.name}")
+            (tmp_path / name / "checkpoint.json").write_text(json.dumps(meta))
+            forged[name] = store.put(tmp_path / name, make_meta(f"u-{name}", episode_id="u", seq=2)).digest
+    for name, digest in forged.items():
+        with pytest.raises(SnapshotCorrupt, match=rf"u-{name}.*would not restore as a sandbox's") as caught:
+            b.restore_from_store("u2", f"u-{name}", digest)
+        assert (
+            "uids [(0, 0, 65536)]" in str(caught.value)
+            if name == "root"
+            else "is missing" in str(caught.value)
+        )
+        assert b.list() == [] and not staged(b)
+    assert b.restore_from_store("u2", "u-s1", honest.digest).state == SandboxState.RUNNING
 
 
 DIRTY_TENTH = r"""
