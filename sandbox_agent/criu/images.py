@@ -61,12 +61,15 @@ def _message_classes() -> dict[str, type[Message]]:
 _MESSAGES = _message_classes()
 
 
-def messages(raw: bytes, name: str, magic: int, kind: type[Message]) -> list[Any]:
+def messages(
+    raw: bytes, name: str, magic: int, kind: type[Message], head: type[Message] | None = None
+) -> list[Any]:
     """The messages of an image whose magic is `magic` (behind CRIU's common magic, except the
-    inventory's); ValueError naming the image if it is not one or is damaged."""
-    head = (magic,) if magic == INVENTORY_MAGIC else (IMG_COMMON_MAGIC, magic)
-    at = 4 * len(head)
-    if len(raw) < at or struct.unpack_from(f"<{len(head)}I", raw) != head:
+    inventory's), the first of type `head` if given (a pagemap's); ValueError naming the image
+    if it is not one or is damaged."""
+    magics = (magic,) if magic == INVENTORY_MAGIC else (IMG_COMMON_MAGIC, magic)
+    at = 4 * len(magics)
+    if len(raw) < at or struct.unpack_from(f"<{len(magics)}I", raw) != magics:
         raise ValueError(f"{name} is not the CRIU image its name says")
     out: list[Any] = []
     try:
@@ -74,7 +77,7 @@ def messages(raw: bytes, name: str, magic: int, kind: type[Message]) -> list[Any
             (size,) = struct.unpack_from("<I", raw, at)
             if at + 4 + size > len(raw):
                 raise ValueError(f"{name} is damaged: a message runs past its end")
-            out.append(kind.FromString(raw[at + 4 : at + 4 + size]))
+            out.append((head if head and not out else kind).FromString(raw[at + 4 : at + 4 + size]))
             at += 4 + size
     except (struct.error, DecodeError) as exc:
         raise ValueError(f"{name} is damaged: {exc}") from exc

@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from sandbox_agent.checkpoint import CRIU_DIR
+from sandbox_agent.criu import images as criu_images
 from sandbox_agent.errors import ToolUnavailable
 from snapshots import Alignment, Segment
 
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 PAGE = 4096
 PE_LAZY = 1 << 1
 PE_PRESENT = 1 << 2
-IMG_COMMON_MAGIC = 0x54564319
 PAGEMAP_MAGIC = 0x56084025
 
 # CRIU's page-server protocol (criu/page-xfer.c): a request or answer is this header; an answer
@@ -461,22 +461,8 @@ _PAGEMAP_HEAD, _PAGEMAP_ENTRY = _pagemap_messages()
 
 
 def _pagemap(raw: bytes, name: str) -> tuple[Any, list[Any]]:
-    """The head and entries of a CRIU pagemap image: after its two magic numbers, messages each
-    after its length."""
-    if len(raw) < 8 or struct.unpack_from("<II", raw) != (IMG_COMMON_MAGIC, PAGEMAP_MAGIC):
-        raise ValueError(f"{name} is not a CRIU pagemap image")
-    messages: list[Any] = []
-    at = 8
-    try:
-        while at < len(raw):
-            (size,) = struct.unpack_from("<I", raw, at)
-            if at + 4 + size > len(raw):
-                raise ValueError(f"{name} is damaged: a message runs past its end")
-            kind = _PAGEMAP_ENTRY if messages else _PAGEMAP_HEAD
-            messages.append(kind.FromString(raw[at + 4 : at + 4 + size]))
-            at += 4 + size
-    except (struct.error, DecodeError) as exc:
-        raise ValueError(f"{name} is damaged: {exc}") from exc
+    """The head and entries of a CRIU pagemap image."""
+    messages = criu_images.messages(raw, name, PAGEMAP_MAGIC, _PAGEMAP_ENTRY, head=_PAGEMAP_HEAD)
     if not messages:
         raise ValueError(f"{name} has no pagemap header")
     return messages[0], messages[1:]

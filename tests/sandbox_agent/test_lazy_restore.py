@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_agent import Node, SandboxSpec
+from sandbox_agent.criu import images as criu_images
 from sandbox_agent.criu import lazy
 from sandbox_agent.errors import CommandFailed
 from sandbox_agent.host import overlay
@@ -386,7 +387,7 @@ def _fields(**numbered: int) -> bytes:
 
 def _pagemap(*messages: bytes) -> bytes:
     framed = b"".join(struct.pack("<I", len(m)) + m for m in messages)
-    return struct.pack("<II", lazy.IMG_COMMON_MAGIC, lazy.PAGEMAP_MAGIC) + framed
+    return struct.pack("<II", criu_images.IMG_COMMON_MAGIC, lazy.PAGEMAP_MAGIC) + framed
 
 
 @pytest.mark.timeout(30)
@@ -415,7 +416,7 @@ def test_pagemap_images_read_as_criu_writes_them(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"pagemap-42\.img is damaged"):
         lazy.memories(tmp_path)
     (tmp_path / "pagemap-42.img").write_bytes(b"not an image")
-    with pytest.raises(ValueError, match=r"pagemap-42\.img is not a CRIU pagemap image"):
+    with pytest.raises(ValueError, match=r"pagemap-42\.img is not the CRIU image its name says"):
         lazy.memories(tmp_path)
 
 
