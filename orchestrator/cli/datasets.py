@@ -69,7 +69,7 @@ def export(
     if args.max_paths < 1:
         raise InvalidArgument("max-paths", f"{args.max_paths} keeps no path of a tree; give 1 or more")
     dest = Path(args.output)
-    fmt = args.format or ("jsonl" if dest.suffix in (".jsonl", ".json") else "parquet")
+    fmt = args.format or ("jsonl" if dest.suffix == ".jsonl" else "parquet")
     settings = ExportSettings(
         max_paths=args.max_paths, mask_abandoned=not args.keep_masked, mask_uncertain=not args.keep_masked
     )
