@@ -23,7 +23,9 @@ from orchestrator.client import TrajectoryInfo
 from orchestrator.domain import InvalidArgument
 from orchestrator.trajectory import (
     Branch,
+    CanonicalRequest,
     ExportSettings,
+    Ledger,
     Turn,
     call_records,
     tree_samples,
@@ -31,6 +33,7 @@ from orchestrator.trajectory import (
 from orchestrator.trajectory import (
     atif as atif_export,
 )
+from orchestrator.trajectory.canonical import canonical_message
 from orchestrator.trajectory.dataset import SCHEMAS, rows, write
 from orchestrator.trajectory.ledger import extension
 from protos.stasis.v1 import stasis_pb2 as pb
@@ -160,6 +163,60 @@ def test_call_records_hold_exact_ids_and_parent_links_and_flag_masked_calls() ->
     assert [r.turn_id for r in records if r.masked] == [8] and records[7].abandoned
     assert not any(r.delivery_uncertain for r in records)
     assert not any(r.masked for r in call_records(_tree(), ExportSettings(mask_abandoned=False)))
+
+
+def _chat(*texts: str) -> CanonicalRequest:
+    roles = ("user", "assistant")
+    return CanonicalRequest.parse(
+        "chat",
+        {"model": "m", "messages": [{"role": roles[i % 2], "content": t} for i, t in enumerate(texts)]},
+    )
+
+
+@pytest.mark.timeout(30)
+def test_a_restore_divergence_in_a_real_ledger_is_masked_from_the_exports(tmp_path: Path) -> None:
+    ledger = Ledger.sqlite(tmp_path / "state.db")
+    try:
+
+        def record(
+            request: CanonicalRequest, answer: str, prompt: list[int], sampled: list[int], **kw: Any
+        ) -> Turn:
+            return ledger.record(
+                "ep", kw.pop("run", 1), kw.pop("resumed_at", 0.0), request,
+                answer=canonical_message({"role": "assistant", "content": answer}), request_raw=b"{}",
+                response=b"", protocol="chat", delivered=b"", token_ids=sampled, logprobs=[-0.5] * len(sampled),
+                prompt_token_ids=prompt, policy_version="v1", upstream_ms=1.0,
+            )  # fmt: skip
+
+        a = record(_chat("hi"), "a", [1, 2], [5, 6, 7])
+        b = record(_chat("hi", "a", "more"), "b", [1, 2, 5, 6, 7, 8], [20])
+        p = record(_chat("hi", "a", "other"), "p", [1, 2, 5, 6, 7, 9], [30])
+        ledger.delivered(a.id, 10.0)
+        assert ledger.replay("ep", 2, _chat("hi")) is not None
+        # Restored from a snapshot taken at 20: b and p never reached the harness, which goes another way.
+        c = ledger.record(
+            "ep", 2, 20.0, _chat("hi", "a", "different"),
+            answer=canonical_message({"role": "assistant", "content": "c"}), request_raw=b"{}", response=b"",
+            protocol="chat", delivered=b"", token_ids=[40], logprobs=[-0.5], prompt_token_ids=[1, 2, 5, 6, 7, 10],
+            policy_version="v2", upstream_ms=1.0,
+        )  # fmt: skip
+        turns = ledger.turns("ep")
+    finally:
+        ledger.close()
+    assert [t.id for t in turns if t.abandoned] == [b.id, p.id]
+    result = tree_samples(turns)
+    assert [s.turn_ids for s in result.streams] == [[a.id, c.id]] and result.masked_turns == [b.id, p.id]
+    assert result.streams[0].weights == [0, 0, 1.0, 1.0, 1.0, 0, 1.0]
+    kept = tree_samples(turns, ExportSettings(mask_abandoned=False))
+    assert [s.turn_ids for s in kept.streams] == [[a.id, c.id], [a.id, p.id], [a.id, b.id]]
+    assert [(r.turn_id, r.masked) for r in call_records(turns)] == [
+        (a.id, False), (b.id, True), (p.id, True), (c.id, False)
+    ]  # fmt: skip
+    (doc,) = atif_export("ep", turns)
+    trajectory = atif.Trajectory.model_validate(doc)
+    assert [s.extra["turn_id"] for s in trajectory.steps if s.extra] == [a.id, c.id]
+    assert trajectory.subagent_trajectories is None and trajectory.extra
+    assert trajectory.extra["policy_versions"] == ["v1", "v2"]
 
 
 def _trajectory_info(turns: list[Turn]) -> TrajectoryInfo:
