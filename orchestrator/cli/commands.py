@@ -431,6 +431,14 @@ class Commands:
         _table(rows, self.out)
         return 0
 
+    def trajectories(self) -> int:
+        from orchestrator.cli.datasets import export
+
+        with self.client() as c:
+            dest, episodes, rows = export(c, self.args, self.progress)
+        print(f"{dest}: {rows} {self.args.records} rows of {episodes} episodes", file=self.out)
+        return 0
+
     def nodes(self) -> int:
         with self.client() as c:
             items = c.nodes()

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.cli.datasets import moment
 from orchestrator.client import DEFAULT_ADDR
 from protos.tls import ORCHESTRATOR
 
@@ -266,6 +267,29 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("trajectory", help="recorded turns: token ids, behaviour log-probs, branches, reward")
     t.add_argument("id")
     t.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+    ts = sub.add_parser("trajectories", help="finished episodes' trajectories as a dataset for a trainer")
+    ts_sub = ts.add_subparsers(dest="trajectories_command", required=True, metavar="ACTION")
+    tx = ts_sub.add_parser("export", help="write tree samples, per-call records or ATIF as Parquet or JSONL")
+    tx.add_argument("-o", "--output", required=True, help="file to write (.parquet, or .jsonl)")
+    tx.add_argument("--records", choices=("tree", "calls", "atif"), default="tree",
+                    help="tree: at most --max-paths streams per tree with per-token weights; calls: one "
+                    "row per model call with its parent, for trie packing; atif: one ATIF v1.8 trajectory")  # fmt: skip
+    tx.add_argument("--format", choices=("parquet", "jsonl"), default="",
+                    help="default: jsonl for a .jsonl file, else parquet")  # fmt: skip
+    tx.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                    help="only episodes with this label; repeatable")  # fmt: skip
+    tx.add_argument("--since", type=moment, default=None, metavar="TIME",
+                    help="only episodes finished at or after TIME (epoch seconds, or ISO 8601, UTC unless it says)")  # fmt: skip
+    tx.add_argument(
+        "--until", type=moment, default=None, metavar="TIME", help="only episodes finished before TIME"
+    )
+    tx.add_argument(
+        "--group", default="", help="only the members of this group (refused until episodes carry groups)"
+    )
+    tx.add_argument("--max-paths", type=int, default=5, help="streams kept per tree (tree records)")
+    tx.add_argument("--keep-masked", action="store_true",
+                    help="train on abandoned turns and turns whose delivery is uncertain too (flagged either way)")  # fmt: skip
 
     n = sub.add_parser("nodes", help="list nodes")
     n.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")

@@ -4,22 +4,39 @@ matched to the turn it replays or continues, and what a trainer takes of it.
 `canonical` reduces a request to what makes two requests the same turn; `ledger` records turns
 before their answers are delivered, exactly once across preemptions, in SQLite or in the
 PostgreSQL store's database (`schema`); `samples` lays an episode's turns out as training
-samples. The gateway writes it and the control loop and API read it; it imports only the state
+samples, and `exports` as tree samples, per-call records and ATIF (`dataset` writes them to
+Parquet or JSONL). The gateway writes it and the control loop and API read it; it imports only the state
 room's databases and the domain.
 """
 
 from orchestrator.trajectory.canonical import CanonicalRequest
+from orchestrator.trajectory.exports import (
+    CallRecord,
+    ExportSettings,
+    TreeSamples,
+    TreeStream,
+    atif,
+    call_records,
+    tree_samples,
+)
 from orchestrator.trajectory.ledger import Branch, Ledger, Lineage, Sampling, Turn, Verification
 from orchestrator.trajectory.samples import Sample, samples
 
 __all__ = [
     "Branch",
+    "CallRecord",
     "CanonicalRequest",
+    "ExportSettings",
     "Ledger",
     "Lineage",
     "Sample",
     "Sampling",
+    "TreeSamples",
+    "TreeStream",
     "Turn",
     "Verification",
+    "atif",
+    "call_records",
     "samples",
+    "tree_samples",
 ]

@@ -1,0 +1,92 @@
+"""`stasis trajectories export`: finished episodes' trajectories as a dataset file, built on the
+client's GetTrajectory and ListEpisodes."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from orchestrator.client import EpisodeInfo, StasisClient
+from orchestrator.domain import InvalidArgument
+from orchestrator.domain.episode import TERMINAL
+
+
+def moment(text: str) -> float:
+    """A time from the command line: seconds since the epoch, or ISO 8601 (UTC unless it says)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither seconds since the epoch nor ISO 8601"
+        ) from None
+    return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
+
+
+def selected(client: StasisClient, args: argparse.Namespace) -> list[EpisodeInfo]:
+    """The finished episodes the flags select: by labels, and by when they finished."""
+    if args.group:
+        # A hook for GRPO groups (issue 46): once episodes carry a group, select its members here.
+        raise InvalidArgument("group", "episodes carry no group yet; select them by --label")
+    labels = dict(_label(pair) for pair in args.label)
+    found = client.episodes(states=[s.value for s in sorted(TERMINAL)], labels=labels)
+    return [
+        e
+        for e in found
+        if (args.since is None or e.finished_at >= args.since)
+        and (args.until is None or e.finished_at < args.until)
+    ]
+
+
+def _version() -> str:
+    try:
+        return metadata.version("stasis")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def _label(pair: str) -> tuple[str, str]:
+    key, eq, value = pair.partition("=")
+    if not eq or not key:
+        raise InvalidArgument("label", f"{pair!r} is not KEY=VALUE")
+    return key, value
+
+
+def export(
+    client: StasisClient, args: argparse.Namespace, progress: Callable[[str], None]
+) -> tuple[Path, int, int]:
+    """Write the dataset; returns where, how many episodes and how many rows."""
+    # The trajectory room and pyarrow load only when a dataset is written, not for every command.
+    from orchestrator.trajectory import ExportSettings, dataset
+
+    if args.max_paths < 1:
+        raise InvalidArgument("max-paths", f"{args.max_paths} keeps no path of a tree; give 1 or more")
+    dest = Path(args.output)
+    fmt = args.format or ("jsonl" if dest.suffix == ".jsonl" else "parquet")
+    settings = ExportSettings(
+        max_paths=args.max_paths, mask_abandoned=not args.keep_masked, mask_uncertain=not args.keep_masked
+    )
+    episodes = selected(client, args)
+
+    def batches() -> Iterator[list[dict[str, Any]]]:
+        for e in episodes:
+            progress(f"{e.id}: exporting")
+            t = client.trajectory(e.id, include_branches=True)
+            turns = [turn for b in [t.main, *t.branches] for turn in b.turns]
+            yield dataset.rows(
+                args.records, e.id, turns, reward=t.reward, labels=t.labels, settings=settings,
+                agent_version=_version(),
+            )  # fmt: skip
+
+    try:
+        count = dataset.write(args.records, fmt, dest, batches())
+    except OSError as exc:
+        raise InvalidArgument("output", f"cannot write {dest}: {exc.strerror}") from None
+    return dest, len(episodes), count
