@@ -107,9 +107,11 @@ class Turn:
     delivered: bytes
     """The exact bytes the harness gets in its own protocol; a replay sends them again."""
     delivered_run: int
-    """The latest run of the sandbox this turn was delivered to (it first, its replays later)."""
+    """The latest run of the sandbox a delivery of this turn reached its end in: the run that
+    asked for it until then, a replay's run once the replay is out."""
     delivered_at: float | None
-    """When the last delivery was complete; None while no delivery has finished."""
+    """When the last part of the last delivery that reached its end was about to go out; None
+    while none has."""
     token_ids: list[int]
     logprobs: list[float]
     prompt_token_ids: list[int]
@@ -133,6 +135,21 @@ class Turn:
     """Digest of the tools the prompt lists: a prompt can extend the parent's tokens only if equal."""
     upstream_ms: float = 0.0
     """How long the upstream took to answer (to its last event, when streamed)."""
+    sending_run: int = 0
+    """A delivery to this run was under way (its last part about to go out) and has not been
+    seen to end either way; 0 when none is. Noted durably before that part leaves, so a turn the
+    harness may have is never read as one it cannot have (`Ledger.sending`)."""
+    sending_at: float | None = None
+    """When that delivery's last part was about to go out."""
+
+    @property
+    def delivery_uncertain(self) -> bool:
+        """A delivery was under way when the orchestrator stopped: the harness may have the turn."""
+        return self.sending_run > 0
+
+    def answered(self, run: int) -> bool:
+        """A delivery of this turn to `run` (or a later run) reached its end."""
+        return self.delivered_run >= run and self.delivered_at is not None
 
     @property
     def prefix_exact(self) -> bool | None:
@@ -276,6 +293,8 @@ class Ledger:
             logprobs_mode=r["logprobs_mode"],
             tools_key=r["tools_key"],
             upstream_ms=r["upstream_ms"],
+            sending_run=r["sending_run"],
+            sending_at=r["sending_at"],
         )
 
     def cursor(self, episode_id: str) -> dict[str, int]:
@@ -287,12 +306,17 @@ class Ledger:
             ).fetchone()
         return {"turn": int(row["turn"]), "turns": int(row["turns"])}
 
-    def find(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
-        """The live recorded turn with this exact request, if there is one (a read, no commit)."""
+    def find(self, episode_id: str, request: CanonicalRequest, run: int | None = None) -> Turn | None:
+        """The first live recorded turn with this exact request (a read, no commit). Given `run`,
+        only one that run has not been answered with: recorded in an earlier run and not delivered
+        to this one since, or recorded in it and never delivered to its end (the matching rule's
+        replay)."""
+        unanswered = "" if run is None else " AND NOT (delivered_run >= ? AND delivered_at IS NOT NULL)"
         with self._read() as db:
             row = db.execute(
-                "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0 ORDER BY id LIMIT 1",
-                (episode_id, request.fingerprint),
+                "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0"
+                f"{unanswered} ORDER BY id LIMIT 1",
+                (episode_id, request.fingerprint, *(() if run is None else (run,))),
             ).fetchone()
             return self._turn(db, row) if row is not None else None
 
@@ -319,28 +343,40 @@ class Ledger:
             self._sequences.put(row["id"], seq)
         return seq
 
-    def replayed(self, turn_id: int, run: int) -> None:
-        """Count a turn served again, and as delivered to `run` (so a later sibling in that run
-        never abandons it)."""
+    def sending(self, turn_id: int, run: int, at: float) -> None:
+        """Note, before the last part of a delivery to `run` goes out, that it is under way: if
+        the orchestrator stops before the delivery is seen to end, the turn reads as one the
+        harness may have had from `at` (delivery uncertain), never as one it cannot have."""
+        with self._tx() as db:
+            db.execute("UPDATE turns SET sending_run = ?, sending_at = ? WHERE id = ?", (run, at, turn_id))
+
+    def delivered(self, turn_id: int, at: float, run: int = 0, *, replay: bool = False) -> None:
+        """Note that a delivery of the turn to `run` reached its end at `at` (a stream's terminal
+        event included); `replay`: it was served again from the ledger."""
         with self._tx() as db:
             db.execute(
-                "UPDATE turns SET replays = replays + 1,"
+                "UPDATE turns SET delivered_at = ?, replays = replays + ?, sending_run = 0, sending_at = NULL,"
                 " delivered_run = CASE WHEN delivered_run < ? THEN ? ELSE delivered_run END WHERE id = ?",
-                (run, run, turn_id),
+                (at, int(replay), run, run, turn_id),
             )
 
+    def unsent(self, turn_id: int) -> None:
+        """Note that the delivery under way failed: the harness never had its end."""
+        with self._tx() as db:
+            db.execute("UPDATE turns SET sending_run = 0, sending_at = NULL WHERE id = ?", (turn_id,))
+
+    def replayed(self, turn_id: int, run: int, at: float | None = None) -> None:
+        """Note that a replay of the turn to `run` reached its end (now, unless `at`)."""
+        self.delivered(turn_id, time.time() if at is None else at, run, replay=True)
+
     def replay(self, episode_id: str, run: int, request: CanonicalRequest) -> Turn | None:
-        """The live recorded turn with this exact request, counted as replayed to `run`."""
+        """The turn a request of `run` is answered with from the ledger (`find`), its replay
+        noted as delivered."""
         with self._tx():
-            turn = self.find(episode_id, request)
+            turn = self.find(episode_id, request, run)
             if turn is not None:
                 self.replayed(turn.id, run)
             return turn
-
-    def delivered(self, turn_id: int, at: float) -> None:
-        """Note that a delivery of the turn reached its end (a stream's terminal event included)."""
-        with self._tx() as db:
-            db.execute("UPDATE turns SET delivered_at = ? WHERE id = ?", (at, turn_id))
 
     def batch(self, ops: Sequence[Callable[[], T]]) -> list[tuple[bool, T | Exception]]:
         """Run ledger calls in one transaction, so they share one fsync (group commit). Each runs
@@ -401,6 +437,7 @@ class Ledger:
         logprobs_mode: str = "",
         tools_key: str = "",
         live_run: Callable[[Connection], tuple[int, str]] | None = None,
+        sending: bool = False,
     ) -> Turn:
         """Commit a freshly sampled turn, placing it in the tree (see the module docstring).
 
@@ -415,7 +452,11 @@ class Ledger:
         one the parent is looked up here and the prompt ids checked against it (text mode).
         `resumed_at` is when the snapshot the current run was restored from froze the sandbox
         (0 for a run started afresh): a sibling from an earlier run is stale unless its delivery
-        had finished by then, or it was delivered again to this run.
+        had finished by then, or it was delivered again to this run. A sibling whose delivery was
+        under way when the orchestrator stopped (`sending`) counts as had if that began before.
+
+        `sending`: the turn's delivery begins as soon as it is recorded (`Ledger.sending`, in the
+        same commit).
         """
         with self._tx() as db:
             current = run
@@ -434,15 +475,19 @@ class Ledger:
             where = "episode_id = ? AND parent_id IS NOT DISTINCT FROM ? AND abandoned = 0"  # NULL-safe =
             # In index order, stated so that every database numbers the abandoned branches alike.
             earlier = db.execute(
-                f"SELECT id, branch, delivered_at FROM turns WHERE {where} AND delivered_run < ?"
-                " ORDER BY delivered_run, id",
-                (episode_id, parent_id, run),
+                f"SELECT id, branch, delivered_at, sending_at FROM turns WHERE {where} AND delivered_run < ?"
+                " AND sending_run < ? ORDER BY delivered_run, id",
+                (episode_id, parent_id, run, run),
             ).fetchall()
-            stale = [s for s in earlier if s["delivered_at"] is None or s["delivered_at"] > resumed_at]
+            stale = [
+                s
+                for s in earlier
+                if all(s[at] is None or s[at] > resumed_at for at in ("delivered_at", "sending_at"))
+            ]
             overtaken = current > run and (
                 db.execute(
-                    f"SELECT 1 FROM turns WHERE {where} AND delivered_run > ? LIMIT 1",
-                    (episode_id, parent_id, run),
+                    f"SELECT 1 FROM turns WHERE {where} AND (delivered_run > ? OR sending_run > ?) LIMIT 1",
+                    (episode_id, parent_id, run, run),
                 ).fetchone()
                 is not None
             )
@@ -482,15 +527,16 @@ class Ledger:
                 "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
                 " request, request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs,"
                 " prompt_token_ids, policy_version, upstream_ms, created_at, mode, prefix_exact, common_prefix,"
-                " break_reason, finish_reason, sampling, logprobs_mode, tools_key, prompt_base, abandoned)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                " break_reason, finish_reason, sampling, logprobs_mode, tools_key, prompt_base, abandoned,"
+                " sending_run, sending_at)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
                 (
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
                     json.dumps({"params": request.params, "size": request.size}), _packed(request_raw),
                     json.dumps(answer), response, protocol, delivered, run, json.dumps(token_ids), json.dumps(logprobs),
                     json.dumps(prompt_token_ids[base:]), policy_version, upstream_ms, now, mode, exact,
                     lineage.common_prefix, lineage.break_reason, finish_reason, json.dumps(dataclasses.asdict(sampling)),
-                    logprobs_mode, tools_key, base, int(overtaken),
+                    logprobs_mode, tools_key, base, int(overtaken), run if sending else 0, now if sending else None,
                 ),
             ).fetchone()  # fmt: skip
             self._sequences.put(inserted["id"], prompt_token_ids + token_ids)
@@ -501,6 +547,7 @@ class Ledger:
                 prompt_token_ids=prompt_token_ids, policy_version=policy_version, abandoned=overtaken, replays=0,
                 created_at=now, after_len=after_len, mode=mode, lineage=lineage, finish_reason=finish_reason,
                 sampling=sampling, logprobs_mode=logprobs_mode, tools_key=tools_key, upstream_ms=upstream_ms,
+                sending_run=run if sending else 0, sending_at=now if sending else None,
             )  # fmt: skip
 
     @staticmethod

@@ -11,6 +11,7 @@ import itertools
 import json
 import socket
 import ssl
+import struct
 import threading
 import time
 import urllib.request
@@ -30,7 +31,7 @@ from orchestrator.gateway import Gateway, GatewaySettings, live_peer
 from orchestrator.gateway.protocols.openai import ChatCompletions
 from orchestrator.gateway.server import INLINE_BODY_BYTES
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
-from orchestrator.trajectory import Ledger
+from orchestrator.trajectory import CanonicalRequest, Ledger, Lineage
 from orchestrator.trajectory.samples import samples
 from protos.tls import ORCHESTRATOR, TlsFiles, certified_identity
 from sandbox_agent.server.forwarder import Forwarder
@@ -379,6 +380,68 @@ def test_a_turn_the_restored_harness_had_is_never_abandoned_by_a_later_sibling(w
     world.post(_chat(USER, a1, {**result, "content": "replayed after restore"}))  # a replay: run 2 has it
     world.post(_chat(USER, a1, {**result, "content": "a subagent after restore"}))  # a new sibling
     assert [t.abandoned for t in world.ledger.turns("ep-1")] == [False] * 4
+
+
+def _hung_up(world: World, body: dict[str, Any], wait_s: float) -> None:
+    """A harness that sends `body`, waits `wait_s`, and resets its connection unanswered."""
+    data = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", world.gateway.port)) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-1\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))  # fmt: skip
+        time.sleep(wait_s)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+@pytest.mark.timeout(30)
+def test_a_replay_the_harness_never_received_is_not_delivered_to_its_run(world: World) -> None:
+    """Run 2's harness asks again for a turn run 1 was still generating, and hangs up before the
+    replay reaches it: the turn is not noted as delivered to run 2, so when the harness goes
+    another way from the same parent, the turn it never had is abandoned and its own continues
+    the main branch."""
+    _, r1 = world.post(_chat(USER))
+    a1 = json.loads(r1)["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": "1", "content": "ok"}
+    froze = _delivered(world, 0).delivered_at + 0.001
+    world.upstream_calls.clear()
+    _count(world, delay_s=1.0)
+    run_1 = threading.Thread(target=lambda: world.post(_chat(USER, a1, result)))
+    run_1.start()
+    wait_until(lambda: world.upstream_calls, 10, "run 1's generation to begin")
+    world.set_run("ep-1", run=2, resumed_at=froze)  # its node is lost; run 2 restored from before it
+    _hung_up(world, _chat(USER, a1, result), wait_s=0.3)  # waits on run 1's generation, then resets
+    run_1.join()
+    assert _delivered(world, 1).delivered_at is not None, "run 1's harness had it, after the freeze"
+    time.sleep(0.5)  # the reset harness's replay is attempted meanwhile
+    world.post(_chat(USER, a1, {**result, "content": "a different result"}))
+    first, unsent, diverged = world.ledger.turns("ep-1")
+    assert unsent.abandoned and not diverged.abandoned, "the harness never had it"
+    first, unsent, diverged = world.ledger.turns("ep-1")
+    assert (unsent.replays, unsent.delivered_run, unsent.sending_run) == (0, 1, 0), "never delivered to run 2"
+    assert [t.id for t in world.ledger.branches("ep-1")[0].turns] == [first.id, diverged.id], "main is whole"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_delivered_turn_never_reads_as_undelivered(
+    world: World, open_ledger: OpenLedger, stream: bool
+) -> None:
+    """The moment a harness has a turn, the ledger already holds that it may: another
+    orchestrator on the database (one that takes over after a crash) restores the sandbox from a
+    snapshot that froze it right then, and the harness's parallel call does not abandon it."""
+    other = open_ledger()
+    _, r1 = world.post(_chat(USER))
+    a1 = json.loads(r1)["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": "1", "content": "ok"}
+    status, _ = world.post(_chat(USER, a1, result, stream=stream))
+    froze = time.time()
+    assert status == 200
+    first, had = other.turns("ep-1")
+    parallel = {**result, "content": "a parallel call's result"}
+    request = CanonicalRequest.parse("chat", _chat(USER, a1, parallel))
+    other.record("ep-1", 2, froze, request, {"role": "assistant", "content": "p"}, b"", b"", "chat", b"",
+                 [1], [-0.5], [], "policy-v1", 1.0, lineage=Lineage(first.id, None))  # fmt: skip
+    assert not any(t.abandoned for t in other.turns("ep-1")), "the harness had the turn when it froze"
+    assert _delivered(world, 1).delivered_at is not None and had.id == world.ledger.turns("ep-1")[1].id
 
 
 @pytest.mark.timeout(30)
