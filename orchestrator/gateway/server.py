@@ -6,7 +6,8 @@ token ids asked for. A whole response is committed to the ledger before its firs
 the harness; a streamed one flows as it is generated and is committed before its terminal event.
 A generation always runs to its end and is recorded, even when the harness has gone away (frozen
 mid-stream), so its retry is served from the ledger. The replay check and the claim on a new
-sample are one step: an identical request waits for the first and then gets its recorded answer.
+sample are one step: an identical request waits for the first, then gets its recorded answer if
+its run was never answered with it (a retry), else a sample of its own.
 
 Served on aiohttp in an event loop of its own; ledger and state calls run on a small thread pool.
 """
@@ -442,7 +443,10 @@ class Gateway:
         req = turn.request
         async with self._locks.hold((turn.episode.id, req.canonical.fingerprint)):
             # Under this request's lock, so no identical request can be sampled meanwhile.
-            recorded = self.ledger.find(turn.episode.id, req.canonical)
+            # A turn this run was never answered with is replayed (a retry, or a restored harness
+            # asking again); one it was answered with is not retried, and the request is sampled
+            # afresh beside it, as a model server would.
+            recorded = self.ledger.find(turn.episode.id, req.canonical, turn.episode.runs)
             if recorded is not None:
                 self.metrics.count("replays")
                 return await self._deliver(

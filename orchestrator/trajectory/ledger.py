@@ -2,8 +2,10 @@
 delivered, as a tree that survives preemption exactly once.
 
 Matching rule (also in docs/trajectory.md). A request is reduced to its canonical form (see
-`canonical`). A request whose canonical form equals a recorded turn's is answered from the
-ledger with the bytes recorded for the harness (a replay). Otherwise it is sampled fresh, and its
+`canonical`). A request whose canonical form equals a recorded turn's that its run was never
+answered with (recorded in an earlier run and not delivered to this one since, or never delivered
+to its end) is answered from the ledger with the bytes recorded for the harness (a replay).
+Otherwise it is sampled fresh, a sibling of any identical turn, and its
 parent is the recorded turn whose conversation (its messages plus its answer) is the longest
 prefix of the request's messages. If that parent already has a child from an earlier run that
 the restored sandbox never had (it was not delivered before the snapshot froze the sandbox, nor

@@ -225,14 +225,49 @@ def test_a_long_conversation_is_parsed_off_the_event_loop(
     assert len(world.ledger.turns("ep-1")) == 2
 
 
+def _restored(world: World) -> None:
+    """The episode's next run, from a snapshot that froze the sandbox once every turn so far had
+    been delivered."""
+    frozen = max(t.delivered_at or 0.0 for t in world.ledger.turns("ep-1")) + 0.001
+    world.set_run("ep-1", run=world.episodes["ep-1"].runs + 1, resumed_at=frozen)
+
+
 @pytest.mark.timeout(30)
-def test_repeated_request_is_replayed_byte_for_byte(world: World) -> None:
+def test_a_request_asked_again_is_sampled_afresh_in_its_run_and_replayed_to_a_restored_harness(
+    world: World,
+) -> None:
+    """The same run asking again what it was answered is not a retry: a new sample, a sibling of
+    its own. A restored harness asking its requests again gets each recorded answer, byte for
+    byte and in order, and a third time is sampled afresh again."""
     _, first = world.post(_chat(USER))
-    _, again = world.post(_chat(USER))
-    assert again == first
-    assert len(world.upstream_calls) == 1
+    _, second = world.post(_chat(USER))
+    one, two = _delivered(world, 0), _delivered(world, 1)
+    assert len(world.ledger.turns("ep-1")) == 2 and (one.delivered, two.delivered) == (first, second)
+    assert (one.parent_id, two.parent_id, one.branch, two.branch) == (None, None, 0, 1)
+    assert (one.replays, two.replays, one.abandoned, two.abandoned) == (0, 0, False, False)
+    _restored(world)
+    assert [world.post(_chat(USER))[1] for _ in range(2)] == [first, second]
+    assert len(world.ledger.turns("ep-1")) == 2
+    world.post(_chat(USER))
+    assert [(t.replays, t.run, t.delivered_run) for t in world.ledger.turns("ep-1")] == [
+        (1, 1, 2),
+        (1, 1, 2),
+        (0, 2, 2),
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_a_retry_of_an_answer_the_harness_never_received_is_replayed(world: World) -> None:
+    """A harness that hung up before its answer arrived asks again in the same run: the recorded
+    turn is replayed, not sampled again. Once it has had the answer, asking again is a new sample."""
+    _count(world, delay_s=0.5)
+    _hung_up(world, _chat(USER), wait_s=0.1)
+    wait_until(lambda: world.ledger.turns("ep-1"), 10, "the turn to be recorded")
+    _, retried = world.post(_chat(USER))  # waits for the failed delivery's lock, then replays
     (turn,) = world.ledger.turns("ep-1")
-    assert turn.replays == 1
+    assert retried == turn.delivered and turn.replays == 1 and turn.delivered_at is not None
+    world.post(_chat(USER))
+    assert [t.replays for t in world.ledger.turns("ep-1")] == [1, 0]
 
 
 @pytest.mark.timeout(30)
@@ -254,6 +289,7 @@ def test_serialisation_noise_does_not_fork_but_what_the_model_sees_does(world: W
     }
     body = _chat(user, noisy, {**tool_result, "content": "done\n"})
     body["seed"] = 1.0
+    _restored(world)  # a restored harness sends what it was answered again, re-serialised
     _, replayed = world.post(body)
     assert replayed == second
     assert len(world.upstream_calls) == 2
@@ -323,18 +359,19 @@ def test_text_mode_detects_drift_and_no_sample_appends_a_prompt(world: World) ->
 
 
 @pytest.mark.timeout(30)
-def test_concurrent_identical_requests_sample_once(world: World) -> None:
-    world.upstream_calls.clear()
-    _count(world, delay_s=0.5)
+def test_concurrent_identical_requests_each_get_a_sample_of_their_own(world: World) -> None:
+    """Identical requests of harnesses that stay to hear their answers (two subagents given the
+    same prompt) are not retries: each waits for the one before, then is sampled itself."""
+    _count(world, delay_s=0.3)
     results: list[bytes] = []
     threads = [threading.Thread(target=lambda: results.append(world.post(_chat(USER))[1])) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(set(results)) == 1 and len(world.upstream_calls) == 1
-    (turn,) = world.ledger.turns("ep-1")
-    assert turn.replays == 3
+    turns = world.ledger.turns("ep-1")
+    assert sorted(results) == sorted(t.delivered for t in turns) and len(turns) == 4
+    assert sorted(t.branch for t in turns) == [0, 1, 2, 3] and not any(t.replays for t in turns)
 
 
 @pytest.mark.timeout(30)
@@ -449,6 +486,7 @@ def test_completions_route_whole_and_streamed(world: World) -> None:
     body = {"model": "reference", "prompt": "Once upon a time", "max_tokens": 12, "seed": 4}
     status, first = world.post(body, path="/v1/completions")
     assert status == 200
+    _restored(world)
     _, again = world.post(body, path="/v1/completions")
     assert again == first
     text = json.loads(first)["choices"][0]["text"]
@@ -477,6 +515,7 @@ def test_chat_stream_flows_and_is_recorded_before_its_terminal_event(world: Worl
     assert usage is not None and usage.completion_tokens == len(turn.token_ids) == len(turn.logprobs)
     assert len(pieces) > 1, "tokens arrive one by one"
     assert turn.delivered.endswith(b"data: [DONE]\n\n") and turn.delivered_at is not None
+    _restored(world)
     status, replayed = world.post(
         {
             "model": "reference",
