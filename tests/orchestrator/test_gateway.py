@@ -475,7 +475,7 @@ def test_a_delivered_turn_never_reads_as_undelivered(
     first, had = other.turns("ep-1")
     parallel = {**result, "content": "a parallel call's result"}
     request = CanonicalRequest.parse("chat", _chat(USER, a1, parallel))
-    other.record("ep-1", 2, froze, request, {"role": "assistant", "content": "p"}, b"", b"", "chat", b"",
+    other.record("ep-1", 2, froze, request, b"", {"role": "assistant", "content": "p"}, b"", "chat", b"",
                  [1], [-0.5], [], "policy-v1", 1.0, lineage=Lineage(first.id, None))  # fmt: skip
     assert not any(t.abandoned for t in other.turns("ep-1")), "the harness had the turn when it froze"
     assert _delivered(world, 1).delivered_at is not None and had.id == world.ledger.turns("ep-1")[1].id
