@@ -61,6 +61,12 @@ def model_settings(a: argparse.Namespace, *, reference_model: bool) -> dict[str,
             "upstream_api": a.upstream_api, "metrics_listen": a.gateway_metrics_listen}  # fmt: skip
 
 
+def _edge(turn: TurnInfo) -> str:
+    """How a turn hangs in the tree, and from which turn: `subagent<-12`."""
+    edge = turn.edge or "-"
+    return f"{edge}<-{turn.edge_parent}" if turn.edge_parent else edge
+
+
 def _prompt_state(turn: TurnInfo) -> str:
     """How a turn's prompt stands to the tokens before it: extends, BREAK@n (where it leaves
     them), or ? (not checked)."""
@@ -390,12 +396,13 @@ class Commands:
         if inexact:
             print(f"warning: {inexact} samples hold log-probs that are not of the sampling distribution",
                   file=self.out)  # fmt: skip
-        rows = [["TURN", "BRANCH", "RUN", "MODE", "PROMPT", "TOKENS", "FINISH", "SUM-LOGPROB", "REPLAYED",
-                 "ABANDONED", "POLICY"]]  # fmt: skip
+        rows = [["ID", "TURN", "BRANCH", "EDGE", "RUN", "MODE", "PROMPT", "TOKENS", "FINISH", "SUM-LOGPROB",
+                 "REPLAYED", "ABANDONED", "POLICY"]]  # fmt: skip
         for b in [t.main, *t.branches]:
             for turn in b.turns:
                 rows.append([
-                    str(turn.index), str(turn.branch), str(turn.run), turn.mode, _prompt_state(turn),
+                    str(turn.id), str(turn.index), str(turn.branch), _edge(turn), str(turn.run), turn.mode,
+                    _prompt_state(turn),
                     str(len(turn.token_ids)), turn.finish_reason or "-", f"{sum(turn.logprobs):.2f}",
                     "yes" if turn.replayed else "-", "yes" if turn.abandoned else "-", turn.policy_version,
                 ])  # fmt: skip

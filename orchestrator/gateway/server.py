@@ -48,6 +48,7 @@ from orchestrator.gateway.settings import GatewaySettings
 from orchestrator.gateway.slots import FairSlots, SlotTimeout
 from orchestrator.gateway.upstream import Stream, Upstream, UpstreamUnreachable
 from orchestrator.state.sql import Connection
+from orchestrator.trajectory import edges
 from orchestrator.trajectory.ledger import Ledger, Sampling, extension
 from orchestrator.trajectory.ledger import Turn as RecordedTurn
 from protos.tls import certified_identity, node_of
@@ -710,7 +711,7 @@ class Gateway:
                     upstream_ms, lineage=lineage, mode=g.mode, finish_reason=g.finish_reason, sampling=turn.sampling,
                     logprobs_mode=turn.logprobs_mode, tools_key=req.canonical.tools_key,
                     live_run=(lambda db: live_run(db, e.id)) if live_run is not None else None,
-                    sending=sending,
+                    sending=sending, spawns=edges.spawns([c.arguments for c in g.tool_calls]),
                 )
             )  # fmt: skip
         except Conflict as exc:

@@ -34,7 +34,7 @@ from orchestrator.domain import Conflict, FailedPrecondition
 from orchestrator.state.database import Database
 from orchestrator.state.postgres_database import PostgresDatabase
 from orchestrator.state.sql import Connection
-from orchestrator.trajectory import schema
+from orchestrator.trajectory import edges, schema
 from orchestrator.trajectory.canonical import CanonicalRequest
 
 T = TypeVar("T")
@@ -143,6 +143,11 @@ class Turn:
     harness may have is never read as one it cannot have (`Ledger.sending`)."""
     sending_at: float | None = None
     """When that delivery's last part was about to go out."""
+    edge: str = ""
+    """How the turn hangs in the tree (`edges.Edge`); "" for a turn recorded before edges were."""
+    edge_parent: int | None = None
+    """The turn it hangs from: its parent, the turn whose tool call spawned a subagent, the
+    compaction a conversation continues from; None for a root, a side call, an unlinked subagent."""
 
     @property
     def delivery_uncertain(self) -> bool:
@@ -168,6 +173,11 @@ class Branch:
     id: int
     turns: list[Turn]
     abandoned: bool
+
+    @property
+    def edge(self) -> str:
+        """What the branch is: its first turn's edge."""
+        return self.turns[0].edge if self.turns else ""
 
 
 @dataclass
@@ -297,6 +307,8 @@ class Ledger:
             upstream_ms=r["upstream_ms"],
             sending_run=r["sending_run"],
             sending_at=r["sending_at"],
+            edge=r["edge"],
+            edge_parent=r["edge_parent"],
         )
 
     def cursor(self, episode_id: str) -> dict[str, int]:
@@ -440,6 +452,7 @@ class Ledger:
         tools_key: str = "",
         live_run: Callable[[Connection], tuple[int, str]] | None = None,
         sending: bool = False,
+        spawns: Sequence[str] = (),
     ) -> Turn:
         """Commit a freshly sampled turn, placing it in the tree (see the module docstring).
 
@@ -458,7 +471,8 @@ class Ledger:
         under way when the orchestrator stopped (`sending`) counts as had if that began before.
 
         `sending`: the turn's delivery begins as soon as it is recorded (`Ledger.sending`, in the
-        same commit).
+        same commit). `spawns`: the `prompt` arguments of its tool calls (`edges.spawns`), which
+        link a subagent to it.
         """
         with self._tx() as db:
             current = run
@@ -493,10 +507,6 @@ class Ledger:
                 ).fetchone()
                 is not None
             )
-            siblings = db.execute(
-                f"SELECT COUNT(*) AS n FROM turns WHERE {where}", (episode_id, parent_id)
-            ).fetchone()["n"]
-            live = siblings - len(stale)
             next_branch = (
                 1
                 + db.execute(
@@ -508,18 +518,23 @@ class Ledger:
             for s in stale:
                 # The diverged continuation keeps its turns under a new branch number; the new turn
                 # takes over the branch it was on.
+                moved = s["branch"] == base
                 self._abandon(
-                    db,
-                    s["id"],
-                    old_branch=s["branch"],
-                    new_branch=next_branch if s["branch"] == base else s["branch"],
+                    db, s["id"], old_branch=s["branch"], new_branch=next_branch if moved else s["branch"]
                 )
-                next_branch += 1
-            branch = (
-                base
-                if not live and not overtaken and not (parent is None and self._has_live_root(db, episode_id))
-                else next_branch
+                next_branch += int(moved)
+            edge, edge_parent, branch = self._place(
+                db,
+                episode_id,
+                edges.shape(request),
+                request.fingerprint,
+                parent_id,
+                base,
+                bool(stale),
+                next_branch,
             )
+            if overtaken:
+                branch = next_branch
             after_hash, after_len = request.after(answer)
             now = time.time()
             exact = None if lineage.prefix_exact is None else int(lineage.prefix_exact)
@@ -530,8 +545,8 @@ class Ledger:
                 " request, request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs,"
                 " prompt_token_ids, policy_version, upstream_ms, created_at, mode, prefix_exact, common_prefix,"
                 " break_reason, finish_reason, sampling, logprobs_mode, tools_key, prompt_base, abandoned,"
-                " sending_run, sending_at)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                " sending_run, sending_at, edge, edge_parent, spawns)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
                 (
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
                     json.dumps({"params": request.params, "size": request.size}), _packed(request_raw),
@@ -539,6 +554,7 @@ class Ledger:
                     json.dumps(prompt_token_ids[base:]), policy_version, upstream_ms, now, mode, exact,
                     lineage.common_prefix, lineage.break_reason, finish_reason, json.dumps(dataclasses.asdict(sampling)),
                     logprobs_mode, tools_key, base, int(overtaken), run if sending else 0, now if sending else None,
+                    edge.value, edge_parent, json.dumps(list(spawns)),
                 ),
             ).fetchone()  # fmt: skip
             self._sequences.put(inserted["id"], prompt_token_ids + token_ids)
@@ -549,17 +565,82 @@ class Ledger:
                 prompt_token_ids=prompt_token_ids, policy_version=policy_version, abandoned=overtaken, replays=0,
                 created_at=now, after_len=after_len, mode=mode, lineage=lineage, finish_reason=finish_reason,
                 sampling=sampling, logprobs_mode=logprobs_mode, tools_key=tools_key, upstream_ms=upstream_ms,
-                sending_run=run if sending else 0, sending_at=now if sending else None,
+                sending_run=run if sending else 0, sending_at=now if sending else None, edge=edge.value,
+                edge_parent=edge_parent,
             )  # fmt: skip
 
+    def _place(
+        self,
+        db: Connection,
+        episode_id: str,
+        shape: edges.Shape,
+        fingerprint: str,
+        parent_id: int | None,
+        base: int,
+        diverged: bool,
+        next_branch: int,
+    ) -> tuple[edges.Edge, int | None, int]:
+        """The new turn's edge, the turn it hangs from and its branch (see `edges`)."""
+        if parent_id is not None:
+            if shape.asks_for_summary:
+                return edges.Edge.COMPACTION, parent_id, next_branch
+            if self._held(db, episode_id, parent_id, base):
+                return edges.Edge.PARALLEL, parent_id, next_branch
+            return (edges.Edge.DIVERGENCE if diverged else edges.Edge.CONTINUATION), parent_id, base
+        live = "episode_id = ? AND abandoned = 0"
+        compactions = db.execute(
+            f"SELECT id, branch, answer, edge_parent FROM turns WHERE {live} AND edge = ? ORDER BY id DESC",
+            (episode_id, edges.Edge.COMPACTION.value),
+        ).fetchall()
+        summaries = {c["id"]: edges.answer_text(json.loads(c["answer"])) for c in compactions}
+        if compactions and shape.continues_summary(summaries.values()):
+            of = next((c for c in compactions if summaries[c["id"]] and summaries[c["id"]] in shape.first_user),
+                      compactions[0])  # fmt: skip
+            continued = db.execute("SELECT branch FROM turns WHERE id = ?", (of["edge_parent"],)).fetchone()
+            return edges.Edge.CONTINUATION, of["id"], continued["branch"] if continued is not None else 0
+        if shape.first_user:
+            for row in db.execute(
+                f"SELECT id, spawns FROM turns WHERE {live} AND spawns <> '[]' ORDER BY id DESC",
+                (episode_id,),
+            ):
+                if any(p in shape.first_user for p in json.loads(row["spawns"])):
+                    return edges.Edge.SUBAGENT, row["id"], next_branch
+        primary = db.execute(
+            f"SELECT id, tools_key, fingerprint FROM turns WHERE {live} AND parent_id IS NULL AND branch = 0"
+            " ORDER BY id LIMIT 1",
+            (episode_id,),
+        ).fetchone()
+        if primary is None:
+            return edges.Edge.ROOT, None, 0
+        if primary["fingerprint"] == fingerprint:  # asked again and sampled afresh
+            return edges.Edge.PARALLEL, None, next_branch
+        if not shape.tools and primary["tools_key"]:
+            return edges.Edge.SIDE_CALL, None, next_branch
+        if shape.tools and not primary["tools_key"] and not self._has_children(db, primary["id"]):
+            # What began the episode listing no tools, alone, was a side call (a title, a topic
+            # check) made before the primary conversation's first request was recorded.
+            db.execute(
+                "UPDATE turns SET edge = ?, branch = ? WHERE id = ?",
+                (edges.Edge.SIDE_CALL.value, next_branch, primary["id"]),
+            )
+            return edges.Edge.ROOT, None, 0
+        return edges.Edge.SUBAGENT, None, next_branch
+
     @staticmethod
-    def _has_live_root(db: Connection, episode_id: str) -> bool:
+    def _held(db: Connection, episode_id: str, parent_id: int, branch: int) -> bool:
+        """A live child of the parent is on this branch."""
         return (
             db.execute(
-                "SELECT 1 FROM turns WHERE episode_id = ? AND parent_id IS NULL AND abandoned = 0",
-                (episode_id,),
+                "SELECT 1 FROM turns WHERE episode_id = ? AND parent_id = ? AND abandoned = 0 AND branch = ? LIMIT 1",
+                (episode_id, parent_id, branch),
             ).fetchone()
             is not None
+        )
+
+    @staticmethod
+    def _has_children(db: Connection, turn_id: int) -> bool:
+        return (
+            db.execute("SELECT 1 FROM turns WHERE parent_id = ? LIMIT 1", (turn_id,)).fetchone() is not None
         )
 
     def _abandon(self, db: Connection, turn_id: int, old_branch: int, new_branch: int) -> None:

@@ -54,7 +54,10 @@ CREATE TABLE IF NOT EXISTS turns (
     tools_key TEXT NOT NULL DEFAULT '',
     prompt_base INTEGER NOT NULL DEFAULT 0,
     sending_run INTEGER NOT NULL DEFAULT 0,
-    sending_at REAL
+    sending_at REAL,
+    edge TEXT NOT NULL DEFAULT '',
+    edge_parent INTEGER,
+    spawns TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
@@ -109,7 +112,10 @@ CREATE TABLE IF NOT EXISTS turns (
     tools_key TEXT NOT NULL DEFAULT '',
     prompt_base BIGINT NOT NULL DEFAULT 0,
     sending_run BIGINT NOT NULL DEFAULT 0,
-    sending_at DOUBLE PRECISION
+    sending_at DOUBLE PRECISION,
+    edge TEXT NOT NULL DEFAULT '',
+    edge_parent BIGINT,
+    spawns TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
@@ -139,6 +145,9 @@ ADDED = (
     ("prompt_base", "{integer} NOT NULL DEFAULT 0"),
     ("sending_run", "{integer} NOT NULL DEFAULT 0"),
     ("sending_at", "{real}"),
+    ("edge", "TEXT NOT NULL DEFAULT ''"),
+    ("edge_parent", "{integer}"),
+    ("spawns", "TEXT NOT NULL DEFAULT '[]'"),
 )
 """Turn columns added since the table first shipped: (name, type with `{integer}` and `{real}`
 for the database's integer and floating-point types)."""
