@@ -6,20 +6,21 @@ The rules (also in docs/trajectory.md):
 
 - A request that continues a recorded conversation (it has a parent) asking, in its last user
   message, for a summary of the conversation is a **compaction**, hung from that parent.
-- Another request with a parent is a **continuation** of it; a **parallel** sibling if the
-  parent already has a live child that it does not replace; a **restore divergence** if it
-  replaces children the restored harness never had (they are abandoned).
-- A request with no parent whose first user message carries on from a summary ("This session is
-  being continued from a previous conversation", or a recorded compaction's answer) is a
-  **continuation** across that compaction, hung from the compaction turn.
-- A request with no parent whose first user message is the `prompt` argument of a tool call a
-  recorded turn made (Claude Code's Task tool, an agent framework's spawn) is a **subagent**,
-  hung from that turn. One with no parent, the tools of no recorded conversation and another
-  system prompt than the primary's is a subagent too, unlinked.
-- A request with no parent that lists no tools while the primary conversation lists them, or
-  one at all (a title, a topic check, a small-model call), is a **side call**.
-- Otherwise a request with no parent starts the **primary** conversation (the first one) or is a
-  subagent.
+- Another request with a parent is a **continuation** of it, on its branch; a **parallel**
+  sibling, on a branch of its own, if a live child of the parent holds that branch; a **restore
+  divergence** if it takes the branch over from children the restored harness never had (they
+  are abandoned).
+- A request with no parent, in this order: one whose first user message carries on from a
+  summary ("This session is being continued from a previous conversation", or a recorded
+  compaction's answer) is a **continuation** across that compaction, hung from the compaction
+  turn (none if no compaction was recorded), on the branch of the conversation it summarised
+  (main's if none); one whose first user message holds the
+  `prompt` argument of a tool call a recorded turn made (Claude Code's Task tool) is a
+  **subagent**, hung from that turn; the first is the **root** of the primary conversation; the
+  primary's first request asked again is a **parallel** sibling; one that lists no tools while
+  the primary lists them is a **side call** (a title, a topic check, a small-model call); one
+  that lists tools while the primary is a lone turn listing none makes that turn a side call and
+  becomes the root; any other is a **subagent** whose spawning call cannot be told.
 
 Main is the primary conversation followed across compactions: never a side call, a subagent or a
 compaction's summary.

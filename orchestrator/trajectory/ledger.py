@@ -593,7 +593,9 @@ class Ledger:
             (episode_id, edges.Edge.COMPACTION.value),
         ).fetchall()
         summaries = {c["id"]: edges.answer_text(json.loads(c["answer"])) for c in compactions}
-        if compactions and shape.continues_summary(summaries.values()):
+        if shape.continues_summary(summaries.values()):
+            if not compactions:  # summarised elsewhere: main carries on, from no recorded turn
+                return edges.Edge.CONTINUATION, None, 0
             of = next((c for c in compactions if summaries[c["id"]] and summaries[c["id"]] in shape.first_user),
                       compactions[0])  # fmt: skip
             continued = db.execute("SELECT branch FROM turns WHERE id = ?", (of["edge_parent"],)).fetchone()

@@ -198,3 +198,12 @@ def test_shapes_tell_a_compaction_and_a_continued_session() -> None:
     assert spawns(
         ['{"prompt": " Find facts.\\r\\n", "description": "d"}', '{"command": "ls"}', "not json"]
     ) == ["Find facts."]
+
+
+@pytest.mark.timeout(30)
+def test_a_session_continued_from_a_summary_made_elsewhere_carries_main_on(ledger: Ledger) -> None:
+    m1 = _record(ledger, _ask(MAIN_SYSTEM, MAIN_TOOLS, _user(TASK)), _said("Working on it."))
+    m2 = _record(
+        ledger, _ask(MAIN_SYSTEM, MAIN_TOOLS, _user(CONTINUED + "notes.txt was written.")), _said("Done.")
+    )
+    assert _tree(ledger) == {m1.id: (Edge.ROOT, None, 0, False), m2.id: (Edge.CONTINUATION, None, 0, False)}

@@ -380,6 +380,7 @@ def test_a_ledger_from_the_last_release_gains_its_new_columns(
         (old,) = ledgers[1].turns("ep-old")
         assert old.mode == "text" and old.prefix_exact is None and old.sampling == Sampling()
         assert old.token_ids == [7] and old.finish_reason == "" and old.logprobs_mode == ""
+        assert (old.edge, old.edge_parent, old.sending_run, old.sending_at) == ("", None, 0, None)
         new = _record(ledgers[1], _chat("hi"), "hello", finish_reason="stop", mode="tokens")
         assert ledgers[0].turns("ep-1") == [new]
     finally:
