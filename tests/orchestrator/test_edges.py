@@ -12,6 +12,10 @@ from typing import Any
 
 import pytest
 
+from orchestrator import wire
+from orchestrator.api.service import branch_to_pb
+from orchestrator.cli.commands import tree_order
+from orchestrator.client import BranchInfo
 from orchestrator.trajectory import CanonicalRequest, Ledger, Turn
 from orchestrator.trajectory.canonical import canonical_message
 from orchestrator.trajectory.edges import Edge, shape, spawns
@@ -153,6 +157,27 @@ def test_a_claude_code_session_main_follows_its_primary_conversation_through_a_c
     assert tree[s1.id][2] == tree[s2.id][2] != 0, "the subagent keeps a branch of its own"
     assert len({tree[t.id][2] for t in (title, quota, compaction, s1)}) == 4, "each on its own branch"
     assert sorted({b for _, _, b, _ in tree.values()}) == list(range(5)), "no branch number is skipped"
+    # As the API carries it and `stasis trajectory` lays it out: each turn under the one it
+    # hangs from, indented where it leaves a branch.
+    branches = [wire.decode(branch_to_pb(b), BranchInfo) for b in ledger.branches("ep-1")]
+    assert [(b.id, b.edge) for b in branches] == [
+        (0, "root"), (1, "side_call"), (2, "subagent"), (3, "side_call"), (4, "compaction"),
+    ]  # fmt: skip
+    laid_out = [
+        (t.id, t.edge, t.edge_parent, depth)
+        for t, depth in tree_order([t for b in branches for t in b.turns])
+    ]
+    assert laid_out == [
+        (title.id, "side_call", 0, 0),
+        (m1.id, "root", 0, 0),
+        (s1.id, "subagent", m1.id, 1),
+        (s2.id, "continuation", s1.id, 1),
+        (m2.id, "continuation", m1.id, 0),
+        (compaction.id, "compaction", m2.id, 1),
+        (m3.id, "continuation", compaction.id, 0),
+        (m4.id, "continuation", m3.id, 0),
+        (quota.id, "side_call", 0, 0),
+    ]
 
 
 @pytest.mark.timeout(30)
