@@ -154,10 +154,6 @@ class Turn:
         """A delivery was under way when the orchestrator stopped: the harness may have the turn."""
         return self.sending_run > 0
 
-    def answered(self, run: int) -> bool:
-        """A delivery of this turn to `run` (or a later run) reached its end."""
-        return self.delivered_run >= run and self.delivered_at is not None
-
     @property
     def prefix_exact(self) -> bool | None:
         return self.lineage.prefix_exact
@@ -507,13 +503,7 @@ class Ledger:
                 ).fetchone()
                 is not None
             )
-            next_branch = (
-                1
-                + db.execute(
-                    "SELECT COALESCE(MAX(branch), -1) AS branch FROM turns WHERE episode_id = ?",
-                    (episode_id,),
-                ).fetchone()["branch"]
-            )
+            next_branch = self._next_branch(db, episode_id)
             base = parent["branch"] if parent is not None else 0
             for s in stale:
                 # The diverged continuation keeps its turns under a new branch number; the new turn
@@ -533,8 +523,8 @@ class Ledger:
                 bool(stale),
                 next_branch,
             )
-            if overtaken:
-                branch = next_branch
+            if overtaken:  # a branch of its own, past any `_place` just took
+                branch = self._next_branch(db, episode_id)
             after_hash, after_len = request.after(answer)
             now = time.time()
             exact = None if lineage.prefix_exact is None else int(lineage.prefix_exact)
@@ -637,6 +627,15 @@ class Ledger:
                 (episode_id, parent_id, branch),
             ).fetchone()
             is not None
+        )
+
+    @staticmethod
+    def _next_branch(db: Connection, episode_id: str) -> int:
+        return int(
+            db.execute(
+                "SELECT COALESCE(MAX(branch), -1) + 1 AS branch FROM turns WHERE episode_id = ?",
+                (episode_id,),
+            ).fetchone()["branch"]
         )
 
     @staticmethod
