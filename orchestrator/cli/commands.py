@@ -61,6 +61,40 @@ def model_settings(a: argparse.Namespace, *, reference_model: bool) -> dict[str,
             "upstream_api": a.upstream_api, "metrics_listen": a.gateway_metrics_listen}  # fmt: skip
 
 
+def tree_order(turns: list[TurnInfo]) -> list[tuple[TurnInfo, int]]:
+    """The turns depth first down the tree, each under the one it hangs from (its `edge_parent`,
+    else its parent), siblings in the order they were recorded, with the depth of its branch:
+    main and branches that hang from nothing are 0, another is one below the branch it leaves."""
+    by_id = {t.id: t for t in turns}
+    under: dict[int, list[TurnInfo]] = {}
+    first: dict[int, TurnInfo] = {}
+    for t in sorted(turns, key=lambda t: t.id):
+        above = t.edge_parent or t.parent_id
+        under.setdefault(above if above in by_id else 0, []).append(t)
+        first.setdefault(t.branch, t)
+
+    def depth(branch: int, seen: frozenset[int] = frozenset()) -> int:
+        start = first[branch]
+        above = by_id.get(start.edge_parent or start.parent_id)
+        if branch == 0 or above is None or above.branch in seen | {branch}:
+            return 0
+        return depth(above.branch, seen | {branch}) + 1
+
+    out: list[tuple[TurnInfo, int]] = []
+    todo = list(reversed(under.get(0, [])))
+    while todo:
+        turn = todo.pop()
+        out.append((turn, depth(turn.branch)))
+        todo += reversed(under.get(turn.id, []))
+    return out
+
+
+def _edge(turn: TurnInfo) -> str:
+    """How a turn hangs in the tree, and from which turn: `subagent<-12`."""
+    edge = turn.edge or "-"
+    return f"{edge}<-{turn.edge_parent}" if turn.edge_parent else edge
+
+
 def _prompt_state(turn: TurnInfo) -> str:
     """How a turn's prompt stands to the tokens before it: extends, BREAK@n (where it leaves
     them), or ? (not checked)."""
@@ -419,15 +453,15 @@ class Commands:
         if inexact:
             print(f"warning: {inexact} samples hold log-probs that are not of the sampling distribution",
                   file=self.out)  # fmt: skip
-        rows = [["TURN", "BRANCH", "RUN", "MODE", "PROMPT", "TOKENS", "FINISH", "SUM-LOGPROB", "REPLAYED",
-                 "ABANDONED", "POLICY"]]  # fmt: skip
-        for b in [t.main, *t.branches]:
-            for turn in b.turns:
-                rows.append([
-                    str(turn.index), str(turn.branch), str(turn.run), turn.mode, _prompt_state(turn),
-                    str(len(turn.token_ids)), turn.finish_reason or "-", f"{sum(turn.logprobs):.2f}",
-                    "yes" if turn.replayed else "-", "yes" if turn.abandoned else "-", turn.policy_version,
-                ])  # fmt: skip
+        rows = [["ID", "TURN", "BRANCH", "EDGE", "RUN", "MODE", "PROMPT", "TOKENS", "FINISH", "SUM-LOGPROB",
+                 "REPLAYED", "ABANDONED", "POLICY"]]  # fmt: skip
+        for turn, depth in tree_order(turns):
+            rows.append([
+                str(turn.id), str(turn.index), str(turn.branch), "  " * depth + _edge(turn), str(turn.run),
+                turn.mode, _prompt_state(turn), str(len(turn.token_ids)), turn.finish_reason or "-",
+                f"{sum(turn.logprobs):.2f}", "yes" if turn.replayed else "-", "yes" if turn.abandoned else "-",
+                turn.policy_version,
+            ])  # fmt: skip
         _table(rows, self.out)
         return 0
 

@@ -147,6 +147,10 @@ class TurnInfo(_Plain):
     break_reason: str
     sampling: SamplingInfo
     logprobs_exact: bool
+    edge: str = ""
+    """How the turn hangs in the tree (continuation, parallel, subagent, side_call, ...)."""
+    edge_parent: int = 0
+    """The turn it hangs from; 0 for none."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,8 @@ class BranchInfo(_Plain):
     abandoned: bool
     policy_versions: list[str]
     turns: list[TurnInfo]
+    edge: str = ""
+    """What the branch is: its first turn's edge."""
 
 
 @dataclass(frozen=True)

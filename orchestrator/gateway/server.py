@@ -6,7 +6,8 @@ token ids asked for. A whole response is committed to the ledger before its firs
 the harness; a streamed one flows as it is generated and is committed before its terminal event.
 A generation always runs to its end and is recorded, even when the harness has gone away (frozen
 mid-stream), so its retry is served from the ledger. The replay check and the claim on a new
-sample are one step: an identical request waits for the first and then gets its recorded answer.
+sample are one step: an identical request waits for the first, then gets its recorded answer if
+its run was never answered with it (a retry), else a sample of its own.
 
 Served on aiohttp in an event loop of its own; ledger and state calls run on a small thread pool.
 """
@@ -47,6 +48,7 @@ from orchestrator.gateway.settings import GatewaySettings
 from orchestrator.gateway.slots import FairSlots, SlotTimeout
 from orchestrator.gateway.upstream import Stream, Upstream, UpstreamUnreachable
 from orchestrator.state.sql import Connection
+from orchestrator.trajectory import edges
 from orchestrator.trajectory.ledger import Ledger, Sampling, extension
 from orchestrator.trajectory.ledger import Turn as RecordedTurn
 from protos.tls import certified_identity, node_of
@@ -112,8 +114,6 @@ class _KeyLocks:
 HANDSHAKE_TIMEOUT_S = 10.0
 """Longest a node may take over its TLS handshake; until it is done its connection counts
 against no bound of the front door."""
-LATER_S = 0.05
-"""How long a ledger note nobody waits for (a delivery) may wait to share a commit."""
 
 
 class _GroupCommit:
@@ -123,9 +123,8 @@ class _GroupCommit:
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self._pending: list[tuple[Callable[[], Any], asyncio.Future[Any] | None]] = []
+        self._pending: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self._scheduled = False
-        self._timer: asyncio.TimerHandle | None = None
 
     def run(self, op: Callable[[], T]) -> asyncio.Future[T]:
         """Commit op with the next batch, at the end of this turn of the loop; the future is done
@@ -137,27 +136,15 @@ class _GroupCommit:
             asyncio.get_running_loop().call_soon(self._flush)
         return future
 
-    def later(self, op: Callable[[], Any]) -> None:
-        """Commit op with the next batch, or within LATER_S; nobody waits for it."""
-        self._pending.append((op, None))
-        if self._timer is None and not self._scheduled:
-            self._timer = asyncio.get_running_loop().call_later(LATER_S, self._flush)
-
     def _flush(self) -> None:
         self._scheduled = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         batch, self._pending = self._pending, []
         try:
             results = self.ledger.batch([op for op, _ in batch])
         except Exception as exc:  # the commit itself failed: nothing of the batch is recorded
             results = [(False, exc)] * len(batch)
         for (_, future), (ok, value) in zip(batch, results, strict=True):
-            if future is None:
-                if not ok:
-                    log.warning("ledger update failed: %s", value)
-            elif not future.cancelled():
+            if not future.cancelled():
                 if ok:
                     future.set_result(value)
                 else:
@@ -457,11 +444,15 @@ class Gateway:
         req = turn.request
         async with self._locks.hold((turn.episode.id, req.canonical.fingerprint)):
             # Under this request's lock, so no identical request can be sampled meanwhile.
-            recorded = self.ledger.find(turn.episode.id, req.canonical)
+            # A turn this run was never answered with is replayed (a retry, or a restored harness
+            # asking again); one it was answered with is not retried, and the request is sampled
+            # afresh beside it, as a model server would.
+            recorded = self.ledger.find(turn.episode.id, req.canonical, turn.episode.runs)
             if recorded is not None:
-                await self._ledger.run(lambda: self.ledger.replayed(recorded.id, turn.episode.runs))
                 self.metrics.count("replays")
-                return await self._deliver(request, recorded.id, recorded.delivered, req.stream)
+                return await self._deliver(
+                    request, recorded.id, recorded.delivered, req.stream, turn.episode.runs, replay=True
+                )
             parent = self.ledger.parent(turn.episode.id, req.canonical)
             body = self._upstream_body(req)
             turn = dataclasses.replace(
@@ -565,20 +556,36 @@ class Gateway:
         g.policy_version = g.policy_version or await self.upstream.policy_version(reply.headers)
         self._name_calls(protocol, g)
         delivered = protocol.render(g, reply.body, req)
-        recorded = await self._record(turn, g, reply.body, delivered, upstream_ms)
-        return await self._deliver(request, recorded.id, delivered, stream=False)
+        recorded = await self._record(turn, g, reply.body, delivered, upstream_ms, sending=True)
+        return await self._deliver(
+            request, recorded.id, delivered, False, turn.episode.runs, recorded.sending_at
+        )
 
     async def _deliver(
-        self, request: web.Request, turn_id: int, data: bytes, stream: bool
+        self,
+        request: web.Request,
+        turn_id: int,
+        data: bytes,
+        stream: bool,
+        run: int,
+        sending_at: float | None = None,
+        *,
+        replay: bool = False,
     ) -> web.StreamResponse:
-        """Send a recorded answer whole; note the delivery once it is out."""
+        """Send a recorded answer whole. The delivery is noted durably as under way before it
+        goes out (`sending_at`: a fresh turn's record did so already, then), and as delivered to
+        `run` only once it is out."""
         headers = _EVENT_STREAM if stream else {"Content-Type": "application/json"}
         response = web.StreamResponse(status=200, headers=headers)
         response.content_length = len(data)
+        at = time.time() if sending_at is None else sending_at
+        if sending_at is None:
+            await self._ledger.run(lambda: self.ledger.sending(turn_id, run, at))
         if not await self._to_harness(request, response, data, eof=True):
             log.info("a harness went away before turn %d was delivered; its retry is a replay", turn_id)
+            await self._ledger.run(lambda: self.ledger.unsent(turn_id))
             return response
-        self._delivered(turn_id)
+        await self._delivered(turn_id, run, at, replay)
         return response
 
     async def _to_harness(
@@ -605,9 +612,12 @@ class Gateway:
             return False
         return True
 
-    def _delivered(self, turn_id: int) -> None:
-        at = time.time()
-        self._ledger.later(lambda: self.ledger.delivered(turn_id, at))
+    async def _delivered(self, turn_id: int, run: int, at: float, replay: bool = False) -> None:
+        """Note, durably, that a delivery to `run` whose last part went out at `at` reached its
+        end. `at` is taken before that part left: the harness may have had it from then, so a
+        snapshot that froze the sandbox later holds the turn. An identical request that waits for
+        this one's lock then finds the turn answered."""
+        await self._ledger.run(lambda: self.ledger.delivered(turn_id, at, run, replay=replay))
 
     async def _stream(self, request: web.Request, turn: _Turn) -> web.StreamResponse:
         started = time.monotonic()
@@ -661,7 +671,7 @@ class Gateway:
         upstream_ms = (time.monotonic() - started) * 1000
         try:
             recorded = await self._record(
-                turn, g, bytes(upstream.raw), bytes(delivered + terminal), upstream_ms
+                turn, g, bytes(upstream.raw), bytes(delivered + terminal), upstream_ms, sending=not gone
             )
         except GatewayError as err:  # the episode ended meanwhile: no terminal event
             await send(protocol.stream_error(err))
@@ -672,8 +682,11 @@ class Gateway:
         if not gone:
             # The terminal event is out: delivered. A harness that hangs up once it has read it
             # may refuse the response's end, which changes nothing.
-            self._delivered(recorded.id)
             await self._to_harness(request, response, b"", eof=True)
+            assert recorded.sending_at is not None
+            await self._delivered(recorded.id, turn.episode.runs, recorded.sending_at)
+        elif recorded.sending_run:
+            await self._ledger.run(lambda: self.ledger.unsent(recorded.id))
         return response
 
     @staticmethod
@@ -683,7 +696,7 @@ class Gateway:
                 call.id = protocol.call_id(call.id, i, g)
 
     async def _record(
-        self, turn: _Turn, g: Generation, response: bytes, delivered: bytes, upstream_ms: float
+        self, turn: _Turn, g: Generation, response: bytes, delivered: bytes, upstream_ms: float, sending: bool
     ) -> RecordedTurn:
         e, req = turn.episode, turn.request
         lineage = (
@@ -698,6 +711,7 @@ class Gateway:
                     upstream_ms, lineage=lineage, mode=g.mode, finish_reason=g.finish_reason, sampling=turn.sampling,
                     logprobs_mode=turn.logprobs_mode, tools_key=req.canonical.tools_key,
                     live_run=(lambda db: live_run(db, e.id)) if live_run is not None else None,
+                    sending=sending, spawns=edges.spawns([c.arguments for c in g.tool_calls]),
                 )
             )  # fmt: skip
         except Conflict as exc:

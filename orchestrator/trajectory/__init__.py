@@ -3,13 +3,14 @@ matched to the turn it replays or continues, and what a trainer takes of it.
 
 `canonical` reduces a request to what makes two requests the same turn; `ledger` records turns
 before their answers are delivered, exactly once across preemptions, in SQLite or in the
-PostgreSQL store's database (`schema`); `samples` lays an episode's turns out as training
-samples, and `exports` as tree samples, per-call records and ATIF (`dataset` writes them to
-Parquet or JSONL). The gateway writes it and the control loop and API read it; it imports only the state
-room's databases and the domain.
+PostgreSQL store's database (`schema`), each with its edge in the tree (`edges`); `samples`
+lays an episode's turns out as training samples, and `exports` as tree samples, per-call
+records and ATIF (`dataset` writes them to Parquet or JSONL). The gateway writes it and the
+control loop and API read it; it imports only the state room's databases and the domain.
 """
 
 from orchestrator.trajectory.canonical import CanonicalRequest
+from orchestrator.trajectory.edges import Edge
 from orchestrator.trajectory.exports import (
     CallRecord,
     ExportSettings,
@@ -26,6 +27,7 @@ __all__ = [
     "Branch",
     "CallRecord",
     "CanonicalRequest",
+    "Edge",
     "ExportSettings",
     "Ledger",
     "Lineage",

@@ -2,8 +2,10 @@
 delivered, as a tree that survives preemption exactly once.
 
 Matching rule (also in docs/trajectory.md). A request is reduced to its canonical form (see
-`canonical`). A request whose canonical form equals a recorded turn's is answered from the
-ledger with the bytes recorded for the harness (a replay). Otherwise it is sampled fresh, and its
+`canonical`). A request whose canonical form equals a recorded turn's that its run was never
+answered with (recorded in an earlier run and not delivered to this one since, or never delivered
+to its end) is answered from the ledger with the bytes recorded for the harness (a replay).
+Otherwise it is sampled fresh, a sibling of any identical turn, and its
 parent is the recorded turn whose conversation (its messages plus its answer) is the longest
 prefix of the request's messages. If that parent already has a child from an earlier run that
 the restored sandbox never had (it was not delivered before the snapshot froze the sandbox, nor
@@ -32,7 +34,7 @@ from orchestrator.domain import Conflict, FailedPrecondition
 from orchestrator.state.database import Database
 from orchestrator.state.postgres_database import PostgresDatabase
 from orchestrator.state.sql import Connection
-from orchestrator.trajectory import schema
+from orchestrator.trajectory import edges, schema
 from orchestrator.trajectory.canonical import CanonicalRequest
 
 T = TypeVar("T")
@@ -107,9 +109,11 @@ class Turn:
     delivered: bytes
     """The exact bytes the harness gets in its own protocol; a replay sends them again."""
     delivered_run: int
-    """The latest run of the sandbox this turn was delivered to (it first, its replays later)."""
+    """The latest run of the sandbox a delivery of this turn reached its end in: the run that
+    asked for it until then, a replay's run once the replay is out."""
     delivered_at: float | None
-    """When the last delivery was complete; None while no delivery has finished."""
+    """When the last part of the last delivery that reached its end was about to go out; None
+    while none has."""
     token_ids: list[int]
     logprobs: list[float]
     prompt_token_ids: list[int]
@@ -133,6 +137,22 @@ class Turn:
     """Digest of the tools the prompt lists: a prompt can extend the parent's tokens only if equal."""
     upstream_ms: float = 0.0
     """How long the upstream took to answer (to its last event, when streamed)."""
+    sending_run: int = 0
+    """A delivery to this run was under way (its last part about to go out) and has not been
+    seen to end either way; 0 when none is. Noted durably before that part leaves, so a turn the
+    harness may have is never read as one it cannot have (`Ledger.sending`)."""
+    sending_at: float | None = None
+    """When that delivery's last part was about to go out."""
+    edge: str = ""
+    """How the turn hangs in the tree (`edges.Edge`); "" for a turn recorded before edges were."""
+    edge_parent: int | None = None
+    """The turn it hangs from: its parent, the turn whose tool call spawned a subagent, the
+    compaction a conversation continues from; None for a root, a side call, an unlinked subagent."""
+
+    @property
+    def delivery_uncertain(self) -> bool:
+        """A delivery was under way when the orchestrator stopped: the harness may have the turn."""
+        return self.sending_run > 0
 
     @property
     def prefix_exact(self) -> bool | None:
@@ -149,6 +169,11 @@ class Branch:
     id: int
     turns: list[Turn]
     abandoned: bool
+
+    @property
+    def edge(self) -> str:
+        """What the branch is: its first turn's edge."""
+        return self.turns[0].edge if self.turns else ""
 
 
 @dataclass
@@ -276,6 +301,10 @@ class Ledger:
             logprobs_mode=r["logprobs_mode"],
             tools_key=r["tools_key"],
             upstream_ms=r["upstream_ms"],
+            sending_run=r["sending_run"],
+            sending_at=r["sending_at"],
+            edge=r["edge"],
+            edge_parent=r["edge_parent"],
         )
 
     def cursor(self, episode_id: str) -> dict[str, int]:
@@ -287,12 +316,17 @@ class Ledger:
             ).fetchone()
         return {"turn": int(row["turn"]), "turns": int(row["turns"])}
 
-    def find(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
-        """The live recorded turn with this exact request, if there is one (a read, no commit)."""
+    def find(self, episode_id: str, request: CanonicalRequest, run: int | None = None) -> Turn | None:
+        """The first live recorded turn with this exact request (a read, no commit). Given `run`,
+        only one that run has not been answered with: recorded in an earlier run and not delivered
+        to this one since, or recorded in it and never delivered to its end (the matching rule's
+        replay)."""
+        unanswered = "" if run is None else " AND NOT (delivered_run >= ? AND delivered_at IS NOT NULL)"
         with self._read() as db:
             row = db.execute(
-                "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0 ORDER BY id LIMIT 1",
-                (episode_id, request.fingerprint),
+                "SELECT * FROM turns WHERE episode_id = ? AND fingerprint = ? AND abandoned = 0"
+                f"{unanswered} ORDER BY id LIMIT 1",
+                (episode_id, request.fingerprint, *(() if run is None else (run,))),
             ).fetchone()
             return self._turn(db, row) if row is not None else None
 
@@ -319,28 +353,40 @@ class Ledger:
             self._sequences.put(row["id"], seq)
         return seq
 
-    def replayed(self, turn_id: int, run: int) -> None:
-        """Count a turn served again, and as delivered to `run` (so a later sibling in that run
-        never abandons it)."""
+    def sending(self, turn_id: int, run: int, at: float) -> None:
+        """Note, before the last part of a delivery to `run` goes out, that it is under way: if
+        the orchestrator stops before the delivery is seen to end, the turn reads as one the
+        harness may have had from `at` (delivery uncertain), never as one it cannot have."""
+        with self._tx() as db:
+            db.execute("UPDATE turns SET sending_run = ?, sending_at = ? WHERE id = ?", (run, at, turn_id))
+
+    def delivered(self, turn_id: int, at: float, run: int = 0, *, replay: bool = False) -> None:
+        """Note that a delivery of the turn to `run` reached its end at `at` (a stream's terminal
+        event included); `replay`: it was served again from the ledger."""
         with self._tx() as db:
             db.execute(
-                "UPDATE turns SET replays = replays + 1,"
+                "UPDATE turns SET delivered_at = ?, replays = replays + ?, sending_run = 0, sending_at = NULL,"
                 " delivered_run = CASE WHEN delivered_run < ? THEN ? ELSE delivered_run END WHERE id = ?",
-                (run, run, turn_id),
+                (at, int(replay), run, run, turn_id),
             )
 
+    def unsent(self, turn_id: int) -> None:
+        """Note that the delivery under way failed: the harness never had its end."""
+        with self._tx() as db:
+            db.execute("UPDATE turns SET sending_run = 0, sending_at = NULL WHERE id = ?", (turn_id,))
+
+    def replayed(self, turn_id: int, run: int, at: float | None = None) -> None:
+        """Note that a replay of the turn to `run` reached its end (now, unless `at`)."""
+        self.delivered(turn_id, time.time() if at is None else at, run, replay=True)
+
     def replay(self, episode_id: str, run: int, request: CanonicalRequest) -> Turn | None:
-        """The live recorded turn with this exact request, counted as replayed to `run`."""
+        """The turn a request of `run` is answered with from the ledger (`find`), its replay
+        noted as delivered."""
         with self._tx():
-            turn = self.find(episode_id, request)
+            turn = self.find(episode_id, request, run)
             if turn is not None:
                 self.replayed(turn.id, run)
             return turn
-
-    def delivered(self, turn_id: int, at: float) -> None:
-        """Note that a delivery of the turn reached its end (a stream's terminal event included)."""
-        with self._tx() as db:
-            db.execute("UPDATE turns SET delivered_at = ? WHERE id = ?", (at, turn_id))
 
     def batch(self, ops: Sequence[Callable[[], T]]) -> list[tuple[bool, T | Exception]]:
         """Run ledger calls in one transaction, so they share one fsync (group commit). Each runs
@@ -401,6 +447,8 @@ class Ledger:
         logprobs_mode: str = "",
         tools_key: str = "",
         live_run: Callable[[Connection], tuple[int, str]] | None = None,
+        sending: bool = False,
+        spawns: Sequence[str] = (),
     ) -> Turn:
         """Commit a freshly sampled turn, placing it in the tree (see the module docstring).
 
@@ -415,7 +463,12 @@ class Ledger:
         one the parent is looked up here and the prompt ids checked against it (text mode).
         `resumed_at` is when the snapshot the current run was restored from froze the sandbox
         (0 for a run started afresh): a sibling from an earlier run is stale unless its delivery
-        had finished by then, or it was delivered again to this run.
+        had finished by then, or it was delivered again to this run. A sibling whose delivery was
+        under way when the orchestrator stopped (`sending`) counts as had if that began before.
+
+        `sending`: the turn's delivery begins as soon as it is recorded (`Ledger.sending`, in the
+        same commit). `spawns`: the `prompt` arguments of its tool calls (`edges.spawns`), which
+        link a subagent to it.
         """
         with self._tx() as db:
             current = run
@@ -434,45 +487,44 @@ class Ledger:
             where = "episode_id = ? AND parent_id IS NOT DISTINCT FROM ? AND abandoned = 0"  # NULL-safe =
             # In index order, stated so that every database numbers the abandoned branches alike.
             earlier = db.execute(
-                f"SELECT id, branch, delivered_at FROM turns WHERE {where} AND delivered_run < ?"
-                " ORDER BY delivered_run, id",
-                (episode_id, parent_id, run),
+                f"SELECT id, branch, delivered_at, sending_at FROM turns WHERE {where} AND delivered_run < ?"
+                " AND sending_run < ? ORDER BY delivered_run, id",
+                (episode_id, parent_id, run, run),
             ).fetchall()
-            stale = [s for s in earlier if s["delivered_at"] is None or s["delivered_at"] > resumed_at]
+            stale = [
+                s
+                for s in earlier
+                if all(s[at] is None or s[at] > resumed_at for at in ("delivered_at", "sending_at"))
+            ]
             overtaken = current > run and (
                 db.execute(
-                    f"SELECT 1 FROM turns WHERE {where} AND delivered_run > ? LIMIT 1",
-                    (episode_id, parent_id, run),
+                    f"SELECT 1 FROM turns WHERE {where} AND (delivered_run > ? OR sending_run > ?) LIMIT 1",
+                    (episode_id, parent_id, run, run),
                 ).fetchone()
                 is not None
             )
-            siblings = db.execute(
-                f"SELECT COUNT(*) AS n FROM turns WHERE {where}", (episode_id, parent_id)
-            ).fetchone()["n"]
-            live = siblings - len(stale)
-            next_branch = (
-                1
-                + db.execute(
-                    "SELECT COALESCE(MAX(branch), -1) AS branch FROM turns WHERE episode_id = ?",
-                    (episode_id,),
-                ).fetchone()["branch"]
-            )
+            next_branch = self._next_branch(db, episode_id)
             base = parent["branch"] if parent is not None else 0
             for s in stale:
                 # The diverged continuation keeps its turns under a new branch number; the new turn
                 # takes over the branch it was on.
+                moved = s["branch"] == base
                 self._abandon(
-                    db,
-                    s["id"],
-                    old_branch=s["branch"],
-                    new_branch=next_branch if s["branch"] == base else s["branch"],
+                    db, s["id"], old_branch=s["branch"], new_branch=next_branch if moved else s["branch"]
                 )
-                next_branch += 1
-            branch = (
-                base
-                if not live and not overtaken and not (parent is None and self._has_live_root(db, episode_id))
-                else next_branch
+                next_branch += int(moved)
+            edge, edge_parent, branch = self._place(
+                db,
+                episode_id,
+                edges.shape(request),
+                request.fingerprint,
+                parent_id,
+                base,
+                bool(stale),
+                next_branch,
             )
+            if overtaken:  # a branch of its own, past any `_place` just took
+                branch = self._next_branch(db, episode_id)
             after_hash, after_len = request.after(answer)
             now = time.time()
             exact = None if lineage.prefix_exact is None else int(lineage.prefix_exact)
@@ -482,15 +534,17 @@ class Ledger:
                 "INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_hash, after_len,"
                 " request, request_raw, answer, response, protocol, delivered, delivered_run, token_ids, logprobs,"
                 " prompt_token_ids, policy_version, upstream_ms, created_at, mode, prefix_exact, common_prefix,"
-                " break_reason, finish_reason, sampling, logprobs_mode, tools_key, prompt_base, abandoned)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                " break_reason, finish_reason, sampling, logprobs_mode, tools_key, prompt_base, abandoned,"
+                " sending_run, sending_at, edge, edge_parent, spawns)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
                 (
                     episode_id, parent_id, branch, run, request.kind, request.fingerprint, after_hash, after_len,
                     json.dumps({"params": request.params, "size": request.size}), _packed(request_raw),
                     json.dumps(answer), response, protocol, delivered, run, json.dumps(token_ids), json.dumps(logprobs),
                     json.dumps(prompt_token_ids[base:]), policy_version, upstream_ms, now, mode, exact,
                     lineage.common_prefix, lineage.break_reason, finish_reason, json.dumps(dataclasses.asdict(sampling)),
-                    logprobs_mode, tools_key, base, int(overtaken),
+                    logprobs_mode, tools_key, base, int(overtaken), run if sending else 0, now if sending else None,
+                    edge.value, edge_parent, json.dumps(list(spawns)),
                 ),
             ).fetchone()  # fmt: skip
             self._sequences.put(inserted["id"], prompt_token_ids + token_ids)
@@ -501,16 +555,93 @@ class Ledger:
                 prompt_token_ids=prompt_token_ids, policy_version=policy_version, abandoned=overtaken, replays=0,
                 created_at=now, after_len=after_len, mode=mode, lineage=lineage, finish_reason=finish_reason,
                 sampling=sampling, logprobs_mode=logprobs_mode, tools_key=tools_key, upstream_ms=upstream_ms,
+                sending_run=run if sending else 0, sending_at=now if sending else None, edge=edge.value,
+                edge_parent=edge_parent,
             )  # fmt: skip
 
+    def _place(
+        self,
+        db: Connection,
+        episode_id: str,
+        shape: edges.Shape,
+        fingerprint: str,
+        parent_id: int | None,
+        base: int,
+        diverged: bool,
+        next_branch: int,
+    ) -> tuple[edges.Edge, int | None, int]:
+        """The new turn's edge, the turn it hangs from and its branch (see `edges`)."""
+        if parent_id is not None:
+            if shape.asks_for_summary:
+                return edges.Edge.COMPACTION, parent_id, next_branch
+            if self._held(db, episode_id, parent_id, base):
+                return edges.Edge.PARALLEL, parent_id, next_branch
+            return (edges.Edge.DIVERGENCE if diverged else edges.Edge.CONTINUATION), parent_id, base
+        live = "episode_id = ? AND abandoned = 0"
+        compactions = db.execute(
+            f"SELECT id, branch, answer, edge_parent FROM turns WHERE {live} AND edge = ? ORDER BY id DESC",
+            (episode_id, edges.Edge.COMPACTION.value),
+        ).fetchall()
+        summaries = {c["id"]: edges.answer_text(json.loads(c["answer"])) for c in compactions}
+        if shape.continues_summary(summaries.values()):
+            if not compactions:  # summarised elsewhere: main carries on, from no recorded turn
+                return edges.Edge.CONTINUATION, None, 0
+            of = next((c for c in compactions if summaries[c["id"]] and summaries[c["id"]] in shape.first_user),
+                      compactions[0])  # fmt: skip
+            continued = db.execute("SELECT branch FROM turns WHERE id = ?", (of["edge_parent"],)).fetchone()
+            return edges.Edge.CONTINUATION, of["id"], continued["branch"] if continued is not None else 0
+        if shape.first_user:
+            for row in db.execute(
+                f"SELECT id, spawns FROM turns WHERE {live} AND spawns <> '[]' ORDER BY id DESC",
+                (episode_id,),
+            ):
+                if any(p in shape.first_user for p in json.loads(row["spawns"])):
+                    return edges.Edge.SUBAGENT, row["id"], next_branch
+        primary = db.execute(
+            f"SELECT id, tools_key, fingerprint FROM turns WHERE {live} AND parent_id IS NULL AND branch = 0"
+            " ORDER BY id LIMIT 1",
+            (episode_id,),
+        ).fetchone()
+        if primary is None:
+            return edges.Edge.ROOT, None, 0
+        if primary["fingerprint"] == fingerprint:  # asked again and sampled afresh
+            return edges.Edge.PARALLEL, None, next_branch
+        if not shape.tools and primary["tools_key"]:
+            return edges.Edge.SIDE_CALL, None, next_branch
+        if shape.tools and not primary["tools_key"] and not self._has_children(db, primary["id"]):
+            # What began the episode listing no tools, alone, was a side call (a title, a topic
+            # check) made before the primary conversation's first request was recorded.
+            db.execute(
+                "UPDATE turns SET edge = ?, branch = ? WHERE id = ?",
+                (edges.Edge.SIDE_CALL.value, next_branch, primary["id"]),
+            )
+            return edges.Edge.ROOT, None, 0
+        return edges.Edge.SUBAGENT, None, next_branch
+
     @staticmethod
-    def _has_live_root(db: Connection, episode_id: str) -> bool:
+    def _held(db: Connection, episode_id: str, parent_id: int, branch: int) -> bool:
+        """A live child of the parent is on this branch."""
         return (
             db.execute(
-                "SELECT 1 FROM turns WHERE episode_id = ? AND parent_id IS NULL AND abandoned = 0",
-                (episode_id,),
+                "SELECT 1 FROM turns WHERE episode_id = ? AND parent_id = ? AND abandoned = 0 AND branch = ? LIMIT 1",
+                (episode_id, parent_id, branch),
             ).fetchone()
             is not None
+        )
+
+    @staticmethod
+    def _next_branch(db: Connection, episode_id: str) -> int:
+        return int(
+            db.execute(
+                "SELECT COALESCE(MAX(branch), -1) + 1 AS branch FROM turns WHERE episode_id = ?",
+                (episode_id,),
+            ).fetchone()["branch"]
+        )
+
+    @staticmethod
+    def _has_children(db: Connection, turn_id: int) -> bool:
+        return (
+            db.execute("SELECT 1 FROM turns WHERE parent_id = ? LIMIT 1", (turn_id,)).fetchone() is not None
         )
 
     def _abandon(self, db: Connection, turn_id: int, old_branch: int, new_branch: int) -> None:

@@ -10,8 +10,9 @@ the whole prompt as context: nothing is appended that the model did not see. So 
 conversation is one sample, the last turn's prompt plus its answer.
 
 Every sampled token is trained in one sample only. A branch's first turn (a parallel call, a
-subagent, a diverged continuation) starts a sample of its own, and the tokens it shares with its
-parent are context there. Abandoned turns (the sandbox never had them) and turns whose prompt ids
+subagent, a side call, a compaction) starts a sample of its own, and the tokens it shares with its
+parent are context there; a restore divergence continues its parent's sample on the branch it
+takes over. Abandoned turns (the sandbox never had them) and turns whose prompt ids
 are unknown are in no sample; the turns say why.
 """
 

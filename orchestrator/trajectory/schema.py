@@ -52,7 +52,12 @@ CREATE TABLE IF NOT EXISTS turns (
     sampling TEXT NOT NULL DEFAULT '{}',
     logprobs_mode TEXT NOT NULL DEFAULT '',
     tools_key TEXT NOT NULL DEFAULT '',
-    prompt_base INTEGER NOT NULL DEFAULT 0
+    prompt_base INTEGER NOT NULL DEFAULT 0,
+    sending_run INTEGER NOT NULL DEFAULT 0,
+    sending_at REAL,
+    edge TEXT NOT NULL DEFAULT '',
+    edge_parent INTEGER,
+    spawns TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
@@ -105,7 +110,12 @@ CREATE TABLE IF NOT EXISTS turns (
     sampling TEXT NOT NULL DEFAULT '{}',
     logprobs_mode TEXT NOT NULL DEFAULT '',
     tools_key TEXT NOT NULL DEFAULT '',
-    prompt_base BIGINT NOT NULL DEFAULT 0
+    prompt_base BIGINT NOT NULL DEFAULT 0,
+    sending_run BIGINT NOT NULL DEFAULT 0,
+    sending_at DOUBLE PRECISION,
+    edge TEXT NOT NULL DEFAULT '',
+    edge_parent BIGINT,
+    spawns TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS turns_episode ON turns(episode_id, id);
 CREATE INDEX IF NOT EXISTS turns_fingerprint ON turns(episode_id, fingerprint);
@@ -133,22 +143,27 @@ ADDED = (
     ("logprobs_mode", "TEXT NOT NULL DEFAULT ''"),
     ("tools_key", "TEXT NOT NULL DEFAULT ''"),
     ("prompt_base", "{integer} NOT NULL DEFAULT 0"),
+    ("sending_run", "{integer} NOT NULL DEFAULT 0"),
+    ("sending_at", "{real}"),
+    ("edge", "TEXT NOT NULL DEFAULT ''"),
+    ("edge_parent", "{integer}"),
+    ("spawns", "TEXT NOT NULL DEFAULT '[]'"),
 )
-"""Turn columns added since the table first shipped: (name, type with `{integer}` for the
-database's integer type)."""
+"""Turn columns added since the table first shipped: (name, type with `{integer}` and `{real}`
+for the database's integer and floating-point types)."""
 
 
-def added_columns(present: set[str], integer: str) -> list[str]:
+def added_columns(present: set[str], integer: str = "INTEGER", real: str = "REAL") -> list[str]:
     """SQLite's statements that add what `present` (the table's columns) lacks."""
     return [
-        f"ALTER TABLE turns ADD COLUMN {name} {kind.format(integer=integer)}"
+        f"ALTER TABLE turns ADD COLUMN {name} {kind.format(integer=integer, real=real)}"
         for name, kind in ADDED
         if name not in present
     ]
 
 
 POSTGRES_ADDED = "".join(
-    f"ALTER TABLE turns ADD COLUMN IF NOT EXISTS {name} {kind.format(integer='BIGINT')};\n"
+    f"ALTER TABLE turns ADD COLUMN IF NOT EXISTS {name} {kind.format(integer='BIGINT', real='DOUBLE PRECISION')};\n"
     for name, kind in ADDED
 )
 """PostgreSQL's statements that add them to an older table (and do nothing to a new one)."""

@@ -11,6 +11,7 @@ import itertools
 import json
 import socket
 import ssl
+import struct
 import threading
 import time
 import urllib.request
@@ -30,7 +31,7 @@ from orchestrator.gateway import Gateway, GatewaySettings, live_peer
 from orchestrator.gateway.protocols.openai import ChatCompletions
 from orchestrator.gateway.server import INLINE_BODY_BYTES
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
-from orchestrator.trajectory import Ledger
+from orchestrator.trajectory import CanonicalRequest, Ledger, Lineage
 from orchestrator.trajectory.samples import samples
 from protos.tls import ORCHESTRATOR, TlsFiles, certified_identity
 from sandbox_agent.server.forwarder import Forwarder
@@ -224,14 +225,49 @@ def test_a_long_conversation_is_parsed_off_the_event_loop(
     assert len(world.ledger.turns("ep-1")) == 2
 
 
+def _restored(world: World) -> None:
+    """The episode's next run, from a snapshot that froze the sandbox once every turn so far had
+    been delivered."""
+    frozen = max(t.delivered_at or 0.0 for t in world.ledger.turns("ep-1")) + 0.001
+    world.set_run("ep-1", run=world.episodes["ep-1"].runs + 1, resumed_at=frozen)
+
+
 @pytest.mark.timeout(30)
-def test_repeated_request_is_replayed_byte_for_byte(world: World) -> None:
+def test_a_request_asked_again_is_sampled_afresh_in_its_run_and_replayed_to_a_restored_harness(
+    world: World,
+) -> None:
+    """The same run asking again what it was answered is not a retry: a new sample, a sibling of
+    its own. A restored harness asking its requests again gets each recorded answer, byte for
+    byte and in order, and a third time is sampled afresh again."""
     _, first = world.post(_chat(USER))
-    _, again = world.post(_chat(USER))
-    assert again == first
-    assert len(world.upstream_calls) == 1
-    (turn,) = world.ledger.turns("ep-1")
-    assert turn.replays == 1
+    _, second = world.post(_chat(USER))
+    one, two = _delivered(world, 0), _delivered(world, 1)
+    assert len(world.ledger.turns("ep-1")) == 2 and (one.delivered, two.delivered) == (first, second)
+    assert (one.parent_id, two.parent_id, one.branch, two.branch) == (None, None, 0, 1)
+    assert (one.replays, two.replays, one.abandoned, two.abandoned) == (0, 0, False, False)
+    _restored(world)
+    assert [world.post(_chat(USER))[1] for _ in range(2)] == [first, second]
+    assert len(world.ledger.turns("ep-1")) == 2
+    world.post(_chat(USER))
+    assert [(t.replays, t.run, t.delivered_run) for t in world.ledger.turns("ep-1")] == [
+        (1, 1, 2),
+        (1, 1, 2),
+        (0, 2, 2),
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_a_retry_of_an_answer_the_harness_never_received_is_replayed(world: World) -> None:
+    """A harness that hung up before its answer arrived asks again in the same run: the recorded
+    turn is replayed, not sampled again. Once it has had the answer, asking again is a new sample."""
+    _count(world, delay_s=0.5)
+    _hung_up(world, _chat(USER), wait_s=0.1)
+    wait_until(lambda: world.ledger.turns("ep-1"), 10, "the turn to be recorded")
+    _, retried = world.post(_chat(USER))  # waits for the failed delivery's lock, then replays
+    turn = _delivered(world, 0)
+    assert len(world.ledger.turns("ep-1")) == 1 and retried == turn.delivered and turn.replays == 1
+    world.post(_chat(USER))
+    assert [t.replays for t in world.ledger.turns("ep-1")] == [1, 0]
 
 
 @pytest.mark.timeout(30)
@@ -253,6 +289,7 @@ def test_serialisation_noise_does_not_fork_but_what_the_model_sees_does(world: W
     }
     body = _chat(user, noisy, {**tool_result, "content": "done\n"})
     body["seed"] = 1.0
+    _restored(world)  # a restored harness sends what it was answered again, re-serialised
     _, replayed = world.post(body)
     assert replayed == second
     assert len(world.upstream_calls) == 2
@@ -322,18 +359,19 @@ def test_text_mode_detects_drift_and_no_sample_appends_a_prompt(world: World) ->
 
 
 @pytest.mark.timeout(30)
-def test_concurrent_identical_requests_sample_once(world: World) -> None:
-    world.upstream_calls.clear()
-    _count(world, delay_s=0.5)
+def test_concurrent_identical_requests_each_get_a_sample_of_their_own(world: World) -> None:
+    """Identical requests of harnesses that stay to hear their answers (two subagents given the
+    same prompt) are not retries: each waits for the one before, then is sampled itself."""
+    _count(world, delay_s=0.3)
     results: list[bytes] = []
     threads = [threading.Thread(target=lambda: results.append(world.post(_chat(USER))[1])) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(set(results)) == 1 and len(world.upstream_calls) == 1
-    (turn,) = world.ledger.turns("ep-1")
-    assert turn.replays == 3
+    turns = world.ledger.turns("ep-1")
+    assert sorted(results) == sorted(t.delivered for t in turns) and len(turns) == 4
+    assert sorted(t.branch for t in turns) == [0, 1, 2, 3] and not any(t.replays for t in turns)
 
 
 @pytest.mark.timeout(30)
@@ -381,11 +419,74 @@ def test_a_turn_the_restored_harness_had_is_never_abandoned_by_a_later_sibling(w
     assert [t.abandoned for t in world.ledger.turns("ep-1")] == [False] * 4
 
 
+def _hung_up(world: World, body: dict[str, Any], wait_s: float) -> None:
+    """A harness that sends `body`, waits `wait_s`, and resets its connection unanswered."""
+    data = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", world.gateway.port)) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-1\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))  # fmt: skip
+        time.sleep(wait_s)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+@pytest.mark.timeout(30)
+def test_a_replay_the_harness_never_received_is_not_delivered_to_its_run(world: World) -> None:
+    """Run 2's harness asks again for a turn run 1 was still generating, and hangs up before the
+    replay reaches it: the turn is not noted as delivered to run 2, so when the harness goes
+    another way from the same parent, the turn it never had is abandoned and its own continues
+    the main branch."""
+    _, r1 = world.post(_chat(USER))
+    a1 = json.loads(r1)["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": "1", "content": "ok"}
+    froze = _delivered(world, 0).delivered_at + 0.001
+    world.upstream_calls.clear()
+    _count(world, delay_s=1.0)
+    run_1 = threading.Thread(target=lambda: world.post(_chat(USER, a1, result)))
+    run_1.start()
+    wait_until(lambda: world.upstream_calls, 10, "run 1's generation to begin")
+    world.set_run("ep-1", run=2, resumed_at=froze)  # its node is lost; run 2 restored from before it
+    _hung_up(world, _chat(USER, a1, result), wait_s=0.3)  # waits on run 1's generation, then resets
+    run_1.join()
+    assert _delivered(world, 1).delivered_at is not None, "run 1's harness had it, after the freeze"
+    time.sleep(0.5)  # the reset harness's replay is attempted meanwhile
+    world.post(_chat(USER, a1, {**result, "content": "a different result"}))
+    first, unsent, diverged = world.ledger.turns("ep-1")
+    assert unsent.abandoned and not diverged.abandoned, "the harness never had it"
+    first, unsent, diverged = world.ledger.turns("ep-1")
+    assert (unsent.replays, unsent.delivered_run, unsent.sending_run) == (0, 1, 0), "never delivered to run 2"
+    assert [t.id for t in world.ledger.branches("ep-1")[0].turns] == [first.id, diverged.id], "main is whole"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_delivered_turn_never_reads_as_undelivered(
+    world: World, open_ledger: OpenLedger, stream: bool
+) -> None:
+    """The moment a harness has a turn, the ledger already holds that it may: another
+    orchestrator on the database (one that takes over after a crash) restores the sandbox from a
+    snapshot that froze it right then, and the harness's parallel call does not abandon it."""
+    other = open_ledger()
+    _, r1 = world.post(_chat(USER))
+    a1 = json.loads(r1)["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": "1", "content": "ok"}
+    status, _ = world.post(_chat(USER, a1, result, stream=stream))
+    froze = time.time()
+    assert status == 200
+    first, had = other.turns("ep-1")
+    parallel = {**result, "content": "a parallel call's result"}
+    request = CanonicalRequest.parse("chat", _chat(USER, a1, parallel))
+    other.record("ep-1", 2, froze, request, b"", {"role": "assistant", "content": "p"}, b"", "chat", b"",
+                 [1], [-0.5], [], "policy-v1", 1.0, lineage=Lineage(first.id, None))  # fmt: skip
+    assert not any(t.abandoned for t in other.turns("ep-1")), "the harness had the turn when it froze"
+    assert _delivered(world, 1).delivered_at is not None and had.id == world.ledger.turns("ep-1")[1].id
+
+
 @pytest.mark.timeout(30)
 def test_completions_route_whole_and_streamed(world: World) -> None:
     body = {"model": "reference", "prompt": "Once upon a time", "max_tokens": 12, "seed": 4}
     status, first = world.post(body, path="/v1/completions")
     assert status == 200
+    _restored(world)
     _, again = world.post(body, path="/v1/completions")
     assert again == first
     text = json.loads(first)["choices"][0]["text"]
@@ -414,6 +515,7 @@ def test_chat_stream_flows_and_is_recorded_before_its_terminal_event(world: Worl
     assert usage is not None and usage.completion_tokens == len(turn.token_ids) == len(turn.logprobs)
     assert len(pieces) > 1, "tokens arrive one by one"
     assert turn.delivered.endswith(b"data: [DONE]\n\n") and turn.delivered_at is not None
+    _restored(world)
     status, replayed = world.post(
         {
             "model": "reference",

@@ -92,6 +92,10 @@ def _preempted_mid_generation_and_finished(
     assert any(b'"tool_use"' in t.delivered or b'"function_call"' in t.delivered for t in turns), "tool use"
     main = trajectory.main
     assert len({t.id for t in main.turns}) == len(main.turns), "each main-branch turn once"
+    # Main is the primary conversation: it begins at its root and holds no side call or subagent.
+    assert main.edge == "root" and {t.edge for t in main.turns} <= {"root", "continuation", "divergence"}, [
+        (t.id, t.edge, t.edge_parent) for t in turns
+    ]
     for recorded in turns:
         assert len(recorded.token_ids) == len(recorded.logprobs) > 0
     # The last main-branch turn reached the restored run: generated there, or, when the generation

@@ -83,9 +83,9 @@ def test_a_turn_its_deliveries_and_a_reward_round_trip_exactly(ledger: Ledger) -
     ledger.delivered(turn.id, 1234.5678)
     replayed = ledger.replay("ep-1", 3, _chat("hi"))
     assert replayed is not None and replayed.delivered_at == 1234.5678
-    ledger.replayed(turn.id, 2)  # an older run does not take the delivery back
+    ledger.replayed(turn.id, 2, at=1300.5)  # an older run does not take the delivery back
     (again,) = ledger.turns("ep-1")
-    assert (again.replays, again.delivered_run, again.delivered_at) == (2, 3, 1234.5678)
+    assert (again.replays, again.delivered_run, again.delivered_at) == (2, 3, 1300.5)
 
     assert ledger.verification("ep-1") is None
     ledger.record_verification("ep-1", Verification(None, None, True, b"", 1.0))
@@ -115,6 +115,28 @@ def test_a_restored_harness_that_diverges_abandons_what_it_never_had(ledger: Led
     assert [b.id for b in ledger.branches("ep-1")] == [0, 1, 2, 3] and not ledger.branches("ep-1")[
         0
     ].abandoned
+
+
+@pytest.mark.timeout(30)
+def test_a_delivery_under_way_when_the_orchestrator_stopped_counts_as_had(open_ledger: OpenLedger) -> None:
+    """A turn whose delivery was noted as under way, and never seen to end, may be the harness's:
+    a restore from a snapshot that froze the sandbox after that began keeps it, as one from before
+    does not. A delivery seen to fail is taken back."""
+    ledger = open_ledger()
+    a = _record(ledger, _chat("hi"), "a")
+    ledger.delivered(a.id, 10.0, 1)
+    maybe = _record(ledger, _chat("hi", "a", "p1"), "p1", sending=True)
+    assert maybe.delivery_uncertain and maybe.sending_run == 1 and maybe.delivered_at is None
+    failed = _record(ledger, _chat("hi", "a", "p2"), "p2", sending=True)
+    ledger.unsent(failed.id)
+    restarted = open_ledger()  # the orchestrator stopped; another takes over the database
+    assert maybe.sending_at is not None
+    _record(restarted, _chat("hi", "a", "p3"), "p3", run=2, resumed_at=maybe.sending_at + 1)
+    assert [t.abandoned for t in restarted.turns("ep-1")] == [False, False, True, False]
+    # The same delivery under way in run 2, after a snapshot that froze before it began: stale.
+    restarted.sending(maybe.id, 2, maybe.sending_at + 2)
+    _record(restarted, _chat("hi", "a", "p4"), "p4", run=3, resumed_at=maybe.sending_at + 1.5)
+    assert [t.abandoned for t in restarted.turns("ep-1")] == [False, True, True, True, False]
 
 
 def _shape(ledger: Ledger) -> dict[str, tuple[bool, int]]:
@@ -358,6 +380,7 @@ def test_a_ledger_from_the_last_release_gains_its_new_columns(
         (old,) = ledgers[1].turns("ep-old")
         assert old.mode == "text" and old.prefix_exact is None and old.sampling == Sampling()
         assert old.token_ids == [7] and old.finish_reason == "" and old.logprobs_mode == ""
+        assert (old.edge, old.edge_parent, old.sending_run, old.sending_at) == ("", None, 0, None)
         new = _record(ledgers[1], _chat("hi"), "hello", finish_reason="stop", mode="tokens")
         assert ledgers[0].turns("ep-1") == [new]
     finally:

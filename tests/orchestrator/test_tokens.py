@@ -17,7 +17,15 @@ import pytest
 from orchestrator.reference_model import TOKENIZER_DIR, ReferenceModelServer, ReferenceModelSettings, decode
 from orchestrator.trajectory import Ledger, samples
 from tests.orchestrator.onpolicy import assert_linear, assert_on_policy
-from tests.orchestrator.test_gateway import ANTHROPIC_TOOLS, RESPONSES_TOOLS, TOOLS, USER, World, _world
+from tests.orchestrator.test_gateway import (
+    ANTHROPIC_TOOLS,
+    RESPONSES_TOOLS,
+    TOOLS,
+    USER,
+    World,
+    _restored,
+    _world,
+)
 
 TOKENS = {"renderer": "qwen3", "tokenizer": str(TOKENIZER_DIR)}
 
@@ -93,6 +101,7 @@ def test_chat_whole_answers_carry_token_ids_and_logprobs_when_asked(tokens: Worl
     assert [e["logprob"] for e in choice["logprobs"]["content"]] == turn.logprobs
     assert "".join(e["token"] for e in choice["logprobs"]["content"]) == decode(turn.token_ids)
     assert choice["finish_reason"] == ("tool_calls" if choice["message"].get("tool_calls") else "stop")
+    _restored(tokens)
     _, again = tokens.post({"model": "reference", "messages": [USER], "tools": TOOLS, "logprobs": True,
                             "return_token_ids": True})  # fmt: skip
     assert again == raw, "a replay sends the recorded bytes"

@@ -608,7 +608,7 @@ class Sampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("id", "index", "branch", "replayed", "replays", "abandoned", "token_ids", "logprobs", "policy_version", "parent_id", "run", "created_at", "prompt_tokens", "prompt_token_ids", "finish_reason", "mode", "prefix_exact", "prefix_checked", "common_prefix", "break_reason", "sampling", "logprobs_exact")
+    __slots__ = ("id", "index", "branch", "replayed", "replays", "abandoned", "token_ids", "logprobs", "policy_version", "parent_id", "run", "created_at", "prompt_tokens", "prompt_token_ids", "finish_reason", "mode", "prefix_exact", "prefix_checked", "common_prefix", "break_reason", "sampling", "logprobs_exact", "edge", "edge_parent")
     ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     BRANCH_FIELD_NUMBER: _ClassVar[int]
@@ -631,6 +631,8 @@ class Turn(_message.Message):
     BREAK_REASON_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_EXACT_FIELD_NUMBER: _ClassVar[int]
+    EDGE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_PARENT_FIELD_NUMBER: _ClassVar[int]
     id: int
     index: int
     branch: int
@@ -653,7 +655,9 @@ class Turn(_message.Message):
     break_reason: str
     sampling: Sampling
     logprobs_exact: bool
-    def __init__(self, id: _Optional[int] = ..., index: _Optional[int] = ..., branch: _Optional[int] = ..., replayed: _Optional[bool] = ..., replays: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[str] = ..., parent_id: _Optional[int] = ..., run: _Optional[int] = ..., created_at: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., mode: _Optional[str] = ..., prefix_exact: _Optional[bool] = ..., prefix_checked: _Optional[bool] = ..., common_prefix: _Optional[int] = ..., break_reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ...) -> None: ...
+    edge: str
+    edge_parent: int
+    def __init__(self, id: _Optional[int] = ..., index: _Optional[int] = ..., branch: _Optional[int] = ..., replayed: _Optional[bool] = ..., replays: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[str] = ..., parent_id: _Optional[int] = ..., run: _Optional[int] = ..., created_at: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., mode: _Optional[str] = ..., prefix_exact: _Optional[bool] = ..., prefix_checked: _Optional[bool] = ..., common_prefix: _Optional[int] = ..., break_reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ..., edge: _Optional[str] = ..., edge_parent: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("token_ids", "loss_mask", "logprobs", "policy_versions", "turn_ids", "branch", "sampling", "logprobs_exact")
@@ -676,16 +680,18 @@ class Sample(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turn_ids: _Optional[_Iterable[int]] = ..., branch: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ...) -> None: ...
 
 class TrajectoryBranch(_message.Message):
-    __slots__ = ("id", "abandoned", "policy_versions", "turns")
+    __slots__ = ("id", "abandoned", "policy_versions", "turns", "edge")
     ID_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    EDGE_FIELD_NUMBER: _ClassVar[int]
     id: int
     abandoned: bool
     policy_versions: _containers.RepeatedScalarFieldContainer[str]
     turns: _containers.RepeatedCompositeFieldContainer[Turn]
-    def __init__(self, id: _Optional[int] = ..., abandoned: _Optional[bool] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
+    edge: str
+    def __init__(self, id: _Optional[int] = ..., abandoned: _Optional[bool] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., edge: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
     __slots__ = ("episode_id", "state", "has_reward", "reward", "verifier_log", "main", "branches", "labels", "seq", "samples", "prompt_breaks", "group_id", "group_index", "group")
