@@ -390,6 +390,14 @@ class Commands:
         if inexact:
             print(f"warning: {inexact} samples hold log-probs that are not of the sampling distribution",
                   file=self.out)  # fmt: skip
+        published = max((s.published_version for s in t.samples), default=0)
+        if published:
+            lags = [lag for s in t.samples for lag, known, m in zip(s.staleness, s.staleness_known, s.loss_mask,
+                    strict=True) if m and known]  # fmt: skip
+            unordered = sampled - len(lags)
+            stale = f"{min(lags)} to {max(lags)} versions stale" if lags else "of no ordered version"
+            print(f"policy version {published} published: sampled tokens {stale}"
+                  + (f", {unordered} of no ordered version" if lags and unordered else ""), file=self.out)  # fmt: skip
         rows = [["TURN", "BRANCH", "RUN", "MODE", "PROMPT", "TOKENS", "FINISH", "SUM-LOGPROB", "REPLAYED",
                  "ABANDONED", "POLICY"]]  # fmt: skip
         for b in [t.main, *t.branches]:
@@ -400,6 +408,12 @@ class Commands:
                     "yes" if turn.replayed else "-", "yes" if turn.abandoned else "-", turn.policy_version,
                 ])  # fmt: skip
         _table(rows, self.out)
+        return 0
+
+    def policy(self) -> int:
+        with self.client() as c:
+            published = c.publish_policy(self.args.version)
+        print(f"policy version {published.version} published", file=self.out)
         return 0
 
     def nodes(self) -> int:

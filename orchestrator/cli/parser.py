@@ -250,6 +250,15 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("id")
     t.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
 
+    pol = sub.add_parser("policy", help="policy versions: publish a trainer's weight update")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    pp = pol_sub.add_parser(
+        "publish",
+        help="make VERSION the current policy version; turns whose model server names none record it "
+        "from then on; versions only go up",
+    )
+    pp.add_argument("version", type=int, help="a positive integer above the version published now")
+
     n = sub.add_parser("nodes", help="list nodes")
     n.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
 

@@ -3,13 +3,15 @@ matched to the turn it replays or continues, and what a trainer takes of it.
 
 `canonical` reduces a request to what makes two requests the same turn; `ledger` records turns
 before their answers are delivered, exactly once across preemptions, in SQLite or in the
-PostgreSQL store's database (`schema`); `samples` lays an episode's turns out as training
-samples. The gateway writes it and the control loop and API read it; it imports only the state
+PostgreSQL store's database (`schema`); `policy` keeps the policy versions a trainer publishes
+beside them; `samples` lays an episode's turns out as training samples, with each token's
+staleness. The gateway writes it and the control loop and API read it; it imports only the state
 room's databases and the domain.
 """
 
 from orchestrator.trajectory.canonical import CanonicalRequest
 from orchestrator.trajectory.ledger import Branch, Ledger, Lineage, Sampling, Turn, Verification
+from orchestrator.trajectory.policy import PolicyVersions, PublishedPolicy
 from orchestrator.trajectory.samples import Sample, samples
 
 __all__ = [
@@ -17,6 +19,8 @@ __all__ = [
     "CanonicalRequest",
     "Ledger",
     "Lineage",
+    "PolicyVersions",
+    "PublishedPolicy",
     "Sample",
     "Sampling",
     "Turn",
