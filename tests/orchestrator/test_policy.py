@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from orchestrator import InvalidArgument, StasisClient
@@ -19,6 +20,8 @@ from orchestrator.cli import main
 from orchestrator.trajectory import Ledger, Turn, samples
 from orchestrator.trajectory.ledger import extension
 from orchestrator.trajectory.policy import oldest_staleness, staleness
+from protos.stasis.v1 import stasis_pb2 as pb
+from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
 
 
@@ -121,12 +124,18 @@ def test_publish_policy_over_the_api_and_the_cli_and_after_a_restart(tmp_path: P
         assert main(["--addr", first.address, "policy", "publish", "2"], out, errors) == 1
         assert "version: 2 is not above the published version 5" in errors.getvalue()
         assert first.ledger.policy.published() == 5
+        with grpc.insecure_channel(first.address) as channel:  # a retry whose first answer was lost
+            stub = pb_grpc.StasisStub(channel)
+            retried = [
+                stub.PublishPolicy(pb.PublishPolicyRequest(version=9, request_id="step-9")) for _ in "ab"
+            ]
+        assert [r.version for r in retried] == [9, 9], "a retry is not refused as equal"
     finally:
         first.stop()
     second = Orchestrator(settings).start(gateway=False)
     try:
-        assert second.ledger.policy.published() == 5
+        assert second.ledger.policy.published() == 9
         with StasisClient(second.address) as client:
-            assert client.publish_policy(6).version == 6
+            assert client.publish_policy(10).version == 10
     finally:
         second.stop()
