@@ -6,7 +6,9 @@ against it. Through the public API and `stasis policy publish` too."""
 from __future__ import annotations
 
 import io
+import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,8 @@ import pytest
 from orchestrator import InvalidArgument, StasisClient
 from orchestrator.api import Orchestrator, OrchestratorSettings
 from orchestrator.cli import main
-from orchestrator.trajectory import Ledger, Turn, samples
+from orchestrator.domain import NodeRecord, NodeState
+from orchestrator.trajectory import CanonicalRequest, Ledger, Turn, samples
 from orchestrator.trajectory.ledger import extension
 from orchestrator.trajectory.policy import oldest_staleness, staleness
 from protos.stasis.v1 import stasis_pb2 as pb
@@ -139,3 +142,42 @@ def test_publish_policy_over_the_api_and_the_cli_and_after_a_restart(tmp_path: P
             assert client.publish_policy(10).version == 10
     finally:
         second.stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_api_and_stasis_trajectory_give_each_tokens_staleness(tmp_path: Path) -> None:
+    running = Orchestrator(OrchestratorSettings(state_dir=tmp_path / "state", listen="127.0.0.1:0"))
+    running.start(gateway=False)
+    try:
+        # No agent runs: a cordoned node record that caches the image lets the episode be submitted.
+        running.store.upsert_node(
+            NodeRecord("node-1", "127.0.0.1:1", NodeState.CORDONED, "runc", 1, 1024,
+                       {"sha256:" + "a" * 64: ["base"]}, {}, time.time())
+        )  # fmt: skip
+        with StasisClient(running.address) as client:
+            episode = client.submit({"image": "base", "command": ["true"]})
+            request = CanonicalRequest.parse(
+                "chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            )
+            running.ledger.record(
+                episode.id, 1, 0.0, request, b"{}", {"role": "assistant", "content": "hello"}, b"response",
+                "chat", b"delivered", [7, 8], [-0.5, -0.25], [1, 2, 3], "4", 1.0,
+            )  # fmt: skip
+            assert client.trajectory(episode.id).samples[0].staleness_known == [False] * 5, "none published"
+            client.publish_policy(6)
+            (sample,) = client.trajectory(episode.id).samples
+            assert sample.published_version == 6 and sample.policy_versions == ["", "", "", "4", "4"]
+            assert sample.staleness == [0, 0, 0, 2, 2]
+            assert sample.staleness_known == [False, False, False, True, True]
+        out, errors = io.StringIO(), io.StringIO()
+        assert main(["--addr", running.address, "trajectory", episode.id, "-o", "json"], out, errors) == 0
+        (shown,) = json.loads(out.getvalue())["samples"]
+        assert shown["published_version"] == 6 and shown["staleness"] == [0, 0, 0, 2, 2]
+        assert shown["staleness_known"] == [False, False, False, True, True]
+        out = io.StringIO()
+        assert main(["--addr", running.address, "trajectory", episode.id], out, errors) == 0, (
+            errors.getvalue()
+        )
+        assert "policy version 6 published: sampled tokens 2 to 2 versions stale" in out.getvalue()
+    finally:
+        running.stop()
