@@ -44,6 +44,7 @@ METHOD_ROLES: dict[str, Role] = {
     "GetTrajectory": Role.TRAINER,
     "StreamTrajectories": Role.TRAINER,
     "GetEpisodeLog": Role.TRAINER,
+    "PublishPolicy": Role.TRAINER,
     "PreemptEpisode": Role.OPERATOR,
     "ResumeEpisode": Role.OPERATOR,
     "DrainNode": Role.OPERATOR,

@@ -1,7 +1,8 @@
 """Moving an orchestrator's state from its SQLite file to PostgreSQL (`stasis state migrate`).
 
 Everything in the state dir's `state.db` is copied: episodes, their groups, their events (with
-their `seq`), snapshots, nodes, images, logs, request ids and the trajectory ledger's turns and verifications.
+their `seq`), snapshots, nodes, images, logs, request ids and the trajectory ledger's turns,
+verifications and published policy versions.
 The copy is one PostgreSQL transaction into a database that holds none of these rows yet, so it
 lands whole or not at all, and it never mixes with another orchestrator's state. The SQLite file's
 rows are only read (an older file gets the columns and tables a current orchestrator adds at
@@ -21,7 +22,7 @@ from orchestrator.trajectory import Ledger
 
 TABLES = (
     "episodes", "episode_groups", "events", "snapshots", "nodes", "images", "logs", "requests", "turns",
-    "verifications",
+    "verifications", "policy_versions",
 )  # fmt: skip
 """Every table the two databases share, the ledger's last."""
 IDENTITIES = {"events": "seq", "turns": "id"}

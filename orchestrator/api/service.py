@@ -460,7 +460,7 @@ class StasisService(pb_grpc.StasisServicer):
             branches=[branch_to_pb(b) for b in branches if b.id != 0] if include_branches else [],
             labels=episode.spec.labels,
             seq=seq,
-            samples=samples(turns),
+            samples=samples(turns, self.ledger.policy.published()),
             prompt_breaks=sum(t.prefix_exact is False for t in turns if not t.abandoned),
         )  # fmt: skip
 
@@ -468,6 +468,19 @@ class StasisService(pb_grpc.StasisServicer):
     def GetTrajectory(self, request: pb.GetTrajectoryRequest, context: grpc.ServicerContext) -> pb.Trajectory:
         episode = self.store.get(required("episode_id", request.episode_id))
         return self._trajectory(episode, request.include_branches)
+
+    @rpc
+    def PublishPolicy(
+        self, request: pb.PublishPolicyRequest, context: grpc.ServicerContext
+    ) -> pb.PolicyVersion:
+        version = request.version
+        published = self._idempotent(
+            request.request_id,
+            "PublishPolicy",
+            {"version": str(version)},
+            lambda: self.ledger.policy.publish(version),
+        )
+        return wire.encode(published or self.ledger.policy.current(), pb.PolicyVersion)
 
     @rpc
     @bounded

@@ -453,6 +453,14 @@ class Commands:
         if inexact:
             print(f"warning: {inexact} samples hold log-probs that are not of the sampling distribution",
                   file=self.out)  # fmt: skip
+        published = max((s.published_version for s in t.samples), default=0)
+        if published:
+            lags = [lag for s in t.samples for lag, known, m in zip(s.staleness, s.staleness_known, s.loss_mask,
+                    strict=True) if m and known]  # fmt: skip
+            unordered = sampled - len(lags)
+            stale = f"{min(lags)} to {max(lags)} versions stale" if lags else "of no ordered version"
+            print(f"policy version {published} published: sampled tokens {stale}"
+                  + (f", {unordered} of no ordered version" if lags and unordered else ""), file=self.out)  # fmt: skip
         rows = [["ID", "TURN", "BRANCH", "EDGE", "RUN", "MODE", "PROMPT", "TOKENS", "FINISH", "SUM-LOGPROB",
                  "REPLAYED", "ABANDONED", "POLICY"]]  # fmt: skip
         for turn, depth in tree_order(turns):
@@ -471,6 +479,12 @@ class Commands:
         with self.client() as c:
             dest, episodes, rows = export(c, self.args, self.progress)
         print(f"{dest}: {rows} {self.args.records} rows of {episodes} episodes", file=self.out)
+        return 0
+
+    def policy(self) -> int:
+        with self.client() as c:
+            published = c.publish_policy(self.args.version)
+        print(f"policy version {published.version} published", file=self.out)
         return 0
 
     def nodes(self) -> int:

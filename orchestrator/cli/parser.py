@@ -290,6 +290,14 @@ def parser() -> argparse.ArgumentParser:
     tx.add_argument("--max-paths", type=int, default=5, help="streams kept per tree (tree records)")
     tx.add_argument("--keep-masked", action="store_true",
                     help="train on abandoned turns and turns whose delivery is uncertain too (flagged either way)")  # fmt: skip
+    pol = sub.add_parser("policy", help="policy versions: publish a trainer's weight update")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    pp = pol_sub.add_parser(
+        "publish",
+        help="make VERSION the current policy version; turns whose model server names none record it "
+        "from then on; versions only go up",
+    )
+    pp.add_argument("version", type=int, help="a positive integer above the version published now")
 
     n = sub.add_parser("nodes", help="list nodes")
     n.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")

@@ -28,6 +28,7 @@ from orchestrator.client.records import (
     GroupInfo,
     NamedImageInfo,
     NodeInfo,
+    PolicyVersionInfo,
     SnapshotInfo,
     TrajectoryInfo,
 )
@@ -327,6 +328,12 @@ class StasisClient:
         with self._translated():
             for m in self._stub.StreamTrajectories(request):
                 yield m.seq, wire.decode(m.group, GroupInfo) if m.HasField("group") else _trajectory(m)
+
+    def publish_policy(self, version: int) -> PolicyVersionInfo:
+        """Make `version` the current policy version (after a weight update). Versions only go
+        up: an equal or lower one raises InvalidArgument naming `version`, and nothing changes."""
+        request = pb.PublishPolicyRequest(version=version, request_id=str(uuid.uuid4()))
+        return wire.decode(self._call(self._stub.PublishPolicy, request), PolicyVersionInfo)
 
     # -- snapshots and nodes ----------------------------------------------------------------
 

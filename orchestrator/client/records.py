@@ -175,6 +175,20 @@ class SampleInfo(_Plain):
     branch: int
     sampling: SamplingInfo
     logprobs_exact: bool
+    published_version: int
+    """The policy version published when the sample was read; 0 if none was."""
+    staleness: list[int]
+    """Per token: published_version minus the version that sampled it (0 where not known)."""
+    staleness_known: list[bool]
+    """Per token: its staleness is a number; false for context and unordered versions."""
+
+
+@dataclass(frozen=True)
+class PolicyVersionInfo(_Plain):
+    """A published policy version; 0 is none."""
+
+    version: int
+    published_at: float
 
 
 @dataclass(frozen=True)

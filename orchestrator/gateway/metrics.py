@@ -1,6 +1,6 @@
 """The gateway's counters, served in Prometheus's text format on `metrics_listen`: turns sampled
-per mode, prompts that break the tokens before them, replays, and turns whose log-probs are not
-of the distribution their tokens were drawn from."""
+per mode, prompts that break the tokens before them, replays, turns whose log-probs are not of the
+distribution their tokens were drawn from, and turns recorded with no policy version."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _HELP = {
     "prompts_unchecked": "Turns whose prompt could not be checked against the tokens before it (no prompt ids).",
     "logprobs_inexact": "Turns whose log-probs are not of the distribution the tokens were drawn from.",
     "replays": "Requests answered from the ledger with a recorded turn.",
+    "policy_version_unknown": "Turns recorded with no policy version: the model server named none and none was published.",
 }
 
 
@@ -38,6 +39,8 @@ class Metrics:
             self.count("prompts_unchecked", mode=turn.mode)
         if not turn.logprobs_exact:
             self.count("logprobs_inexact", mode=turn.mode)
+        if not turn.policy_version:
+            self.count("policy_version_unknown")
 
     def value(self, name: str, **labels: str) -> int:
         with self._lock:

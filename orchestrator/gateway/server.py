@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -90,6 +91,9 @@ class _Turn:
     """Token mode: the prompt ids and how they extend the parent's tokens."""
     logprobs_mode: str = ""
     """What the upstream's log-probs are of (`probe`)."""
+    published: int = 0
+    """The policy version published when its sampling began (0: none), which it records if the
+    upstream names none."""
 
 
 class _KeyLocks:
@@ -111,6 +115,9 @@ class _KeyLocks:
                 del self._locks[key]
 
 
+UNVERSIONED_WARNED = 4096
+"""Episodes remembered as warned of a turn with no policy version, so each is warned once; the
+longest-ago go first."""
 HANDSHAKE_TIMEOUT_S = 10.0
 """Longest a node may take over its TLS handshake; until it is done its connection counts
 against no bound of the front door."""
@@ -221,6 +228,8 @@ class Gateway:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-state")
         self._ledger = _GroupCommit(ledger)
         self._locks = _KeyLocks()
+        self._unversioned: OrderedDict[str, None] = OrderedDict()
+        """Episodes warned of a turn recorded with no policy version."""
         self._loop = asyncio.new_event_loop()
         self._slots: FairSlots | None = None
         self._runner: web.AppRunner | None = None
@@ -472,6 +481,8 @@ class Gateway:
                 turn = dataclasses.replace(turn, prompt=prompt, sampling=sampling, body=body)
             try:
                 async with self._slots.hold(turn.episode.id, self.settings.turn_wait_s):
+                    # Read as sampling begins: a version published while it runs is not its own.
+                    turn = dataclasses.replace(turn, published=await self._call(self.ledger.policy.published))
                     if req.stream:
                         return await self._stream(request, turn)
                     return await self._whole(request, turn)
@@ -553,7 +564,7 @@ class Gateway:
             g = reader.finish()
         except UpstreamFault as exc:
             raise GatewayError(502, str(exc), "upstream_error") from None
-        g.policy_version = g.policy_version or await self.upstream.policy_version(reply.headers)
+        g.policy_version = g.policy_version or self.upstream.policy_version(reply.headers) or _version(turn)
         self._name_calls(protocol, g)
         delivered = protocol.render(g, reply.body, req)
         recorded = await self._record(turn, g, reply.body, delivered, upstream_ms, sending=True)
@@ -662,7 +673,9 @@ class Gateway:
             if not gone:
                 await self._to_harness(request, response, b"", eof=True)
             return response
-        g.policy_version = g.policy_version or await self.upstream.policy_version(upstream.headers)
+        g.policy_version = (
+            g.policy_version or self.upstream.policy_version(upstream.headers) or _version(turn)
+        )
         self._name_calls(protocol, g)
         tail = encoder.close(g)
         terminal = encoder.terminal(g)
@@ -717,7 +730,30 @@ class Gateway:
         except Conflict as exc:
             raise GatewayError(409, f"{exc}; nothing is recorded", "conflict_error") from None
         self.metrics.turn(recorded)
+        if not recorded.policy_version:
+            self._warn_unversioned(e.id)
         return recorded
+
+    def _warn_unversioned(self, episode_id: str) -> None:
+        """Say, once per episode, that a turn was recorded with no policy version."""
+        if episode_id in self._unversioned:
+            return
+        self._unversioned[episode_id] = None
+        if len(self._unversioned) > UNVERSIONED_WARNED:
+            self._unversioned.popitem(last=False)
+        log.warning(
+            "episode %s: a turn was recorded with no policy version: the model server sent no %s header "
+            "and no version is published (PublishPolicy, `stasis policy publish N`); its tokens have no "
+            "staleness (further such turns of this episode are counted in "
+            "stasis_gateway_policy_version_unknown_total, not logged)",
+            episode_id, self.settings.policy_version_header,
+        )  # fmt: skip
+
+
+def _version(turn: _Turn) -> str:
+    """The version a turn records when the upstream names none: the one published when its
+    sampling began; "" if none was."""
+    return str(turn.published) if turn.published else ""
 
 
 def _decoded(raw: bytes, parse: Callable[[dict[str, Any]], T]) -> T:

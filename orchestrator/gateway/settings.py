@@ -42,10 +42,8 @@ class GatewaySettings:
     """How the upstream takes token ids: vllm (/v1/completions with a token-id prompt) or sglang
     (/generate with input_ids)."""
     policy_version_header: str = "x-policy-version"
-    """Response header in which the upstream names the policy (weights) version that sampled."""
-    weight_version_url: str = ""
-    """Where to ask the upstream for its weight version when it sends no header (an SGLang-style
-    GET endpoint answering JSON with `weight_version`, or plain text); empty: never ask."""
+    """Response header in which the upstream names the policy (weights) version that sampled.
+    Without it a turn records the version a trainer published when its sampling began."""
     max_body_bytes: int = 32 << 20
     """Largest request body. A long agent conversation is a few MB of JSON; more is a bug or an
     attack, refused (413) before it is read."""

@@ -3,10 +3,11 @@ matched to the turn it replays or continues, and what a trainer takes of it.
 
 `canonical` reduces a request to what makes two requests the same turn; `ledger` records turns
 before their answers are delivered, exactly once across preemptions, in SQLite or in the
-PostgreSQL store's database (`schema`), each with its edge in the tree (`edges`); `samples`
-lays an episode's turns out as training samples, and `exports` as tree samples, per-call
-records and ATIF (`dataset` writes them to Parquet or JSONL). The gateway writes it and the
-control loop and API read it; it imports only the state room's databases and the domain.
+PostgreSQL store's database (`schema`), each with its edge in the tree (`edges`); `policy` keeps
+the policy versions a trainer publishes beside them; `samples` lays an episode's turns out as
+training samples, with each token's staleness, and `exports` as tree samples, per-call records
+and ATIF (`dataset` writes them to Parquet or JSONL). The gateway writes it and the control loop
+and API read it; it imports only the state room's databases and the domain.
 """
 
 from orchestrator.trajectory.canonical import CanonicalRequest
@@ -21,6 +22,7 @@ from orchestrator.trajectory.exports import (
     tree_samples,
 )
 from orchestrator.trajectory.ledger import Branch, Ledger, Lineage, Sampling, Turn, Verification
+from orchestrator.trajectory.policy import PolicyVersions, PublishedPolicy
 from orchestrator.trajectory.samples import Sample, samples
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "ExportSettings",
     "Ledger",
     "Lineage",
+    "PolicyVersions",
+    "PublishedPolicy",
     "Sample",
     "Sampling",
     "TreeSamples",

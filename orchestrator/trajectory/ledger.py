@@ -36,6 +36,7 @@ from orchestrator.state.postgres_database import PostgresDatabase
 from orchestrator.state.sql import Connection
 from orchestrator.trajectory import edges, schema
 from orchestrator.trajectory.canonical import CanonicalRequest
+from orchestrator.trajectory.policy import PolicyVersions
 
 T = TypeVar("T")
 
@@ -231,6 +232,8 @@ class Ledger:
         self._tx = database.tx
         self._read = database.read
         self._sequences = _Sequences()
+        self.policy = PolicyVersions(database)
+        """The policy versions a trainer published, in the same database."""
 
     @classmethod
     def sqlite(cls, path: Path) -> Ledger:

@@ -14,6 +14,10 @@ subagent, a side call, a compaction) starts a sample of its own, and the tokens 
 parent are context there; a restore divergence continues its parent's sample on the branch it
 takes over. Abandoned turns (the sandbox never had them) and turns whose prompt ids
 are unknown are in no sample; the turns say why.
+
+Each sampled token carries the policy version it was sampled under and its staleness: the
+version published when the samples are made (`published`) minus the token's own, where both are
+integers (`policy.staleness`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.trajectory.ledger import Sampling, Turn
+from orchestrator.trajectory.policy import staleness
 
 
 @dataclass
@@ -44,10 +49,19 @@ class Sample:
     reports processed log-probs, or the turns sampled at temperature 1 without top-p or top-k)."""
     spans: list[tuple[int, int]] = field(default_factory=list)
     """Where each turn's sampled tokens lie: [start, end) per turn_ids entry."""
+    published_version: int = 0
+    """The policy version published when the sample was made; 0 if none was."""
+    staleness: list[int] = field(default_factory=list)
+    """Per token: `published_version` minus the version that sampled it; 0 for context and
+    where `staleness_known` is false."""
+    staleness_known: list[bool] = field(default_factory=list)
+    """Per token: its staleness is a number (a sampled token whose version is an integer, with
+    a version published); false for context."""
 
 
-def samples(turns: Sequence[Turn]) -> list[Sample]:
-    """The training samples of an episode's turns (see the module docstring)."""
+def samples(turns: Sequence[Turn], published: int = 0) -> list[Sample]:
+    """The training samples of an episode's turns (see the module docstring), their staleness
+    measured against the `published` policy version (0: none published)."""
     chains: list[list[Turn]] = []
     open_chain: dict[int, list[Turn]] = {}
     for turn in sorted(turns, key=lambda t: t.id):
@@ -60,7 +74,7 @@ def samples(turns: Sequence[Turn]) -> list[Sample]:
         chain = [turn]
         chains.append(chain)
         open_chain[turn.branch] = chain
-    return [_sample(chain) for chain in chains]
+    return [_sample(chain, published) for chain in chains]
 
 
 def _continues(last: Turn, turn: Turn) -> bool:
@@ -75,10 +89,11 @@ def _continues(last: Turn, turn: Turn) -> bool:
     )
 
 
-def _sample(chain: list[Turn]) -> Sample:
+def _sample(chain: list[Turn], published: int) -> Sample:
     last = chain[-1]
     tokens = [*last.prompt_token_ids, *last.token_ids]
     mask, logprobs, versions = [0] * len(tokens), [0.0] * len(tokens), [""] * len(tokens)
+    stale, known = [0] * len(tokens), [False] * len(tokens)
     spans = []
     for turn in chain:
         start = len(turn.prompt_token_ids)
@@ -86,6 +101,10 @@ def _sample(chain: list[Turn]) -> Sample:
         mask[start:end] = [1] * len(turn.token_ids)
         logprobs[start:end] = turn.logprobs
         versions[start:end] = [turn.policy_version] * len(turn.token_ids)
+        lag = staleness(published, turn.policy_version)
+        if lag is not None:
+            stale[start:end] = [lag] * len(turn.token_ids)
+            known[start:end] = [True] * len(turn.token_ids)
         spans.append((start, end))
     return Sample(
         token_ids=tokens,
@@ -97,4 +116,7 @@ def _sample(chain: list[Turn]) -> Sample:
         sampling=last.sampling,
         logprobs_exact=all(t.logprobs_exact for t in chain),
         spans=spans,
+        published_version=published,
+        staleness=stale,
+        staleness_known=known,
     )

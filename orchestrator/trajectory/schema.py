@@ -12,6 +12,9 @@ A turn whose prompt extends its parent's prompt and sampled ids stores only the 
 adds (`prompt_token_ids`), after the first `prompt_base` of them, which are its parent's: an
 episode's prompts take room in proportion to its tokens, not to the square of them.
 
+`policy_versions` holds every policy version a trainer published (`policy.py`); a database from
+before it gains the table when a ledger opens it.
+
 Columns added since the table first shipped are in `ADDED`, and a ledger opened on an older
 table adds them (`Ledger.sqlite`, `Ledger.postgres`); older turns read as text-mode turns whose
 prompts were not checked, sampled with the defaults (temperature 1, no top-p).
@@ -73,6 +76,10 @@ CREATE TABLE IF NOT EXISTS verifications (
     duration_ms REAL NOT NULL,
     at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS policy_versions (
+    version INTEGER PRIMARY KEY,
+    published_at REAL NOT NULL
+);
 """
 
 POSTGRES = """
@@ -130,6 +137,10 @@ CREATE TABLE IF NOT EXISTS verifications (
     log BYTEA NOT NULL,
     duration_ms DOUBLE PRECISION NOT NULL,
     at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS policy_versions (
+    version BIGINT PRIMARY KEY,
+    published_at DOUBLE PRECISION NOT NULL
 );
 """
 

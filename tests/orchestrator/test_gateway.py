@@ -374,6 +374,52 @@ def test_concurrent_identical_requests_each_get_a_sample_of_their_own(world: Wor
     assert sorted(t.branch for t in turns) == [0, 1, 2, 3] and not any(t.replays for t in turns)
 
 
+@pytest.mark.timeout(60)
+def test_a_turn_without_a_version_header_records_the_version_published_when_its_sampling_began(
+    tmp_path: Path, open_ledger: OpenLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
+    # The reference model names its version in x-policy-version: a header it never sends stands
+    # in for a model server that names none.
+    world = _world(tmp_path, model.url, model, open_ledger(), policy_version_header="x-not-sent",
+                   metrics_listen="127.0.0.1:0")  # fmt: skip
+    try:
+        policy, metrics = world.ledger.policy, world.gateway.metrics
+        with caplog.at_level("WARNING", logger="orchestrator.gateway.server"):
+            assert world.post(_chat(USER, seed=1))[0] == 200
+            assert world.post(_chat(USER, seed=2, stream=True))[0] == 200
+        first, second = world.ledger.turns("ep-1")
+        assert first.policy_version == second.policy_version == "", "neither named nor published"
+        assert metrics.value("policy_version_unknown") == 2
+        warned = [r for r in caplog.records if "no policy version" in r.getMessage()]
+        assert len(warned) == 1 and "ep-1" in warned[0].getMessage(), "warned once per episode"
+        scraped = urllib.request.urlopen(
+            f"http://127.0.0.1:{world.gateway.metrics_port}/metrics", timeout=10
+        ).read()
+        assert b"stasis_gateway_policy_version_unknown_total 2" in scraped
+
+        policy.publish(7)
+        answer = type(world.model.model).chat_answer
+
+        def published_meanwhile(body: Any) -> Any:
+            """A trainer publishes its next version while the generation runs."""
+            policy.publish(policy.published() + 1)
+            return answer(world.model.model, body)
+
+        world.model.model.chat_answer = published_meanwhile  # type: ignore[method-assign]
+        assert world.post(_chat(USER, seed=3))[0] == 200
+        assert world.post(_chat(USER, seed=4, stream=True))[0] == 200
+        whole, streamed = world.ledger.turns("ep-1")[2:]
+        assert (whole.policy_version, streamed.policy_version) == ("7", "8"), "not the one published after"
+        assert policy.published() == 9
+        assert metrics.value("policy_version_unknown") == 2
+        sample = samples([whole], policy.published())[0]
+        assert {s for s, known in zip(sample.staleness, sample.staleness_known, strict=True) if known} == {2}
+    finally:
+        world.gateway.stop()
+        model.stop()
+
+
 @pytest.mark.timeout(30)
 def test_branches_parallel_calls_and_abandonment(world: World) -> None:
     _, r1 = world.post(_chat(USER))

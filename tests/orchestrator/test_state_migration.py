@@ -48,6 +48,8 @@ def _fill(state_db: Path) -> None:
     _record(ledger, _chat("hi"), "hello", episode_id=first.id)
     _record(ledger, _chat("hi", "hello", "more"), "done", episode_id=first.id)
     ledger.record_verification(first.id, Verification(0.75, 3, False, BYTES, 812.25))
+    ledger.policy.publish(2)
+    ledger.policy.publish(5)
     ledger.close()
 
 
@@ -63,6 +65,7 @@ def _state(store: StateStore, ledger: Ledger) -> dict[str, object]:
         "request": store.known_request("op-1", "CancelEpisode", {"id": episodes[1].id}),
         "turns": [ledger.turns(e.id) for e in episodes],
         "verifications": [ledger.verification(e.id) for e in episodes],
+        "policy": ledger.policy.current(),
     }
 
 
@@ -86,6 +89,7 @@ def test_the_whole_state_moves_to_postgresql_and_carries_on_there(
     )
     rows = dict(line.split() for line in out.getvalue().splitlines()[1:])
     assert rows["episodes"] == "2" and rows["turns"] == "2" and rows["verifications"] == "1"
+    assert rows["policy_versions"] == "2"
     assert int(rows["events"]) == len(before["events"])  # type: ignore[arg-type]
 
     store = PostgresStateStore(url)

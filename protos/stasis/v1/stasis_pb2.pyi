@@ -660,7 +660,7 @@ class Turn(_message.Message):
     def __init__(self, id: _Optional[int] = ..., index: _Optional[int] = ..., branch: _Optional[int] = ..., replayed: _Optional[bool] = ..., replays: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[str] = ..., parent_id: _Optional[int] = ..., run: _Optional[int] = ..., created_at: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., mode: _Optional[str] = ..., prefix_exact: _Optional[bool] = ..., prefix_checked: _Optional[bool] = ..., common_prefix: _Optional[int] = ..., break_reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ..., edge: _Optional[str] = ..., edge_parent: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("token_ids", "loss_mask", "logprobs", "policy_versions", "turn_ids", "branch", "sampling", "logprobs_exact")
+    __slots__ = ("token_ids", "loss_mask", "logprobs", "policy_versions", "turn_ids", "branch", "sampling", "logprobs_exact", "published_version", "staleness", "staleness_known")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -669,6 +669,9 @@ class Sample(_message.Message):
     BRANCH_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_EXACT_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_KNOWN_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -677,7 +680,10 @@ class Sample(_message.Message):
     branch: int
     sampling: Sampling
     logprobs_exact: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turn_ids: _Optional[_Iterable[int]] = ..., branch: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ...) -> None: ...
+    published_version: int
+    staleness: _containers.RepeatedScalarFieldContainer[int]
+    staleness_known: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turn_ids: _Optional[_Iterable[int]] = ..., branch: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ..., published_version: _Optional[int] = ..., staleness: _Optional[_Iterable[int]] = ..., staleness_known: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class TrajectoryBranch(_message.Message):
     __slots__ = ("id", "abandoned", "policy_versions", "turns", "edge")
@@ -785,6 +791,22 @@ class ListGroupsResponse(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[GroupResult]
     def __init__(self, groups: _Optional[_Iterable[_Union[GroupResult, _Mapping]]] = ...) -> None: ...
+
+class PublishPolicyRequest(_message.Message):
+    __slots__ = ("version", "request_id")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    request_id: str
+    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class PolicyVersion(_message.Message):
+    __slots__ = ("version", "published_at")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    published_at: float
+    def __init__(self, version: _Optional[int] = ..., published_at: _Optional[float] = ...) -> None: ...
 
 class GetTrajectoryRequest(_message.Message):
     __slots__ = ("episode_id", "include_branches")

@@ -139,6 +139,11 @@ class StasisStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsResponse.FromString,
                 _registered_method=True)
+        self.PublishPolicy = channel.unary_unary(
+                '/stasis.v1.Stasis/PublishPolicy',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.PublishPolicyRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.PolicyVersion.FromString,
+                _registered_method=True)
 
 
 class StasisServicer:
@@ -281,6 +286,16 @@ class StasisServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishPolicy(self, request, context):
+        """Make `version` the current policy version (a trainer's weight update). Versions are
+        positive integers that only go up: an equal or lower one is refused (INVALID_ARGUMENT,
+        naming `version`) and nothing changes. Turns whose model server names no version record the
+        one published when their sampling began.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StasisServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -388,6 +403,11 @@ def add_StasisServicer_to_server(servicer, server):
                     servicer.ListGroups,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'PublishPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishPolicy,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.PublishPolicyRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.PolicyVersion.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -957,6 +977,33 @@ class Stasis:
             '/stasis.v1.Stasis/ListGroups',
             protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_stasis__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.Stasis/PublishPolicy',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.PublishPolicyRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.PolicyVersion.FromString,
             options,
             channel_credentials,
             insecure,
