@@ -15,6 +15,7 @@ import ipaddress
 import os
 import shlex
 import threading
+import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
@@ -331,15 +332,24 @@ def _disable_ipv6(link: str) -> None:
         conf.write_text("1")
 
 
+RECLAIM_WAIT_S = 5.0
+"""How long `reclaim` waits for the kernel to finish removing a leftover veth (tens of ms)."""
+
+
 def reclaim(node: str, sandbox_id: str) -> None:
     """Remove what is left of the network of a sandbox whose tasks are gone (one its agent lost
     track of): its netns, and now, not in the kernel's background, its veth with the /32 route
     through it, so that its address is free for the next sandbox given it."""
     destroy(node, sandbox_id)
-    link = veth_name(node, sandbox_id)
-    if Path(f"/sys/class/net/{link}").exists():
+    link = Path(f"/sys/class/net/{veth_name(node, sandbox_id)}")
+    if link.exists():
         with suppress(FailedPrecondition), netlink.Route() as route:  # gone meanwhile
-            route.delete_link(link)
+            route.delete_link(link.name)
+    # A delete that met the kernel's own removal of the netns fails while the link is still on
+    # its way out: wait for it, so that the address is free on return.
+    deadline = time.monotonic() + RECLAIM_WAIT_S
+    while link.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def destroy(node: str, sandbox_id: str) -> None:
