@@ -82,6 +82,9 @@ class ExportTurn(Protocol):
     def logprobs_exact(self) -> bool: ...
     @property
     def sampling(self) -> ExportSampling: ...
+    @property
+    def delivery_uncertain(self) -> bool:
+        """A delivery was under way when the orchestrator stopped and was never seen to end."""
 
 
 @dataclass(frozen=True)
@@ -100,13 +103,10 @@ class ExportSettings:
 
 
 def delivery_uncertain(turn: ExportTurn) -> bool:
-    """Whether the ledger cannot tell if the turn reached the harness.
-
-    Always False for now: the ledger commits a delivery's time after the fact, so a turn
-    without one may still have been delivered, and nothing marks uncertain turns yet. Once the
-    delivery time is durable before the turn can be read as undelivered, a live turn without
-    one in a finished episode is uncertain, and this says so."""
-    return False
+    """Whether the ledger cannot tell if the turn reached the harness: a delivery of it was under
+    way (the ledger's `sending_run` note) when the orchestrator stopped, and was never seen to end
+    either way."""
+    return turn.delivery_uncertain
 
 
 def masked(turn: ExportTurn, settings: ExportSettings) -> bool:

@@ -1,7 +1,8 @@
 """Exports a trainer takes as they are: tree samples with their path cap and per-token weights on a
 tree whose answer is known, per-call records with their parent links, ATIF v1.8 validated by the
 `atif` models, and a dataset written by `stasis trajectories export` that round-trips through
-pyarrow. Abandoned turns are flagged and masked unless asked for."""
+pyarrow. Abandoned turns and turns whose delivery is uncertain are flagged and masked unless
+asked for."""
 
 from __future__ import annotations
 
@@ -237,6 +238,29 @@ def _trajectory_info(turns: list[Turn]) -> TrajectoryInfo:
         labels={"task": "t"},
     )
     return wire.decode(message, TrajectoryInfo)
+
+
+@pytest.mark.timeout(10)
+def test_a_turn_whose_delivery_is_uncertain_is_flagged_and_masked_unless_kept() -> None:
+    tree = _tree()
+    tree[5] = _turn(6, [40, 41, 42, 43], tree[3], branch=1, sending_run=1, sending_at=1_760_000_006.5)
+    for turns in (tree, _client_turns(tree)):
+        records = call_records(turns)
+        assert [(r.turn_id, r.delivery_uncertain, r.masked) for r in records if r.masked] == [
+            (6, True, True), (8, False, True)
+        ]  # fmt: skip
+        result = tree_samples(turns)
+        assert result.masked_turns == [6, 8]
+        assert [s.turn_ids for s in result.streams if s.tree == 0] == [[1, 2, 3], [1, 4], [1, 7], [1, 2, 5]]
+        (doc,) = atif_export("ep", turns)
+        assert [s["extra"]["turn_id"] for s in doc["subagent_trajectories"][0]["steps"]] == [4]
+        kept = call_records(turns, ExportSettings(mask_abandoned=False, mask_uncertain=False))
+        assert [r.turn_id for r in kept if r.delivery_uncertain] == [6] and not any(r.masked for r in kept)
+
+
+def _client_turns(turns: list[Turn]) -> list[Any]:
+    info = _trajectory_info(turns)
+    return [t for b in [info.main, *info.branches] for t in b.turns]
 
 
 @pytest.mark.timeout(10)
