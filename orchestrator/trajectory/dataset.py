@@ -42,6 +42,7 @@ SCHEMAS: Mapping[str, pa.Schema] = {
             pa.field("logprobs", pa.list_(pa.float64())),
             pa.field("policy_versions", pa.list_(pa.string())),
             pa.field("turn_ids", pa.list_(pa.int64())),
+            pa.field("edges", pa.list_(pa.string())),
             pa.field("spans", pa.list_(pa.list_(pa.int64(), 2))),
             pa.field("logprobs_exact", pa.bool_()),
         ]
@@ -51,6 +52,8 @@ SCHEMAS: Mapping[str, pa.Schema] = {
             *_EPISODE,
             pa.field("turn_id", pa.int64()),
             pa.field("parent_id", pa.int64()),
+            pa.field("edge", pa.string()),
+            pa.field("edge_parent", pa.int64()),
             pa.field("branch", pa.int32()),
             pa.field("run", pa.int32()),
             pa.field("prompt_token_ids", pa.list_(pa.int64())),
