@@ -1,10 +1,10 @@
 """Exports a trainer takes as they are: tree samples with their path cap and per-token weights on a
 tree whose answer is known, per-call records with their parent links and edges, ATIF v1.8
 validated by the `atif` models (a compaction's continuation, a subagent linked to its spawning
-step, a side call flagged), and a dataset written by `stasis trajectories export` that
-round-trips through pyarrow. Abandoned turns and turns whose delivery is uncertain are flagged
-and masked unless asked for. The orchestrator's client is a boundary fake (`_Client`), named as
-such."""
+step, a side call flagged), and a dataset written by `stasis trajectories export`, by labels,
+time or GRPO group, that round-trips through pyarrow. Abandoned turns and turns whose delivery is
+uncertain are flagged and masked unless asked for. The orchestrator's client is a boundary fake
+(`_Client`), named as such."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from orchestrator.api.service import branch_to_pb
 from orchestrator.cli.datasets import export
 from orchestrator.cli.parser import parser
 from orchestrator.client import TrajectoryInfo
-from orchestrator.domain import InvalidArgument
+from orchestrator.domain import InvalidArgument, NotFound
 from orchestrator.trajectory import (
     Branch,
     CanonicalRequest,
@@ -222,7 +222,7 @@ def test_a_restore_divergence_in_a_real_ledger_is_masked_from_the_exports(tmp_pa
     assert trajectory.extra["policy_versions"] == ["v1", "v2"]
 
 
-def _trajectory_info(turns: list[Turn]) -> TrajectoryInfo:
+def _trajectory_info(turns: list[Turn], group_id: str = "", group_index: int = 0) -> TrajectoryInfo:
     """The trajectory as a client reads it from GetTrajectory."""
     by_branch: dict[int, list[Turn]] = {}
     for t in turns:
@@ -238,6 +238,8 @@ def _trajectory_info(turns: list[Turn]) -> TrajectoryInfo:
         has_reward=True,
         reward=0.75,
         labels={"task": "t"},
+        group_id=group_id,
+        group_index=group_index,
     )
     return wire.decode(message, TrajectoryInfo)
 
@@ -404,26 +406,38 @@ def test_a_subagents_conversation_after_its_compaction_sits_beside_it() -> None:
     assert [_refs(s) for s in main["steps"]] == [[], ["ep/branch-2"], []]
 
 
+_MEMBERS = {"late": 0, "ep": 1, "running": 2}
+"""GRPO group g's members: `running` is not finished."""
+
+
 class _Client:
     """A boundary fake of the orchestrator's client, which the export takes: two finished episodes
-    whose trajectories are the known tree as GetTrajectory sends it."""
+    whose trajectories are the known tree as GetTrajectory sends it, members 1 and 0 of group g,
+    whose member 2 still runs."""
 
     def __init__(self) -> None:
         self.asked: list[dict[str, Any]] = []
+        self.said: list[str] = []
 
     def episodes(self, states: Sequence[str] = (), labels: dict[str, str] | None = None) -> list[Any]:
         self.asked.append({"states": list(states), "labels": labels})
         return [SimpleNamespace(id="ep", finished_at=100.0), SimpleNamespace(id="late", finished_at=200.0)]
 
+    def groups(self, group_id: str = "") -> list[Any]:
+        if group_id not in ("", "g"):
+            raise NotFound(f"no group {group_id}")
+        members = [SimpleNamespace(index=i, episode_id=e) for e, i in _MEMBERS.items()]
+        return [SimpleNamespace(id="g", size=3, final=2, members=members)]
+
     def trajectory(self, episode_id: str, include_branches: bool = False) -> TrajectoryInfo:
         assert include_branches
-        return _trajectory_info(_tree())
+        return _trajectory_info(_tree(), "g", _MEMBERS[episode_id])
 
 
 def _export(*argv: str) -> tuple[_Client, Path, int, int]:
     client = _Client()
     args = parser().parse_args(["trajectories", "export", *argv])
-    dest, episodes, count = export(client, args, progress=lambda _text: None)
+    dest, episodes, count = export(client, args, progress=client.said.append)
     return client, dest, episodes, count
 
 
@@ -439,7 +453,7 @@ def test_a_parquet_export_round_trips_with_pyarrow(tmp_path: Path) -> None:
     table = pq.read_table(dest)
     assert table.schema == SCHEMAS["tree"]
     back = table.to_pylist()
-    expected = rows("tree", "ep", _tree(), reward=0.75, labels={"task": "t"})
+    expected = rows("tree", "ep", _tree(), reward=0.75, labels={"task": "t"}, group_id="g", group_index=1)
     for row in expected:
         row["labels"] = list(row["labels"].items())
         row["spans"] = [list(s) for s in row["spans"]]
@@ -474,15 +488,31 @@ def test_a_dataset_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     assert write("calls", "parquet", dest, iter([])) == 0 and pq.read_table(dest).num_rows == 0
 
 
+@pytest.mark.timeout(30)
+def test_a_group_export_takes_its_finished_members_in_index_order(tmp_path: Path) -> None:
+    dest = tmp_path / "g.jsonl"
+    client, _, episodes, count = _export("-o", str(dest), "--records", "calls", "--group", "g")
+    lines = [json.loads(line) for line in dest.read_text().splitlines()]
+    assert episodes == 2 and count == 18
+    assert [(r["episode_id"], r["group_id"], r["group_index"]) for r in lines[::9]] == [
+        ("late", "g", 0),
+        ("ep", "g", 1),
+    ]
+    assert client.said[0] == "group g: 1 of 3 members not finished yet"
+    # With the other flags, the members that also match them.
+    _, _, episodes, _ = _export("-o", str(dest), "--group", "g", "--until", "150")
+    assert episodes == 1
+    with pytest.raises(NotFound):
+        _export("-o", str(dest), "--group", "nope")
+
+
 @pytest.mark.timeout(10)
-def test_the_export_flags_parse_times_and_refuse_groups_until_episodes_carry_them() -> None:
+def test_the_export_flags_parse_times() -> None:
     args = parser().parse_args(
         ["trajectories", "export", "-o", "x.parquet", "--since", "2026-12-07T12:00:00Z"]
     )
     assert args.since == 1_796_644_800.0 and args.max_paths == 5 and args.records == "tree"
     with pytest.raises(SystemExit):
         parser().parse_args(["trajectories", "export", "-o", "x", "--since", "yesterday"])
-    with pytest.raises(InvalidArgument, match="group"):
-        _export("-o", "x.parquet", "--group", "g")
     with pytest.raises(InvalidArgument, match="max-paths"):
         _export("-o", "x.parquet", "--max-paths", "0")
