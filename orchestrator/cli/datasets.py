@@ -30,13 +30,19 @@ def moment(text: str) -> float:
     return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
 
 
-def selected(client: StasisClient, args: argparse.Namespace) -> list[EpisodeInfo]:
-    """The finished episodes the flags select: by labels, and by when they finished."""
-    if args.group:
-        # A hook for GRPO groups (issue 46): once episodes carry a group, select its members here.
-        raise InvalidArgument("group", "episodes carry no group yet; select them by --label")
+def selected(
+    client: StasisClient, args: argparse.Namespace, progress: Callable[[str], None] = lambda _text: None
+) -> list[EpisodeInfo]:
+    """The finished episodes the flags select: by labels, by when they finished and by group. A
+    group's members come in index order, and those not finished yet are left out (and said so)."""
     labels = dict(_label(pair) for pair in args.label)
     found = client.episodes(states=[s.value for s in sorted(TERMINAL)], labels=labels)
+    if args.group:
+        (group,) = client.groups(args.group)  # NOT_FOUND if there is no such group
+        index = {m.episode_id: m.index for m in group.members}
+        found = sorted((e for e in found if e.id in index), key=lambda e: index[e.id])
+        if group.final < group.size:
+            progress(f"group {group.id}: {group.size - group.final} of {group.size} members not finished yet")
     return [
         e
         for e in found
@@ -73,7 +79,7 @@ def export(
     settings = ExportSettings(
         max_paths=args.max_paths, mask_abandoned=not args.keep_masked, mask_uncertain=not args.keep_masked
     )
-    episodes = selected(client, args)
+    episodes = selected(client, args, progress)
 
     def batches() -> Iterator[list[dict[str, Any]]]:
         for e in episodes:
@@ -81,8 +87,8 @@ def export(
             t = client.trajectory(e.id, include_branches=True)
             turns = [turn for b in [t.main, *t.branches] for turn in b.turns]
             yield dataset.rows(
-                args.records, e.id, turns, reward=t.reward, labels=t.labels, settings=settings,
-                agent_version=_version(),
+                args.records, e.id, turns, reward=t.reward, labels=t.labels, group_id=t.group_id,
+                group_index=t.group_index, settings=settings, agent_version=_version(),
             )  # fmt: skip
 
     try:

@@ -284,9 +284,7 @@ def parser() -> argparse.ArgumentParser:
     tx.add_argument(
         "--until", type=moment, default=None, metavar="TIME", help="only episodes finished before TIME"
     )
-    tx.add_argument(
-        "--group", default="", help="only the members of this group (refused until episodes carry groups)"
-    )
+    tx.add_argument("--group", default="", help="only the members of this GRPO group, in index order")
     tx.add_argument("--max-paths", type=int, default=5, help="streams kept per tree (tree records)")
     tx.add_argument("--keep-masked", action="store_true",
                     help="train on abandoned turns and turns whose delivery is uncertain too (flagged either way)")  # fmt: skip

@@ -151,6 +151,8 @@ class TurnInfo(_Plain):
     """How the turn hangs in the tree (continuation, parallel, subagent, side_call, ...)."""
     edge_parent: int = 0
     """The turn it hangs from; 0 for none."""
+    delivery_uncertain: bool = False
+    """A delivery was under way when the orchestrator stopped: the harness may have the turn."""
 
 
 @dataclass(frozen=True)

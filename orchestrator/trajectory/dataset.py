@@ -28,6 +28,8 @@ _EPISODE = [
     pa.field("episode_id", pa.string(), nullable=False),
     pa.field("reward", pa.float64()),
     pa.field("labels", pa.map_(pa.string(), pa.string())),
+    pa.field("group_id", pa.string()),
+    pa.field("group_index", pa.int32()),
 ]
 SCHEMAS: Mapping[str, pa.Schema] = {
     "tree": pa.schema(
@@ -42,6 +44,7 @@ SCHEMAS: Mapping[str, pa.Schema] = {
             pa.field("logprobs", pa.list_(pa.float64())),
             pa.field("policy_versions", pa.list_(pa.string())),
             pa.field("turn_ids", pa.list_(pa.int64())),
+            pa.field("edges", pa.list_(pa.string())),
             pa.field("spans", pa.list_(pa.list_(pa.int64(), 2))),
             pa.field("logprobs_exact", pa.bool_()),
         ]
@@ -51,6 +54,8 @@ SCHEMAS: Mapping[str, pa.Schema] = {
             *_EPISODE,
             pa.field("turn_id", pa.int64()),
             pa.field("parent_id", pa.int64()),
+            pa.field("edge", pa.string()),
+            pa.field("edge_parent", pa.int64()),
             pa.field("branch", pa.int32()),
             pa.field("run", pa.int32()),
             pa.field("prompt_token_ids", pa.list_(pa.int64())),
@@ -80,11 +85,17 @@ def rows(
     *,
     reward: float | None = None,
     labels: Mapping[str, str] | None = None,
+    group_id: str = "",
+    group_index: int = 0,
     settings: ExportSettings = _DEFAULTS,
     agent_version: str = "",
 ) -> list[dict[str, Any]]:
-    """An episode's rows of one kind."""
-    episode = {"episode_id": episode_id, "reward": reward, "labels": dict(labels or {})}
+    """An episode's rows of one kind; `group_id` and `group_index` name its GRPO group ("" for
+    none) and its index there."""
+    episode = {
+        "episode_id": episode_id, "reward": reward, "labels": dict(labels or {}), "group_id": group_id,
+        "group_index": group_index,
+    }  # fmt: skip
     if kind == "tree":
         return [{**episode, **dataclasses.asdict(s)} for s in tree_samples(turns, settings).streams]
     if kind == "calls":

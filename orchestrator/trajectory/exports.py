@@ -15,8 +15,9 @@ paths share exact token prefixes. A break in the prompt, a change of sampling, o
 no recorded prefix starts a tree of its own. Each tree keeps at most `max_paths` of its
 root-to-leaf paths, chosen in this order:
 
-1. the main path, if the tree holds turns of branch 0: from the root to its last turn of
-   branch 0, the live conversation (a leaf, unless abandoned turns are kept);
+1. the main path, if the tree holds turns of main (`on_main`: branch 0 as the ledger's edges
+   define it, never a side call, a subagent or a compaction's summary): from the root to its
+   last turn of main, the live conversation (a leaf, unless abandoned turns are kept);
 2. then, one at a time, the path that adds the most sampled tokens no kept path holds yet;
    a tie goes to the path whose leaf was recorded last, then to the lower branch.
 
@@ -30,10 +31,12 @@ listed as dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+from orchestrator.trajectory.edges import Edge
 
 ATIF_VERSION = "ATIF-v1.8"
 
@@ -82,6 +85,17 @@ class ExportTurn(Protocol):
     def logprobs_exact(self) -> bool: ...
     @property
     def sampling(self) -> ExportSampling: ...
+    @property
+    def delivery_uncertain(self) -> bool:
+        """A delivery was under way when the orchestrator stopped and was never seen to end."""
+
+    @property
+    def edge(self) -> str:
+        """How the turn hangs in the tree (`edges.Edge`); "" for a turn recorded before edges."""
+
+    @property
+    def edge_parent(self) -> int | None:
+        """The turn it hangs from; None or 0: none."""
 
 
 @dataclass(frozen=True)
@@ -100,13 +114,10 @@ class ExportSettings:
 
 
 def delivery_uncertain(turn: ExportTurn) -> bool:
-    """Whether the ledger cannot tell if the turn reached the harness.
-
-    Always False for now: the ledger commits a delivery's time after the fact, so a turn
-    without one may still have been delivered, and nothing marks uncertain turns yet. Once the
-    delivery time is durable before the turn can be read as undelivered, a live turn without
-    one in a finished episode is uncertain, and this says so."""
-    return False
+    """Whether the ledger cannot tell if the turn reached the harness: a delivery of it was under
+    way (the ledger's `sending_run` note) when the orchestrator stopped, and was never seen to end
+    either way."""
+    return turn.delivery_uncertain
 
 
 def masked(turn: ExportTurn, settings: ExportSettings) -> bool:
@@ -128,8 +139,8 @@ class TreeStream:
     """One kept path of a tree as one token sequence."""
 
     tree: int
-    """The tree's index in the episode: the trees holding turns of branch 0 first, in the order
-    of their roots, then the others."""
+    """The tree's index in the episode: the trees holding turns of main first (main's turns after
+    a compaction start a tree of their own), in the order of their roots, then the others."""
     path: int
     """The stream's rank among its tree's kept paths: 0 is the main path when the tree has it."""
     token_ids: list[int]
@@ -144,6 +155,8 @@ class TreeStream:
     """The policy version that sampled each token; "" for context."""
     turn_ids: list[int]
     """The turns of the path, root first."""
+    edges: list[str]
+    """Each turn's edge (`edges.Edge`: `side_call` flags a side call), per turn_ids entry."""
     spans: list[tuple[int, int]]
     """Where each turn's sampled tokens lie: [start, end) per turn_ids entry."""
     branch: int
@@ -193,7 +206,7 @@ def tree_samples(turns: Sequence[ExportTurn], settings: ExportSettings = ExportS
         else:
             roots.append(t)
     mains = {root.id: _main_path(root, children) for root in roots}
-    # The main tree first: the one that holds branch 0's first turn.
+    # Main's trees first, in its order across compactions.
     roots.sort(key=lambda r: (not mains[r.id], r.id))
     for index, root in enumerate(roots):
         paths = _paths(root, children)
@@ -236,14 +249,24 @@ def _keep(paths: list[list[ExportTurn]], main: list[ExportTurn], cap: int) -> li
     return kept
 
 
+_OFF_MAIN = frozenset({Edge.SIDE_CALL, Edge.SUBAGENT, Edge.COMPACTION, Edge.PARALLEL, Edge.FORK})
+
+
+def on_main(turn: ExportTurn) -> bool:
+    """The turn is main's, as the ledger's edges define it: of branch 0, which follows the primary
+    conversation across compactions, and never a side call, a subagent, a compaction's summary or
+    a parallel sibling (a turn recorded before edges were: of branch 0)."""
+    return turn.branch == 0 and turn.edge not in _OFF_MAIN
+
+
 def _main_path(root: ExportTurn, children: Mapping[int, list[ExportTurn]]) -> list[ExportTurn]:
-    """The path from the root to the tree's last turn of branch 0; empty if it has none."""
+    """The path from the root to the tree's last turn of main; empty if it has none."""
     parent_of: dict[int, ExportTurn] = {}
     last: ExportTurn | None = None
     todo = [root]
     while todo:
         t = todo.pop()
-        if t.branch == 0 and (last is None or t.id > last.id):
+        if on_main(t) and (last is None or t.id > last.id):
             last = t
         for c in children.get(t.id, []):
             parent_of[c.id] = t
@@ -281,7 +304,7 @@ def _streams(tree: int, kept: list[list[ExportTurn]]) -> list[TreeStream]:
         streams.append(
             TreeStream(
                 tree=tree, path=rank, token_ids=tokens, loss_mask=mask, weights=weights,
-                logprobs=logprobs, policy_versions=versions, turn_ids=[t.id for t in p], spans=spans,
+                logprobs=logprobs, policy_versions=versions, turn_ids=[t.id for t in p], edges=[t.edge for t in p], spans=spans,
                 branch=leaf.branch, logprobs_exact=all(t.logprobs_exact for t in p),
             )
         )  # fmt: skip
@@ -298,6 +321,10 @@ class CallRecord:
 
     turn_id: int
     parent_id: int | None
+    edge: str
+    """How the call hangs in the tree (`edges.Edge`: `side_call` flags a side call)."""
+    edge_parent: int | None
+    """The call it hangs from: a subagent's spawning call, a continued conversation's compaction."""
     branch: int
     run: int
     prompt_token_ids: list[int]
@@ -326,7 +353,7 @@ def call_records(
 
 def _record(t: ExportTurn, settings: ExportSettings) -> CallRecord:
     return CallRecord(
-        turn_id=t.id, parent_id=_parent(t), branch=t.branch, run=t.run,
+        turn_id=t.id, parent_id=_parent(t), edge=t.edge, edge_parent=t.edge_parent or None, branch=t.branch, run=t.run,
         prompt_token_ids=list(t.prompt_token_ids), completion_token_ids=list(t.token_ids),
         logprobs=list(t.logprobs), policy_version=t.policy_version, finish_reason=t.finish_reason,
         mode=t.mode, prefix_exact=t.prefix_exact, logprobs_exact=t.logprobs_exact,
@@ -345,50 +372,80 @@ def atif(
     reward: float | None = None,
     labels: Mapping[str, str] | None = None,
     agent_version: str = "",
-    continued: Callable[[ExportTurn], bool] = lambda _turn: False,
     settings: ExportSettings = ExportSettings(),
 ) -> list[dict[str, Any]]:
     """The episode as ATIF v1.8 trajectory documents, each validated by the `atif` package's
-    models: the episode's trajectory first, then the continuations it refers to, if any.
+    models: main's trajectory first, then the ones it continues into after compactions, if any.
 
-    Branch 0 is the trajectory's steps, one agent step per turn with its prompt and completion
-    token ids and log-probs. Every other branch is an embedded subagent trajectory
-    (`<episode>/branch-<n>`). Where a branch's first turn continues a turn of another branch,
-    it is embedded in that branch's trajectory, and that turn's step names it in an
-    observation's `subagent_trajectory_ref`; a branch with no recorded prefix is embedded in
-    the episode's. A root branch for which `continued` holds (the conversation after a
-    compaction, once the ledger types its edges) is a document of its own instead, named by
-    the previous one's `continued_trajectory_ref`. Every step's `extra` has its turn, its
-    parent, its branch and run, and its `policy_version`; the episode's `extra` has the reward,
-    the labels and the policy versions in order of first use. Masked turns are left out.
+    Every branch is a trajectory, one agent step per turn with its prompt and completion token
+    ids and log-probs; branch 0 (main) is the episode's (`<episode>`), every other an embedded
+    subagent trajectory (`<episode>/branch-<n>`). Where a branch's conversation carries on after a
+    compaction (a continuation with no recorded prompt prefix), the rest of it is a trajectory of
+    its own (`<trajectory>/continued-<k>`), named by the one before's `continued_trajectory_ref`:
+    main's are further documents, a subagent's sit beside it. A compaction's summary call is a
+    step of the trajectory it summarises. Any other branch is embedded in the trajectory holding
+    the turn it hangs from (by its edge: a subagent's spawning turn, else its prompt's parent),
+    whose step names it in an observation's `subagent_trajectory_ref`; one that hangs from no
+    kept turn (a side call, a subagent whose spawning call could not be told) is embedded in the
+    episode's, named by no step. Every step's `extra` has its turn, its parent, its edge and
+    what the edge hangs from, its branch and run, and its `policy_version`; every embedded
+    trajectory's has its branch and edge (`side_call` flags a side call); the episode's has the
+    reward, the labels and the policy versions in order of first use. Masked turns are left out.
     """
     from atif import Trajectory  # the pydantic models are needed only when this export is asked for
 
     kept = [t for t in sorted(turns, key=lambda t: t.id) if not masked(t, settings)]
-    branches: dict[int, list[ExportTurn]] = {}
+    doc_of: dict[int, str] = {}
+    """Each kept turn's trajectory id."""
+    parts: dict[str, list[ExportTurn]] = {episode_id: []}
+    """Each trajectory's turns, the trajectories in the order of their first turns."""
+    continues: dict[str, str] = {}
+    """A trajectory -> the one it continues after a compaction."""
+    current: dict[int, str] = {}
+    """Each branch's trajectory so far."""
     for t in kept:
-        branches.setdefault(t.branch, []).append(t)
-    step_of = {t.id: (b, i) for b, bturns in branches.items() for i, t in enumerate(bturns)}
+        key = current.get(t.branch)
+        if key is None:
+            summarised = doc_of.get(t.edge_parent or 0) if t.edge == Edge.COMPACTION else None
+            key = summarised or (episode_id if t.branch == 0 else f"{episode_id}/branch-{t.branch}")
+        elif _carries_on(t):
+            before, base = key, key.partition("/continued-")[0]
+            key = f"{base}/continued-{sum(k.startswith(f'{base}/continued-') for k in parts) + 1}"
+            continues[key] = before
+        current[t.branch] = key
+        doc_of[t.id] = key
+        parts.setdefault(key, []).append(t)
     version = agent_version or "unknown"
-    docs = {b: _atif_document(episode_id, b, bturns, version) for b, bturns in branches.items()}
-    main = docs.pop(0, None) or _atif_document(episode_id, 0, [], version)
-    main["trajectory_id"] = episode_id
+    docs = {key: _atif_document(episode_id, key, ts, version) for key, ts in parts.items()}
+    step_of = {t.id: i for ts in parts.values() for i, t in enumerate(ts)}
+    main = docs[episode_id]
     chain = [main]
-    for b in sorted(docs, key=lambda b: branches[b][0].id):
-        first = branches[b][0]
-        origin = step_of.get(_parent(first) or 0)
-        if origin is None and continued(first):
-            chain[-1]["continued_trajectory_ref"] = docs[b]["trajectory_id"]
-            chain.append(docs[b])
+    host_of: dict[str, dict[str, Any]] = {}
+    """An embedded trajectory -> the trajectory it is embedded in."""
+    for key, ts in parts.items():
+        if key == episode_id:
             continue
-        if origin is None:
-            main.setdefault("subagent_trajectories", []).append(docs[b])
-            continue
-        host = main if origin[0] == 0 else docs[origin[0]]
-        host.setdefault("subagent_trajectories", []).append(docs[b])
-        step = host["steps"][origin[1]]
-        ref = {"trajectory_id": docs[b]["trajectory_id"], "session_id": episode_id}
-        step.setdefault("observation", {"results": []})["results"].append({"subagent_trajectory_ref": [ref]})
+        doc, first = docs[key], ts[0]
+        doc["extra"] = {"branch": first.branch, "edge": first.edge}
+        earlier = continues.get(key)
+        if earlier is not None:
+            docs[earlier]["continued_trajectory_ref"] = key
+            if earlier not in host_of:  # main's: a document of its own
+                chain.append(doc)
+                continue
+            host = host_of[earlier]  # beside the trajectory it continues
+        else:
+            anchor = _anchor(first) or 0
+            host_key = doc_of.get(anchor)
+            host = main if host_key is None else docs[host_key]
+            if host_key is not None:  # named by the step it hangs from
+                ref = {"trajectory_id": key, "session_id": episode_id}
+                step = host["steps"][step_of[anchor]]
+                step.setdefault("observation", {"results": []})["results"].append(
+                    {"subagent_trajectory_ref": [ref]}
+                )
+        host.setdefault("subagent_trajectories", []).append(doc)
+        host_of[key] = host
     main["extra"] = {
         "episode_id": episode_id,
         "reward": reward,
@@ -398,7 +455,21 @@ def atif(
     return [Trajectory.model_validate(doc).to_json_dict() for doc in chain]
 
 
-def _atif_document(episode_id: str, branch: int, turns: list[ExportTurn], version: str) -> dict[str, Any]:
+def _anchor(turn: ExportTurn) -> int | None:
+    """The turn it hangs from: its edge's (a subagent's spawning turn, a continued conversation's
+    compaction), else its prompt's parent (a turn recorded before edges were)."""
+    return turn.edge_parent or _parent(turn)
+
+
+def _carries_on(turn: ExportTurn) -> bool:
+    """It carries a conversation on after a compaction: a continuation whose prompt extends no
+    recorded turn."""
+    return turn.edge == Edge.CONTINUATION and _parent(turn) is None
+
+
+def _atif_document(
+    episode_id: str, trajectory_id: str, turns: list[ExportTurn], version: str
+) -> dict[str, Any]:
     steps = []
     for i, t in enumerate(turns, start=1):
         steps.append(
@@ -418,6 +489,8 @@ def _atif_document(episode_id: str, branch: int, turns: list[ExportTurn], versio
                 "extra": {
                     "turn_id": t.id,
                     "parent_id": _parent(t),
+                    "edge": t.edge,
+                    "edge_parent": t.edge_parent or None,
                     "branch": t.branch,
                     "run": t.run,
                     "policy_version": t.policy_version,
@@ -431,7 +504,7 @@ def _atif_document(episode_id: str, branch: int, turns: list[ExportTurn], versio
     return {
         "schema_version": ATIF_VERSION,
         "session_id": episode_id,
-        "trajectory_id": f"{episode_id}/branch-{branch}",
+        "trajectory_id": trajectory_id,
         "agent": {"name": "stasis", "version": version},
         "steps": steps,
     }

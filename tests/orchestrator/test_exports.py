@@ -1,7 +1,10 @@
 """Exports a trainer takes as they are: tree samples with their path cap and per-token weights on a
-tree whose answer is known, per-call records with their parent links, ATIF v1.8 validated by the
-`atif` models, and a dataset written by `stasis trajectories export` that round-trips through
-pyarrow. Abandoned turns are flagged and masked unless asked for."""
+tree whose answer is known, per-call records with their parent links and edges, ATIF v1.8
+validated by the `atif` models (a compaction's continuation, a subagent linked to its spawning
+step, a side call flagged), and a dataset written by `stasis trajectories export`, by labels,
+time or GRPO group, that round-trips through pyarrow. Abandoned turns and turns whose delivery is
+uncertain are flagged and masked unless asked for. The orchestrator's client is a boundary fake
+(`_Client`), named as such."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from orchestrator.api.service import branch_to_pb
 from orchestrator.cli.datasets import export
 from orchestrator.cli.parser import parser
 from orchestrator.client import TrajectoryInfo
-from orchestrator.domain import InvalidArgument
+from orchestrator.domain import InvalidArgument, NotFound
 from orchestrator.trajectory import (
     Branch,
     CanonicalRequest,
@@ -219,7 +222,7 @@ def test_a_restore_divergence_in_a_real_ledger_is_masked_from_the_exports(tmp_pa
     assert trajectory.extra["policy_versions"] == ["v1", "v2"]
 
 
-def _trajectory_info(turns: list[Turn]) -> TrajectoryInfo:
+def _trajectory_info(turns: list[Turn], group_id: str = "", group_index: int = 0) -> TrajectoryInfo:
     """The trajectory as a client reads it from GetTrajectory."""
     by_branch: dict[int, list[Turn]] = {}
     for t in turns:
@@ -235,8 +238,33 @@ def _trajectory_info(turns: list[Turn]) -> TrajectoryInfo:
         has_reward=True,
         reward=0.75,
         labels={"task": "t"},
+        group_id=group_id,
+        group_index=group_index,
     )
     return wire.decode(message, TrajectoryInfo)
+
+
+@pytest.mark.timeout(10)
+def test_a_turn_whose_delivery_is_uncertain_is_flagged_and_masked_unless_kept() -> None:
+    tree = _tree()
+    tree[5] = _turn(6, [40, 41, 42, 43], tree[3], branch=1, sending_run=1, sending_at=1_760_000_006.5)
+    for turns in (tree, _client_turns(tree)):
+        records = call_records(turns)
+        assert [(r.turn_id, r.delivery_uncertain, r.masked) for r in records if r.masked] == [
+            (6, True, True), (8, False, True)
+        ]  # fmt: skip
+        result = tree_samples(turns)
+        assert result.masked_turns == [6, 8]
+        assert [s.turn_ids for s in result.streams if s.tree == 0] == [[1, 2, 3], [1, 4], [1, 7], [1, 2, 5]]
+        (doc,) = atif_export("ep", turns)
+        assert [s["extra"]["turn_id"] for s in doc["subagent_trajectories"][0]["steps"]] == [4]
+        kept = call_records(turns, ExportSettings(mask_abandoned=False, mask_uncertain=False))
+        assert [r.turn_id for r in kept if r.delivery_uncertain] == [6] and not any(r.masked for r in kept)
+
+
+def _client_turns(turns: list[Turn]) -> list[Any]:
+    info = _trajectory_info(turns)
+    return [t for b in [info.main, *info.branches] for t in b.turns]
 
 
 @pytest.mark.timeout(10)
@@ -272,34 +300,144 @@ def test_atif_validates_with_the_atif_models_and_links_subagents() -> None:
     assert trajectory.continued_trajectory_ref is None
 
 
+def _typed_tree() -> list[Turn]:
+    """A tree whose edges the ledger typed, as Claude Code makes one (sampled tokens in brackets):
+
+    t1 [50]                                     side call: a title, recorded first (branch 1)
+    t2 [10 11] ─ t3 [12]                        main (branch 0); t3's tool call spawns t4
+                       └ t6 [60 61]             compaction of main, hung from t3 (branch 3)
+    t4 [40 41] ─ t5 [42]                        subagent spawned by t3, no shared prefix (branch 2)
+    t7 [70] ─ t8 [71 72]                        main continued from t6's summary (branch 0); t8's
+                                                delivery was under way when the orchestrator stopped
+    """
+    t1 = _turn(1, [50], branch=1, prompt=[7, 7], edge="side_call")
+    t2 = _turn(2, [10, 11], edge="root")
+    t3 = _turn(3, [12], t2, edge="continuation", edge_parent=2)
+    t4 = _turn(4, [40, 41], branch=2, prompt=[5, 5], edge="subagent", edge_parent=3)
+    t5 = _turn(5, [42], t4, branch=2, edge="continuation", edge_parent=4)
+    t6 = _turn(6, [60, 61], t3, branch=3, edge="compaction", edge_parent=3)
+    t7 = _turn(7, [70], prompt=[3, 3], edge="continuation", edge_parent=6)
+    t8 = _turn(8, [71, 72], t7, edge="continuation", edge_parent=7, sending_run=1, sending_at=1_760_000_008.5)
+    return [t1, t2, t3, t4, t5, t6, t7, t8]
+
+
 @pytest.mark.timeout(10)
-def test_atif_names_a_continuation_where_the_tree_has_one() -> None:
-    main, after = atif_export("ep", _tree(), continued=lambda t: t.id == 9)
-    assert main["continued_trajectory_ref"] == after["trajectory_id"] == "ep/branch-5"
-    assert "ep/branch-5" not in [s["trajectory_id"] for s in main["subagent_trajectories"]]
-    atif.Trajectory.model_validate(after)
+def test_the_tree_export_leads_with_main_across_a_compaction_and_names_each_turns_edge() -> None:
+    for turns in (_typed_tree(), _client_turns(_typed_tree())):
+        result = tree_samples(turns)
+        assert [(s.tree, s.path, s.turn_ids, s.edges) for s in result.streams] == [
+            (0, 0, [2, 3], ["root", "continuation"]),
+            (0, 1, [2, 3, 6], ["root", "continuation", "compaction"]),
+            (1, 0, [7], ["continuation"]),
+            (2, 0, [1], ["side_call"]),
+            (3, 0, [4, 5], ["subagent", "continuation"]),
+        ]
+        assert result.masked_turns == [8] and result.dropped_turns == []
+        assert [(s.weights, s.loss_mask) for s in result.streams[:2]] == [
+            ([0, 0, 1.0, 1.0, 0, 1.0], [0, 0, 1, 1, 0, 1]),
+            ([0, 0, 1.0, 1.0, 0, 1.0, 0, 0.5, 0.5], [0, 0, 0, 0, 0, 0, 0, 1, 1]),
+        ]
+        kept = tree_samples(turns, ExportSettings(mask_uncertain=False))
+        assert [s.turn_ids for s in kept.streams if s.tree == 1] == [[7, 8]] and kept.masked_turns == []
+
+
+@pytest.mark.timeout(10)
+def test_call_records_carry_each_calls_edge_and_flag_the_uncertain_delivery() -> None:
+    for turns in (_typed_tree(), _client_turns(_typed_tree())):
+        assert [
+            (r.turn_id, r.parent_id, r.edge, r.edge_parent, r.delivery_uncertain, r.masked)
+            for r in call_records(turns)
+        ] == [
+            (1, None, "side_call", None, False, False),
+            (2, None, "root", None, False, False),
+            (3, 2, "continuation", 2, False, False),
+            (4, None, "subagent", 3, False, False),
+            (5, 4, "continuation", 4, False, False),
+            (6, 3, "compaction", 3, False, False),
+            (7, None, "continuation", 6, False, False),
+            (8, 7, "continuation", 7, True, True),
+        ]
+
+
+def _refs(step: dict[str, Any]) -> list[str]:
+    results = (step.get("observation") or {}).get("results") or []
+    return [ref["trajectory_id"] for r in results for ref in r.get("subagent_trajectory_ref") or []]
+
+
+@pytest.mark.timeout(10)
+def test_atif_continues_main_after_a_compaction_links_the_subagent_and_flags_the_side_call() -> None:
+    for turns in (_typed_tree(), _client_turns(_typed_tree())):
+        main, after = atif_export("ep", turns, reward=1.0)
+        for doc in (main, after):
+            atif.Trajectory.model_validate(doc)
+        # The compaction's summary call ends the trajectory it summarises, which continues into t7's.
+        assert [(s["extra"]["turn_id"], s["extra"]["edge"]) for s in main["steps"]] == [
+            (2, "root"), (3, "continuation"), (6, "compaction")
+        ]  # fmt: skip
+        assert main["trajectory_id"] == "ep" and main["continued_trajectory_ref"] == "ep/continued-1"
+        assert after["trajectory_id"] == "ep/continued-1" and "continued_trajectory_ref" not in after
+        assert [s["extra"]["turn_id"] for s in after["steps"]] == [7]  # t8 is masked
+        assert after["steps"][0]["extra"]["edge_parent"] == 6
+        # The subagent hangs from t3, the step whose tool call spawned it; the side call from none.
+        assert [_refs(s) for s in main["steps"]] == [[], ["ep/branch-2"], []]
+        embedded = main["subagent_trajectories"]
+        assert [(d["trajectory_id"], d["extra"]) for d in embedded] == [
+            ("ep/branch-1", {"branch": 1, "edge": "side_call"}),
+            ("ep/branch-2", {"branch": 2, "edge": "subagent"}),
+        ]
+        assert [[s["extra"]["turn_id"] for s in d["steps"]] for d in embedded] == [[1], [4, 5]]
+        assert main["extra"]["policy_versions"] == ["v1", "v2", "v3", "v4", "v5", "v6", "v7"]
+        _, kept = atif_export("ep", turns, settings=ExportSettings(mask_uncertain=False))
+        assert [(s["extra"]["turn_id"], s["extra"]["delivery_uncertain"]) for s in kept["steps"]] == [
+            (7, False), (8, True)
+        ]  # fmt: skip
+
+
+@pytest.mark.timeout(10)
+def test_a_subagents_conversation_after_its_compaction_sits_beside_it() -> None:
+    tree = _typed_tree()[1:6]  # main up to its compaction, and the subagent t4-t5
+    t9 = _turn(9, [43], tree[3], branch=4, edge="compaction", edge_parent=5)
+    t10 = _turn(10, [44], branch=2, prompt=[6, 6], edge="continuation", edge_parent=9)
+    (main,) = atif_export("ep", [*tree, t9, t10])
+    subagent, continued = main["subagent_trajectories"]
+    assert [s["extra"]["turn_id"] for s in subagent["steps"]] == [4, 5, 9]
+    assert subagent["continued_trajectory_ref"] == continued["trajectory_id"] == "ep/branch-2/continued-1"
+    assert [s["extra"]["turn_id"] for s in continued["steps"]] == [10]
+    assert [_refs(s) for s in main["steps"]] == [[], ["ep/branch-2"], []]
+
+
+_MEMBERS = {"late": 0, "ep": 1, "running": 2}
+"""GRPO group g's members: `running` is not finished."""
 
 
 class _Client:
     """A boundary fake of the orchestrator's client, which the export takes: two finished episodes
-    whose trajectories are the known tree as GetTrajectory sends it."""
+    whose trajectories are the known tree as GetTrajectory sends it, members 1 and 0 of group g,
+    whose member 2 still runs."""
 
     def __init__(self) -> None:
         self.asked: list[dict[str, Any]] = []
+        self.said: list[str] = []
 
     def episodes(self, states: Sequence[str] = (), labels: dict[str, str] | None = None) -> list[Any]:
         self.asked.append({"states": list(states), "labels": labels})
         return [SimpleNamespace(id="ep", finished_at=100.0), SimpleNamespace(id="late", finished_at=200.0)]
 
+    def groups(self, group_id: str = "") -> list[Any]:
+        if group_id not in ("", "g"):
+            raise NotFound(f"no group {group_id}")
+        members = [SimpleNamespace(index=i, episode_id=e) for e, i in _MEMBERS.items()]
+        return [SimpleNamespace(id="g", size=3, final=2, members=members)]
+
     def trajectory(self, episode_id: str, include_branches: bool = False) -> TrajectoryInfo:
         assert include_branches
-        return _trajectory_info(_tree())
+        return _trajectory_info(_tree(), "g", _MEMBERS[episode_id])
 
 
 def _export(*argv: str) -> tuple[_Client, Path, int, int]:
     client = _Client()
     args = parser().parse_args(["trajectories", "export", *argv])
-    dest, episodes, count = export(client, args, progress=lambda _text: None)
+    dest, episodes, count = export(client, args, progress=client.said.append)
     return client, dest, episodes, count
 
 
@@ -315,7 +453,7 @@ def test_a_parquet_export_round_trips_with_pyarrow(tmp_path: Path) -> None:
     table = pq.read_table(dest)
     assert table.schema == SCHEMAS["tree"]
     back = table.to_pylist()
-    expected = rows("tree", "ep", _tree(), reward=0.75, labels={"task": "t"})
+    expected = rows("tree", "ep", _tree(), reward=0.75, labels={"task": "t"}, group_id="g", group_index=1)
     for row in expected:
         row["labels"] = list(row["labels"].items())
         row["spans"] = [list(s) for s in row["spans"]]
@@ -350,15 +488,31 @@ def test_a_dataset_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     assert write("calls", "parquet", dest, iter([])) == 0 and pq.read_table(dest).num_rows == 0
 
 
+@pytest.mark.timeout(30)
+def test_a_group_export_takes_its_finished_members_in_index_order(tmp_path: Path) -> None:
+    dest = tmp_path / "g.jsonl"
+    client, _, episodes, count = _export("-o", str(dest), "--records", "calls", "--group", "g")
+    lines = [json.loads(line) for line in dest.read_text().splitlines()]
+    assert episodes == 2 and count == 18
+    assert [(r["episode_id"], r["group_id"], r["group_index"]) for r in lines[::9]] == [
+        ("late", "g", 0),
+        ("ep", "g", 1),
+    ]
+    assert client.said[0] == "group g: 1 of 3 members not finished yet"
+    # With the other flags, the members that also match them.
+    _, _, episodes, _ = _export("-o", str(dest), "--group", "g", "--until", "150")
+    assert episodes == 1
+    with pytest.raises(NotFound):
+        _export("-o", str(dest), "--group", "nope")
+
+
 @pytest.mark.timeout(10)
-def test_the_export_flags_parse_times_and_refuse_groups_until_episodes_carry_them() -> None:
+def test_the_export_flags_parse_times() -> None:
     args = parser().parse_args(
         ["trajectories", "export", "-o", "x.parquet", "--since", "2026-12-07T12:00:00Z"]
     )
     assert args.since == 1_796_644_800.0 and args.max_paths == 5 and args.records == "tree"
     with pytest.raises(SystemExit):
         parser().parse_args(["trajectories", "export", "-o", "x", "--since", "yesterday"])
-    with pytest.raises(InvalidArgument, match="group"):
-        _export("-o", "x.parquet", "--group", "g")
     with pytest.raises(InvalidArgument, match="max-paths"):
         _export("-o", "x.parquet", "--max-paths", "0")
