@@ -82,6 +82,7 @@ class Orchestrator:
             cursor=lambda e: self.ledger.cursor(e.id),
             finish=Verifier(self.agents, self.ledger),
             gateway_env=self._gateway_env,
+            ledger=self.ledger,
         )
         self.gateway: Gateway | None = None
         # The model's template is loaded now, so that a wrong renderer or tokenizer stops the
@@ -224,6 +225,10 @@ class Orchestrator:
         if self.gateway is not None:
             self.gateway.stop()
 
+    def _max_staleness(self, e: Episode) -> int | None:
+        """The bound of the episode's GRPO group; None for none, or no group."""
+        return self.store.group(e.group_id).max_staleness if e.group_id else None
+
     def _must_lead(self) -> None:
         """Refuse what only the leader may do (the node registry's calls) on a standby."""
         if not self.leading:
@@ -236,7 +241,7 @@ class Orchestrator:
             raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
         self.gateway = Gateway(
             g, self.ledger, self.store.by_token, self.resumed_at, self.live_from, renderer=self.renderer,
-            live_run=live_run,
+            live_run=live_run, max_staleness=self._max_staleness,
         ).start()  # fmt: skip
         log.info(
             "gateway listening on %s%s, forwarding to %s",

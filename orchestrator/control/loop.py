@@ -3,7 +3,8 @@ node reports, asks the scheduler what to do, and hands the work to operations.
 
 `Control` also wires the loop's parts together; each part is a class of its own:
 `Work` (operations in flight), `Membership` (nodes), `Operations` (start, restore, checkpoint,
-finish), `Settlement` (intents left without an operation), `Commands` (user requests), `Images`
+finish), `Settlement` (intents left without an operation), `StalenessBound` (a GRPO group's
+`max_staleness`), `Commands` (user requests), `Images`
 (pinning and the image catalogue), `Logs` (harness output across runs) and
 `collect_snapshots` (retention).
 """
@@ -31,9 +32,11 @@ from orchestrator.control.outcomes import Outcomes
 from orchestrator.control.retention import collect_snapshots
 from orchestrator.control.settings import ControlSettings
 from orchestrator.control.settle import Settlement
+from orchestrator.control.staleness import StalenessBound
 from orchestrator.control.work import Work
 from orchestrator.domain import Episode, EpisodeState, FailedPrecondition, NodeRecord, NodeState, ids
 from orchestrator.state import StateStore
+from orchestrator.trajectory import Ledger
 from snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,7 @@ class Control:
         cursor: CursorHook | None = None,
         finish: FinishHook = default_finish,
         gateway_env: EnvHook | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -71,6 +75,7 @@ class Control:
             settings, store, snapshots, self.agents, self.work, self.members, self.outcomes,
             cursor=cursor or (lambda e: None), finish=finish, env=gateway_env or (lambda e: {}),
         )  # fmt: skip
+        self.staleness = StalenessBound(store, ledger, self.members)
         self.settle = Settlement(store, self.agents, self.operations, self.outcomes)
         self.commands = Commands(store, self.work, self.members, self.operations, self.wake)
         self.images = Images(store, self.agents)
@@ -156,6 +161,8 @@ class Control:
             sandbox = report.get(e.sandbox_id)
             if sandbox is not None and sandbox.state == SandboxState.EXITED and not sandbox.busy:
                 self.work.begin(e, self.operations.complete, sandbox.exit_code)
+            elif stale := self.staleness.why(e):  # a harness that exited takes no next turn
+                self.work.begin(e, self.staleness.rerun, stale)
             elif sandbox is None and reported_at > e.updated_at + 2 * self.settings.heartbeat_interval_s:
                 self.work.begin(e, self.settle.missing)
         elif e.state == S.CHECKPOINTING:

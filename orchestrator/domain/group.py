@@ -27,8 +27,9 @@ class Group:
     """N, the members whose rewards complete the group."""
     created_at: float = 0.0
     max_staleness: int | None = None
-    """The most policy versions a member's next turn may lag the published one; None: no bound.
-    Held for the policy-version work (issue 46, item 6), which enforces it; kept, not acted on."""
+    """The most policy versions a member's oldest live tokens may lag the published version its
+    next turn is sampled under; None: no bound. A turn past it is held back by the gateway, and the
+    control loop runs the member again from the start (`trajectory.policy.beyond_bound`)."""
 
     def validate(self) -> Group:
         for name, value in (("group.id", self.id), ("group.task_id", self.task_id)):

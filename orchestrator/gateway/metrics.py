@@ -1,6 +1,7 @@
 """The gateway's counters, served in Prometheus's text format on `metrics_listen`: turns sampled
 per mode, prompts that break the tokens before them, replays, turns whose log-probs are not of the
-distribution their tokens were drawn from, and turns recorded with no policy version."""
+distribution their tokens were drawn from, turns recorded with no policy version, and group
+members' turns held back past their group's `max_staleness`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ _HELP = {
     "logprobs_inexact": "Turns whose log-probs are not of the distribution the tokens were drawn from.",
     "replays": "Requests answered from the ledger with a recorded turn.",
     "policy_version_unknown": "Turns recorded with no policy version: the model server named none and none was published.",
+    "stale_held": "Turns of a GRPO group's member held back unsampled: they would exceed the group's max_staleness.",
 }
 
 

@@ -49,7 +49,7 @@ from orchestrator.gateway.settings import GatewaySettings
 from orchestrator.gateway.slots import FairSlots, SlotTimeout
 from orchestrator.gateway.upstream import Stream, Upstream, UpstreamUnreachable
 from orchestrator.state.sql import Connection
-from orchestrator.trajectory import edges
+from orchestrator.trajectory import edges, policy
 from orchestrator.trajectory.ledger import Ledger, Sampling, extension
 from orchestrator.trajectory.ledger import Turn as RecordedTurn
 from protos.tls import certified_identity, node_of
@@ -201,6 +201,7 @@ class Gateway:
         live_from: Callable[[Episode, Peer], bool],
         renderer: ChatRenderer | None = None,
         live_run: Callable[[Connection, str], tuple[int, str]] | None = None,
+        max_staleness: Callable[[Episode], int | None] | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -215,6 +216,9 @@ class Gateway:
         """An episode's current run, and why its trajectory takes no more turns, read again in
         the transaction that records a turn (`Ledger.record`): a generation that outlives its run
         is placed by what holds when it commits, and one that outlives its episode is refused."""
+        self.max_staleness = max_staleness or (lambda e: None)
+        """The bound of the episode's GRPO group (`Group.max_staleness`); None for no bound or no
+        group. A turn that would take a member past it is held back (`_within_bound`)."""
         self.upstream = Upstream(settings)
         self.metrics = Metrics()
         self.renderer = renderer or (
@@ -483,6 +487,7 @@ class Gateway:
                 async with self._slots.hold(turn.episode.id, self.settings.turn_wait_s):
                     # Read as sampling begins: a version published while it runs is not its own.
                     turn = dataclasses.replace(turn, published=await self._call(self.ledger.policy.published))
+                    await self._within_bound(turn)
                     if req.stream:
                         return await self._stream(request, turn)
                     return await self._whole(request, turn)
@@ -490,6 +495,28 @@ class Gateway:
                 held = self._slots.held(turn.episode.id)
                 raise GatewayError(429, f"{exc}: this episode holds {held} of them; retry shortly",
                                    "rate_limit_error") from None  # fmt: skip
+
+    async def _within_bound(self, turn: _Turn) -> None:
+        """Refuse, unsampled and unrecorded, a group member's turn that would be sampled under the
+        published version while its trajectory holds tokens more than its group's `max_staleness`
+        versions older: 503, which harnesses retry, so the member is held until the control loop
+        runs it again from the start (`Control`, `policy.beyond_bound`)."""
+        e = turn.episode
+        if not e.group_id:
+            return
+        bound = await self._call(self.max_staleness, e)
+        if bound is None:
+            return
+        lag = policy.beyond_bound(await self._call(self.ledger.live_versions, e.id), turn.published, bound)
+        if lag is None:
+            return
+        self.metrics.count("stale_held")
+        why = policy.stale_member(lag, turn.published, bound)
+        raise GatewayError(
+            503, f"episode {e.id} (group {e.group_id}, member {e.group_index}) is {why}; this turn is held back "
+            "unsampled and nothing is recorded: the member runs again from the start under the published version",
+            "overloaded_error",
+        )  # fmt: skip
 
     def _upstream_body(self, req: Request) -> dict[str, Any]:
         body = dict(req.upstream)

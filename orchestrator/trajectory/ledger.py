@@ -657,6 +657,30 @@ class Ledger:
             )
             todo += [r["id"] for r in db.execute("SELECT id FROM turns WHERE parent_id = ?", (current,))]
 
+    def live_versions(self, episode_id: str) -> list[str]:
+        """The policy versions of the episode's live turns, each once: what a group's
+        `max_staleness` is compared with (`policy.beyond_bound`)."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT DISTINCT policy_version FROM turns WHERE episode_id = ? AND abandoned = 0",
+                (episode_id,),
+            ).fetchall()
+        return [str(r["policy_version"]) for r in rows]
+
+    def start_over(self, episode_id: str) -> int:
+        """Abandon every live turn of an episode that runs again from the start, so that its new
+        run's requests are sampled afresh, never replayed from these; they move past every branch
+        number, so that the new run's primary conversation is main (branch 0) again. How many."""
+        with self._tx() as db:
+            live = db.execute(
+                "SELECT COUNT(*) AS n FROM turns WHERE episode_id = ? AND abandoned = 0", (episode_id,)
+            ).fetchone()
+            db.execute(
+                "UPDATE turns SET abandoned = 1, branch = branch + ? WHERE episode_id = ? AND abandoned = 0",
+                (self._next_branch(db, episode_id), episode_id),
+            )
+            return int(live["n"])
+
     def turns(self, episode_id: str) -> list[Turn]:
         with self._read() as db:
             rows = db.execute(

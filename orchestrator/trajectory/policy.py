@@ -8,10 +8,11 @@ A token's staleness is the published version when a sample is read minus the ver
 was sampled under, where both are integers; a version that is not an integer (an upstream's own
 header, "policy-v1") has no order, and its tokens' staleness is unknown.
 
-Hook for a group's `max_staleness` (not enforced here): `oldest_staleness` gives how far an
-episode's oldest live turn lags the published version, which is what a member's next turn would
-at least be trained against; a policy that holds back or preempts members compares it to the
-group's limit.
+A GRPO group's `max_staleness` bounds its members (docs/trajectory.md, "Policy versions"): a
+member's next turn is sampled under the published version, so its trajectory would then hold
+tokens `oldest_staleness` versions older than that turn's. `beyond_bound` says when that is more
+than the bound: the gateway then holds the turn back unsampled, and the control loop runs the
+member again from the start.
 """
 
 from __future__ import annotations
@@ -106,3 +107,21 @@ def oldest_staleness(versions: Iterable[str], published: int) -> int | None:
     `max_staleness` compares); None if none of them can be ordered."""
     known = [s for v in versions if (s := staleness(published, v)) is not None]
     return max(known) if known else None
+
+
+def beyond_bound(versions: Iterable[str], published: int, max_staleness: int | None) -> int | None:
+    """How stale a member's oldest live token is, if a turn sampled now under `published` would
+    put it more than `max_staleness` versions behind; None if the turn may be sampled (no bound,
+    nothing published, or no version the member holds has an order)."""
+    if max_staleness is None:
+        return None
+    lag = oldest_staleness(versions, published)
+    return lag if lag is not None and lag > max_staleness else None
+
+
+def stale_member(lag: int, published: int, max_staleness: int) -> str:
+    """Why a member's next turn is not sampled, in the words its events and errors carry."""
+    return (
+        f"stale-bounded: its oldest live tokens are {lag} policy versions behind the published "
+        f"version {published}, past its group's max_staleness {max_staleness}"
+    )

@@ -33,7 +33,8 @@ from orchestrator.domain import (
     ids,
 )
 from orchestrator.state import SqliteStateStore
-from orchestrator.trajectory import Ledger
+from orchestrator.trajectory import CanonicalRequest, Ledger
+from orchestrator.trajectory.canonical import canonical_message
 from protos.stasis.v1 import stasis_pb2 as pb
 from snapshots import SnapshotStore
 from tests.orchestrator.fakes import FakeAgent, FakeAgents
@@ -60,7 +61,9 @@ class Loop:
         # The real verifier, run by the fake agents: a spec with a reward section gets the
         # reward its verifier prints (`FakeAgents.verifier_logs`).
         finish = Verifier(self.agents, self.ledger)
-        self.control = Control(settings, self.store, self.snapshots, self.agents, finish=finish)
+        self.control = Control(
+            settings, self.store, self.snapshots, self.agents, finish=finish, ledger=self.ledger
+        )
         self.silent: set[str] = set()
 
     def register(self, *names: str) -> None:
@@ -777,6 +780,69 @@ def test_a_member_whose_snapshot_cannot_be_restored_starts_over_rather_than_fail
     assert (e.restored_from, e.last_snapshot_id, e.log_offsets[:2]) == ("", "", (-1, -1))
     reasons = [ev.reason for ev in loop.store.events(0, [member])]
     assert any("has no recorded manifest digest" in r and "member 0 starts over" in r for r in reasons)
+
+
+def _sampled(loop: Loop, episode_id: str, version: str, text: str = "go") -> None:
+    """A turn the gateway sampled for the episode's current run under `version`."""
+    e = loop.store.get(episode_id)
+    request = CanonicalRequest.parse("chat", {"model": "m", "messages": [{"role": "user", "content": text}]})
+    answer = canonical_message({"role": "assistant", "content": "ok"})
+    loop.ledger.record(episode_id, e.runs, 0.0, request, b"{}", answer, b"", "chat", b"", [5, 6], [-0.5, -0.5],
+                       [1, 2], version, 1.0)  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_a_member_whose_next_turn_would_exceed_max_staleness_runs_again_from_the_start(
+    groups: tuple[Loop, StasisService],
+) -> None:
+    """Group g-5 (max_staleness 1): member 0's oldest tokens fall 2 versions behind and it runs
+    again from the spec, not its snapshot; member 1, 1 behind, and an unbounded group's member,
+    2 behind, run on. The group completes with every member's own verifier's reward."""
+    loop, service = groups
+    bounded = _submit_group(service, pb.EpisodeGroup(id="g-5", task_id="task-1", size=2, max_staleness=1))
+    (free,) = _submit_group(service, pb.EpisodeGroup(id="g-6", task_id="task-1", size=1))
+    for index, episode_id in enumerate([*bounded, free]):
+        loop.agents.verifier_logs[episode_id] = f"{index + 1}\n".encode()
+    everyone = [*bounded, free]
+    loop.until("all running", lambda: {loop.state(m) for m in everyone} == {S.RUNNING})
+    stale, fresh = bounded
+    loop.ledger.policy.publish(3)
+    _sampled(loop, stale, "3")
+    _sampled(loop, free, "3")
+    loop.ledger.policy.publish(4)
+    _sampled(loop, fresh, "4")
+    _sampled(loop, stale, "4", "more")
+    loop.control.operations.begin_checkpoint(stale, Reason.AUTOSAVE, "save", leave_running=True)
+    loop.until("an autosave", lambda: loop.store.get(stale).snapshots == 1)
+    loop.until("some ticks within the bound", lambda: True)
+    assert {loop.store.get(m).runs for m in everyone} == {1}, "1 version behind: within the bound"
+
+    first = loop.store.get(stale)
+    loop.ledger.policy.publish(5)
+    loop.until(
+        "member 0 running again", lambda: loop.store.get(stale).runs == 2 and loop.state(stale) == S.RUNNING
+    )
+    again = loop.store.get(stale)
+    assert (again.restored_from, again.last_snapshot_id, again.log_offsets[:1]) == ("", "", (-1,))
+    assert ("delete", first.sandbox_id) in loop.node(first.node).calls
+    reasons = [ev.reason for ev in loop.store.events(0, [stale])]
+    assert any(
+        "stale-bounded: its oldest live tokens are 2 policy versions behind the published version 5, past its "
+        "group's max_staleness 1; group g-5's member 0 runs again from the start" in r
+        for r in reasons
+    ), reasons
+    assert [t.abandoned for t in loop.ledger.turns(stale)] == [True, True], "never replayed to the new run"
+    assert loop.store.get(fresh).runs == loop.store.get(free).runs == 1
+    assert [t.abandoned for t in loop.ledger.turns(fresh) + loop.ledger.turns(free)] == [False, False]
+
+    _sampled(loop, stale, "5")  # the new run's first turn, under the published version
+    loop.until("some ticks", lambda: True)
+    assert loop.store.get(stale).runs == 2, "the new run is within the bound"
+    _finish_running(loop, everyone)
+    loop.until("all final", lambda: all(loop.state(m).terminal for m in everyone))
+    listed = {g.id: g for g in service.ListGroups(pb.ListGroupsRequest(), None).groups}  # type: ignore[arg-type]
+    assert listed["g-5"].complete and [m.reward for m in listed["g-5"].members] == [1.0, 2.0]
+    assert listed["g-6"].complete and [m.reward for m in listed["g-6"].members] == [3.0]
 
 
 @pytest.mark.timeout(30)

@@ -420,6 +420,60 @@ def test_a_turn_without_a_version_header_records_the_version_published_when_its_
         model.stop()
 
 
+@pytest.mark.timeout(60)
+def test_a_members_turn_past_its_groups_max_staleness_is_held_back_unsampled_and_unrecorded(
+    tmp_path: Path, open_ledger: OpenLedger
+) -> None:
+    """ep-1 is member 0 of a group with max_staleness 1; its turns record the published version."""
+    model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
+    world = _world(tmp_path, model.url, model, open_ledger(), policy_version_header="x-not-sent")
+    world.gateway.max_staleness = lambda e: 1 if e.group_id == "g-1" else None
+    world.episodes["ep-1"] = replace(world.episodes["ep-1"], group_id="g-1", group_index=0)
+    anthropic_body = {"model": "reference", "max_tokens": 20, "messages": [USER]}
+    try:
+        _count(world)
+        policy = world.ledger.policy
+        assert world.post(_chat(USER, seed=1))[0] == 200, "nothing published: nothing is stale"
+        policy.publish(1)
+        assert world.post(_chat(USER, seed=2))[0] == 200
+        policy.publish(2)
+        assert world.post(_chat(USER, seed=3))[0] == 200, "its oldest ordered tokens lag 1: within the bound"
+        assert [t.policy_version for t in world.ledger.turns("ep-1")] == ["", "1", "2"]
+        calls = len(world.upstream_calls)
+
+        policy.publish(3)  # version 1's tokens would now lag 2
+        status, body = world.post(_chat(USER, seed=4))
+        error = json.loads(body)["error"]
+        assert status == 503 and error["type"] == "overloaded_error"
+        for words in ("group g-1, member 0", "stale-bounded", "2 policy versions behind the published version 3",
+                      "max_staleness 1", "held back unsampled and nothing is recorded"):  # fmt: skip
+            assert words in error["message"], error["message"]
+        status, body = world.post(anthropic_body, path="/v1/messages")
+        assert status == 503 and json.loads(body)["error"]["type"] == "overloaded_error"
+        status, _ = world.post(_chat(USER, seed=5, stream=True))
+        assert status == 503, "a stream is refused before its headers"
+        assert len(world.ledger.turns("ep-1")) == 3 and len(world.upstream_calls) == calls, "never sampled"
+        assert world.gateway.metrics.value("stale_held") == 3
+
+        # What the control loop does: the member's turns are abandoned and it runs from the start.
+        assert world.ledger.start_over("ep-1") == 3
+        world.set_run("ep-1", 2, 0.0)
+        status, body = world.post(_chat(USER, seed=1))
+        assert status == 200 and len(world.upstream_calls) == calls + 1, "sampled afresh, not replayed"
+        fresh = world.ledger.turns("ep-1")[-1]
+        assert (fresh.policy_version, fresh.branch, fresh.edge, fresh.abandoned) == ("3", 0, "root", False)
+        assert all(t.abandoned and t.branch > 0 for t in world.ledger.turns("ep-1")[:3])
+
+        # The same lag in no group, or in a group with no bound, is not held back.
+        policy.publish(9)
+        for group in ("", "g-unbounded"):
+            world.episodes["ep-1"] = replace(world.episodes["ep-1"], group_id=group)
+            assert world.post(_chat(USER, seed=6 + len(group)))[0] == 200
+    finally:
+        world.gateway.stop()
+        model.stop()
+
+
 @pytest.mark.timeout(30)
 def test_branches_parallel_calls_and_abandonment(world: World) -> None:
     _, r1 = world.post(_chat(USER))

@@ -27,7 +27,8 @@ class GatewayError(Exception):
         self.status = status
         self.kind = kind
         """One of: invalid_request_error, authentication_error, permission_error, not_found_error,
-        conflict_error, request_too_large, rate_limit_error, upstream_error, server_error."""
+        conflict_error, request_too_large, rate_limit_error, overloaded_error, upstream_error,
+        server_error."""
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ _ERRORS = {
     "not_found_error": "not_found_error",
     "request_too_large": "request_too_large",
     "rate_limit_error": "rate_limit_error",
+    "overloaded_error": "overloaded_error",
     "upstream_error": "api_error",
     "server_error": "api_error",
 }
