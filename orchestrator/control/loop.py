@@ -113,6 +113,7 @@ class Control:
 
     def tick(self) -> None:
         now = time.time()
+        self.staleness.new_tick()
         for name in self.members.lost_nodes(now):
             for e in self.store.on_nodes(name):
                 if e.state in ON_NODE and e.id not in self.work.busy():

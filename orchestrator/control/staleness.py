@@ -32,16 +32,28 @@ class StalenessBound:
         self.ledger = ledger
         """Where turns and published versions are read; None: no bound is held (no gateway)."""
         self.members = members
+        self._published: int | None = None
+        self._bounds: dict[str, int | None] = {}
+
+    def new_tick(self) -> None:
+        """Forget what the last tick read: the published version and the groups' bounds are read
+        once per tick, however many members are bounded."""
+        self._published = None
+        self._bounds.clear()
 
     def why(self, e: Episode) -> str:
         """Why the running member `e` may take no further turn ("stale-bounded: ..."); "" if it
         may, or is in no group with a bound."""
         if self.ledger is None or not e.group_id:
             return ""
-        bound = self.store.group(e.group_id).max_staleness
+        if e.group_id not in self._bounds:
+            self._bounds[e.group_id] = self.store.group(e.group_id).max_staleness
+        bound = self._bounds[e.group_id]
         if bound is None:
             return ""
-        published = self.ledger.policy.published()
+        if self._published is None:
+            self._published = self.ledger.policy.published()
+        published = self._published
         lag = beyond_bound(self.ledger.live_versions(e.id), published, bound) if published else None
         return "" if lag is None else stale_member(lag, published, bound)
 

@@ -18,6 +18,7 @@ from orchestrator.api.service import StasisService
 from orchestrator.control import AgentUnavailable, Control, ControlSettings, SnapshotRequest, SpecRefused
 from orchestrator.control.node_agent import SandboxConflict
 from orchestrator.control.retention import collect_snapshots
+from orchestrator.control.staleness import StalenessBound
 from orchestrator.control.verifier import Verifier, parse_reward
 from orchestrator.domain import (
     EpisodeSpec,
@@ -843,6 +844,39 @@ def test_a_member_whose_next_turn_would_exceed_max_staleness_runs_again_from_the
     listed = {g.id: g for g in service.ListGroups(pb.ListGroupsRequest(), None).groups}  # type: ignore[arg-type]
     assert listed["g-5"].complete and [m.reward for m in listed["g-5"].members] == [1.0, 2.0]
     assert listed["g-6"].complete and [m.reward for m in listed["g-6"].members] == [3.0]
+
+
+@pytest.mark.timeout(60)
+def test_a_tick_reads_the_published_version_and_a_groups_bound_once_for_all_its_members(
+    groups: tuple[Loop, StasisService],
+) -> None:
+    """Three bounded members within their bound: telling each costs its own live versions, but
+    the published version and the group's bound are read once per tick, not once per member."""
+    loop, service = groups
+    members = _submit_group(service, pb.EpisodeGroup(id="g-9", task_id="task-1", size=3, max_staleness=1))
+    loop.until("all running", lambda: {loop.state(m) for m in members} == {S.RUNNING})
+    loop.ledger.policy.publish(3)
+    for m in members:
+        _sampled(loop, m, "3")
+    reads: list[str] = []
+
+    class Counted:  # the loop's own store and ledger, each read counted; its ticks run on apart
+        def __init__(self, inner: object, name: str) -> None:
+            self.inner, self.name = inner, name
+
+        def __getattr__(self, attr: str) -> object:
+            if attr in ("group", "published"):
+                reads.append(attr)
+            value = getattr(self.inner, attr)
+            return Counted(value, attr) if attr == "policy" else value
+
+    bound = StalenessBound(Counted(loop.store, "store"), Counted(loop.ledger, "ledger"), loop.control.members)  # type: ignore[arg-type]
+    bound.new_tick()
+    assert [bound.why(loop.store.get(m)) for m in members] == ["", "", ""]
+    assert reads == ["group", "published"]
+    bound.new_tick()
+    assert bound.why(loop.store.get(members[0])) == ""
+    assert reads == ["group", "published"] * 2, "a new tick reads them afresh"
 
 
 @pytest.mark.timeout(30)
