@@ -116,3 +116,35 @@ def test_lost_node_resumes_episodes_from_their_last_snapshot(make_stack: Callabl
         wait_until(
             lambda: {n.name: n.state for n in client.nodes()}[victim] == "READY", 60, "the node to return"
         )
+
+
+# The reward a verifier reads from the member's final files: the steps it counted, out of 100.
+COUNTED = ["python3", "-c", "print(len(open('/episode/work/steps.log').read().split()) / 100)"]
+
+
+@pytest.mark.timeout(300)
+def test_a_group_of_8_with_a_members_node_lost_completes_with_8_real_rewards(
+    make_stack: Callable[..., LocalStack],
+) -> None:
+    """A GRPO group of 8 runs across both nodes; one node dies outright. Its members resume on the
+    other from their snapshots (or start again), none is ended by the infrastructure, and the
+    group completes with each member's reward as its own verifier computed it."""
+    stack = make_stack(nodes=2, slots=4, node_lost_after_s=3.0)
+    spec = counter_spec(40, autosave_s=2.0) | {"reward": {"command": COUNTED}}
+    with stack.client() as client:
+        members = [m.id for m in client.submit_group(spec, 8, "g-lost", "count-40")]
+        running = {m: client.wait(m, ["RUNNING"], timeout_s=120) for m in members}
+        victim = running[members[0]].node
+        on_victim = [m for m in members if running[m].node == victim]
+        assert 0 < len(on_victim) < 8, {m: r.node for m, r in running.items()}
+        wait_until(lambda: all(client.get(m).snapshots >= 1 for m in on_victim), 60, "an autosave of each")
+        stack.agents[victim].kill()
+        remove_node_sandboxes(stack.state_dir / "nodes" / victim)
+        for m in members:
+            assert client.wait(m, ["SUCCEEDED"], timeout_s=240).exit_code == 0, m
+        for m in on_victim:
+            assert any("was lost" in e.reason for e in client.events(m)), f"{m} was on the lost node"
+            assert client.get(m).node != victim
+        (group,) = client.groups("g-lost")
+        assert group.complete and not group.broken and group.final == 8
+        assert group.rewards == [0.4] * 8, "every member's own verifier counted its 40 steps"
