@@ -2,7 +2,7 @@
 
 Everything in the state dir's `state.db` is copied: episodes, their groups, their events (with
 their `seq`), snapshots, nodes, images, logs, request ids and the trajectory ledger's turns,
-verifications and published policy versions.
+verifications, published policy versions and upstream failures.
 The copy is one PostgreSQL transaction into a database that holds none of these rows yet, so it
 lands whole or not at all, and it never mixes with another orchestrator's state. The SQLite file's
 rows are only read (an older file gets the columns and tables a current orchestrator adds at
@@ -22,7 +22,7 @@ from orchestrator.trajectory import Ledger
 
 TABLES = (
     "episodes", "episode_groups", "events", "snapshots", "nodes", "images", "logs", "requests", "turns",
-    "verifications", "policy_versions",
+    "verifications", "policy_versions", "upstream_failures",
 )  # fmt: skip
 """Every table the two databases share, the ledger's last."""
 IDENTITIES = {"events": "seq", "turns": "id"}

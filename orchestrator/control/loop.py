@@ -73,7 +73,7 @@ class Control:
         self.outcomes = Outcomes(settings, store, snapshots, self.members)
         self.operations = Operations(
             settings, store, snapshots, self.agents, self.work, self.members, self.outcomes,
-            cursor=cursor or (lambda e: None), finish=finish, env=gateway_env or (lambda e: {}),
+            cursor=cursor or (lambda e: None), finish=finish, env=gateway_env or (lambda e: {}), ledger=ledger,
         )  # fmt: skip
         self.staleness = StalenessBound(store, ledger, self.members)
         self.settle = Settlement(store, self.agents, self.operations, self.outcomes)

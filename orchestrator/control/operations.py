@@ -4,6 +4,10 @@ What ends an episode for good, and what a GRPO group's member gets instead (docs
 "GRPO groups"): its group is lost with it, so a member is never ended by the infrastructure.
   * Its node lost, or its sandbox gone: back to its last snapshot, or to the start (`recover`),
     however often, for any episode.
+  * An upstream outage: a member whose harness exits when the last thing its run had from the
+    gateway was a failure of the model server (`trajectory.outages`) is not graded on the run
+    the outage cut short; it goes back to its last snapshot, or to the start, up to
+    `group_max_attempts` times, then fails naming the outage.
   * A start the agent could not make (unreachable: retried without end; refused for a reason
     that may be the node's): failed after `max_attempts`, a member after `group_max_attempts`.
   * A restore that keeps failing, or whose snapshots are all gone or unverifiable: failed, but a
@@ -49,6 +53,7 @@ from orchestrator.domain import (
     ids,
 )
 from orchestrator.state import StateStore
+from orchestrator.trajectory import Ledger
 from snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -85,6 +90,7 @@ class Operations:
         cursor: CursorHook,
         finish: FinishHook,
         env: EnvHook,
+        ledger: Ledger | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -96,6 +102,8 @@ class Operations:
         self._cursor = cursor
         self._finish = finish
         self._env = env
+        self.ledger = ledger
+        """Where the gateway notes the runs the model server failed; None: no gateway."""
 
     # start ---------------------------------------------------------------------------------
 
@@ -267,6 +275,8 @@ class Operations:
     # finishing -----------------------------------------------------------------------------
 
     def complete(self, e: Episode, exit_code: int | None) -> None:
+        if self._cut_short(e, exit_code):
+            return
         try:
             state, reason, reward = self._finish(e, exit_code)
         except TemporaryError as exc:
@@ -279,6 +289,23 @@ class Operations:
             e, state, reason, expect=(S.RUNNING,), exit_code=exit_code, reward=reward
         )
         self.members.delete_quietly(e.node, e.sandbox_id)
+
+    def _cut_short(self, e: Episode, exit_code: int | None) -> bool:
+        """Whether the member's run ended on an upstream outage, and was sent back to its last
+        snapshot or the start (or failed, naming the outage, past `group_max_attempts`)."""
+        if self.ledger is None or not e.group_id:
+            return False
+        outage = self.ledger.outages.cut_short(e.id, e.runs)
+        if outage is None:
+            return False
+        why = f"harness exited with code {exit_code} after the model server failed its run: {outage.why}"
+        if outage.reruns + 1 >= self.settings.group_max_attempts:
+            self.fail_run(e, f"{why}; {outage.reruns + 1} runs ended so, past group_max_attempts")
+            return True
+        self.ledger.outages.rerun(e.id, e.runs)
+        self.outcomes.recover(e, why)
+        self.members.delete_quietly(e.node, e.sandbox_id)
+        return True
 
     def _keep_log(self, e: Episode) -> None:
         """The harness log outlives the sandbox, up to its last KEPT_LOG_BYTES."""

@@ -18,6 +18,7 @@ _HELP = {
     "replays": "Requests answered from the ledger with a recorded turn.",
     "policy_version_unknown": "Turns recorded with no policy version: the model server named none and none was published.",
     "stale_held": "Turns of a GRPO group's member held back unsampled: they would exceed the group's max_staleness.",
+    "upstream_failures": "Requests the model server failed (unreachable, timed out, a 5xx or an unreadable answer).",
 }
 
 

@@ -443,6 +443,8 @@ class Gateway:
             try:
                 return await self._answer(request, _Turn(episode, resumed_at, protocol, req, raw))
             except GatewayError as err:
+                if err.kind == "upstream_error":  # the model server failed the run, not the harness
+                    await self._outage(episode, str(err))
                 return self._refuse(protocol, err)
             except Exception:
                 log.exception("gateway failed on %s for %s", request.path, episode.id)
@@ -560,19 +562,29 @@ class Gateway:
         return TokenReader(req.canonical.kind, self.renderer, self.dialect, turn.prompt.ids, up.get("tools"),
                            str(up.get("model", "")))  # fmt: skip
 
-    @staticmethod
-    def _upstream_refused(protocol: Protocol, status: int, body: bytes) -> web.Response:
+    async def _outage(self, e: Episode, why: str) -> None:
+        """Note that the model server failed a request of the episode's run (`Outages`)."""
+        self.metrics.count("upstream_failures")
+        try:
+            await self._ledger.run(lambda: self.ledger.outages.failed(e.id, e.runs, why))
+        except Exception:  # the harness still hears of the failure
+            log.exception("could not note the upstream failure of %s", e.id)
+
+    async def _upstream_refused(self, turn: _Turn, status: int, body: bytes) -> web.Response:
         """The model server's own error: unchanged for its own protocols, translated otherwise.
-        Nothing is recorded for the turn."""
-        if protocol.passthrough:
-            return web.Response(status=status, body=body, content_type="application/json")
+        Nothing is recorded for the turn; a failure of the server's own (not a 4xx) is noted
+        against the run."""
         try:
             message = json.loads(body)["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = body[:500].decode(errors="replace")
+        if not 400 <= status < 500:
+            await self._outage(turn.episode, f"model server: {status} {message}")
+        if turn.protocol.passthrough:
+            return web.Response(status=status, body=body, content_type="application/json")
         kind = "invalid_request_error" if 400 <= status < 500 else "upstream_error"
         err = GatewayError(status if 400 <= status < 500 else 502, f"model server: {message}", kind)
-        return web.Response(status=err.status, body=protocol.error(err), content_type="application/json")
+        return web.Response(status=err.status, body=turn.protocol.error(err), content_type="application/json")
 
     async def _whole(self, request: web.Request, turn: _Turn) -> web.StreamResponse:
         req, protocol = turn.request, turn.protocol
@@ -584,7 +596,7 @@ class Gateway:
             raise GatewayError(502, str(exc), "upstream_error") from None
         upstream_ms = (time.monotonic() - started) * 1000
         if reply.status != 200:
-            return self._upstream_refused(protocol, reply.status, reply.body)
+            return await self._upstream_refused(turn, reply.status, reply.body)
         reader = self._reader(turn)
         try:
             reader.add(loads(reply.body))
@@ -663,7 +675,7 @@ class Gateway:
         try:
             async with self.upstream.stream(path, turn.body, root=root) as upstream:
                 if upstream.status != 200:
-                    return self._upstream_refused(turn.protocol, upstream.status, await upstream.body())
+                    return await self._upstream_refused(turn, upstream.status, await upstream.body())
                 return await self._relay(request, turn, upstream, started)
         except UpstreamUnreachable as exc:
             raise GatewayError(502, str(exc), "upstream_error") from None

@@ -36,6 +36,7 @@ from orchestrator.state.postgres_database import PostgresDatabase
 from orchestrator.state.sql import Connection
 from orchestrator.trajectory import edges, schema
 from orchestrator.trajectory.canonical import CanonicalRequest
+from orchestrator.trajectory.outages import Outages
 from orchestrator.trajectory.policy import PolicyVersions
 
 T = TypeVar("T")
@@ -234,6 +235,8 @@ class Ledger:
         self._sequences = _Sequences()
         self.policy = PolicyVersions(database)
         """The policy versions a trainer published, in the same database."""
+        self.outages = Outages(database)
+        """The runs the model server failed, in the same database."""
 
     @classmethod
     def sqlite(cls, path: Path) -> Ledger:

@@ -12,8 +12,9 @@ A turn whose prompt extends its parent's prompt and sampled ids stores only the 
 adds (`prompt_token_ids`), after the first `prompt_base` of them, which are its parent's: an
 episode's prompts take room in proportion to its tokens, not to the square of them.
 
-`policy_versions` holds every policy version a trainer published (`policy.py`); a database from
-before it gains the table when a ledger opens it.
+`policy_versions` holds every policy version a trainer published (`policy.py`), and
+`upstream_failures` each run's last model-server failure (`outages.py`); a database from before
+them gains the tables when a ledger opens it.
 
 Columns added since the table first shipped are in `ADDED`, and a ledger opened on an older
 table adds them (`Ledger.sqlite`, `Ledger.postgres`); older turns read as text-mode turns whose
@@ -80,6 +81,14 @@ CREATE TABLE IF NOT EXISTS policy_versions (
     version INTEGER PRIMARY KEY,
     published_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS upstream_failures (
+    episode_id TEXT NOT NULL,
+    run INTEGER NOT NULL,
+    failed_at REAL NOT NULL,
+    why TEXT NOT NULL,
+    rerun INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (episode_id, run)
+);
 """
 
 POSTGRES = """
@@ -141,6 +150,14 @@ CREATE TABLE IF NOT EXISTS verifications (
 CREATE TABLE IF NOT EXISTS policy_versions (
     version BIGINT PRIMARY KEY,
     published_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS upstream_failures (
+    episode_id TEXT NOT NULL,
+    run BIGINT NOT NULL,
+    failed_at DOUBLE PRECISION NOT NULL,
+    why TEXT NOT NULL,
+    rerun BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (episode_id, run)
 );
 """
 

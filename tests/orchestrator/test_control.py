@@ -879,6 +879,62 @@ def test_a_tick_reads_the_published_version_and_a_groups_bound_once_for_all_its_
     assert reads == ["group", "published"] * 2, "a new tick reads them afresh"
 
 
+@pytest.mark.timeout(60)
+def test_a_member_whose_run_an_upstream_outage_cut_short_runs_again_and_is_graded_on_a_whole_run(
+    tmp_path: Path,
+) -> None:
+    """Member 0's harness exits 1 when the last thing its run had was the model server failing:
+    it is not graded on that run but runs again (from the start: it has no snapshot). Member 1's
+    model server failed too, but a turn followed, so its exit is its own and it is graded. Past
+    `group_max_attempts` such runs a member fails naming the outage, with no reward."""
+    loop = Loop(tmp_path, replace(SETTINGS, group_max_attempts=3))
+    loop.register("node-1", "node-2")
+    service = StasisService(loop.control, loop.store, loop.snapshots, loop.ledger)
+    try:
+        cut, own = _submit_group(service, pb.EpisodeGroup(id="g-up", task_id="task-1", size=2))
+        loop.agents.verifier_logs[cut] = loop.agents.verifier_logs[own] = b"0.5\n"
+        loop.until("both running", lambda: {loop.state(m) for m in (cut, own)} == {S.RUNNING})
+        loop.ledger.outages.failed(cut, 1, "model server: 502 connection refused")
+        loop.ledger.outages.failed(own, 1, "model server: 502 connection refused")
+        time.sleep(0.01)
+        _sampled(loop, own, "1")
+        first = loop.store.get(cut)
+        for m in (cut, own):
+            e = loop.store.get(m)
+            loop.node(e.node).exit(e.sandbox_id, 1)
+        loop.until("member 1 graded", lambda: loop.state(own) == S.SUCCEEDED)
+        assert loop.store.get(own).reward == 0.5
+        loop.until(
+            "member 0 running again", lambda: loop.store.get(cut).runs == 2 and loop.state(cut) == S.RUNNING
+        )
+        assert loop.store.get(cut).reward is None and loop.ledger.verification(cut) is None, "never graded"
+        assert ("delete", first.sandbox_id) in loop.node(first.node).calls
+        reasons = [ev.reason for ev in loop.store.events(0, [cut])]
+        assert any(
+            "harness exited with code 1 after the model server failed its run: model server: 502 connection "
+            "refused; no snapshot yet, starting over" in r
+            for r in reasons
+        ), reasons
+
+        for run in (2, 3):  # the outage goes on: the third run so ended is past group_max_attempts
+            loop.until(
+                f"run {run}", lambda run=run: loop.store.get(cut).runs == run and loop.state(cut) == S.RUNNING
+            )
+            loop.ledger.outages.failed(cut, run, "model server: 503 overloaded")
+            e = loop.store.get(cut)
+            loop.node(e.node).exit(e.sandbox_id, 1)
+        loop.until("member 0 failed", lambda: loop.state(cut) == S.FAILED)
+        final = loop.store.get(cut)
+        assert final.reward is None and final.reason == (
+            "harness exited with code 1 after the model server failed its run: model server: 503 overloaded; "
+            "3 runs ended so, past group_max_attempts"
+        )
+        (group,) = service.ListGroups(pb.ListGroupsRequest(), None).groups  # type: ignore[arg-type]
+        assert group.broken and "model server: 503 overloaded" in group.problem
+    finally:
+        loop.close()
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     ("group", "submits", "field"),

@@ -836,6 +836,38 @@ def test_refusals_use_each_protocols_error_shape_and_record_nothing(world: World
 
 
 @pytest.mark.timeout(30)
+def test_a_run_the_model_server_failed_last_is_told_from_one_a_turn_followed(
+    world: World, tmp_path: Path
+) -> None:
+    """The gateway notes each request the model server fails against the episode's run, so the
+    control loop can tell an outage that cut a run short from a harness that ended it."""
+    with socket.socket() as s:  # a port nothing listens on: the model server is down
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    down = _world(tmp_path / "down", f"http://127.0.0.1:{closed}/v1", world.model, ledger=world.ledger)
+    outages = world.ledger.outages
+    try:
+        assert outages.cut_short("ep-1", 1) is None, "nothing failed yet"
+        status, body = down.post(_chat(USER))
+        assert status == 502 and json.loads(body)["error"]["type"] == "upstream_error"
+        outage = outages.cut_short("ep-1", 1)
+        assert outage is not None and outage.reruns == 0 and str(closed) in outage.why, outage
+        assert outages.cut_short("ep-1", 2) is None, "another run's outage is not this one's"
+        assert world.post(_chat(USER))[0] == 200
+        assert outages.cut_short("ep-1", 1) is None, "a turn after the failure: the run went on"
+        time.sleep(0.01)
+        assert down.post(_chat(USER, {"role": "user", "content": "again"}))[0] == 502
+        assert outages.cut_short("ep-1", 1) is not None, "failed again after its last turn"
+        outages.rerun("ep-1", 1)
+        outages.failed("ep-1", 2, "model server: 503 overloaded")
+        again = outages.cut_short("ep-1", 2)
+        assert again is not None and again.reruns == 1 and again.why == "model server: 503 overloaded"
+        assert "stasis_gateway_upstream_failures_total 2" in down.gateway.metrics.text().splitlines()
+    finally:
+        down.gateway.stop()
+
+
+@pytest.mark.timeout(30)
 def test_only_the_live_run_is_heard_and_a_stale_sandbox_gets_409(world: World) -> None:
     assert world.post(_chat(USER))[0] == 200, "from node-1, where the episode runs"
     # The episode moved to node-2 (its first node was declared lost): node-1's sandbox is stale.
