@@ -1,17 +1,9 @@
-"""Stasis control plane. The public surface for trainer code is the typed client, the episode
-spec and the errors it raises.
+"""Stasis control plane: the `stasis` CLI, the gRPC API, the control loop and scheduler, the
+inference gateway, the trajectory ledger and durable state (SQLite or PostgreSQL). The public
+surface for trainer code is the typed client, the episode spec and the errors it raises.
 
-Rooms, from the top (import-linter checks that each imports only those below it):
-
-    cli/              the `stasis` command and `stasis up`, the local stack
-    api/ | client/    the gRPC services and process wiring | the typed client and spec files
-    control/          the control loop: scheduling, operations on nodes, settling, retention
-    gateway/          the inference gateway and the trajectory ledger
-    state/            durable state: the state store and its SQLite implementation
-    wire              protobuf <-> domain records, by field name
-    domain/           episodes, specs, nodes, snapshots, ids, errors
-
-`reference_model/` stands alone: a model server `stasis up` runs beside the control plane.
+Its rooms are listed once, in docs/architecture.md ("Rooms"); the import-linter contracts in
+pyproject.toml ([tool.importlinter]) enforce their layering.
 """
 
 from orchestrator.client import EpisodeInfo, EventInfo, NodeInfo, SnapshotInfo, StasisClient, load_spec_file

@@ -1,9 +1,8 @@
 """Stasis node agent: sandboxes on one node, checkpointed with CRIU and restored anywhere.
 
-Its rooms, each importing only those below it (import-linter checks): `server` (the gRPC
-service and cluster membership) > `node` (the `Node` and its operations) > `runtime` (runc or
-Docker) > `criu` | `images` > `checkpoint` > `spec` > `host` (the kernel) > `errors`, `settings`,
-`phases`. A request is followed from `server/service.py` into `node/node.py`.
+Its rooms are listed once, in docs/architecture.md ("Rooms"); the import-linter contracts in
+pyproject.toml ([tool.importlinter]) enforce their layering. A request is followed from
+`server/service.py` into the `Node`.
 """
 
 from sandbox_agent.checkpoint import Checkpoint, Sizes
