@@ -24,8 +24,6 @@ from ._errors import (
 from ._gc import GcReport, RetentionPolicy
 from ._history import SnapshotInfo
 from ._manifest import (
-    DELTA_FORMAT,
-    FORMAT,
     ChunkRef,
     ChunkTable,
     Entry,
@@ -36,6 +34,7 @@ from ._manifest import (
     SnapshotSizes,
     manifest_digest,
 )
+from ._manifest_json import DELTA_FORMAT, FORMAT
 from ._random import StoredFile
 from ._settings import ChunkingSettings, LockSettings, RetrySettings, StoreSettings
 from ._store import SnapshotReader, SnapshotStore

@@ -24,7 +24,7 @@ from typing import IO, Any
 import zstandard
 
 from ._errors import InvalidCheckpoint
-from ._manifest import rfc3339
+from ._manifest_json import rfc3339
 
 # Member names fixed by go-criu's metadata package, which Podman, CRI-O and checkpointctl share.
 CONFIG_DUMP = "config.dump"

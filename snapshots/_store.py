@@ -44,12 +44,11 @@ from ._manifest import (
     Reason,
     SnapshotMeta,
     SnapshotSizes,
-    decode,
-    encode,
     manifest_digest,
     valid_id,
     validate_meta,
 )
+from ._manifest_json import decode, encode
 from ._random import StoredFile
 from ._settings import StoreSettings
 
