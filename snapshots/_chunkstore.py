@@ -1,35 +1,30 @@
-"""Moving file content in and out of the content-addressed chunk space, in parallel and verified."""
+"""The content-addressed chunk space over one backend: chunks read and verified (a run of them
+that lies together in a pack with one request), files restored from them, and puts handed to
+`_uploads`, all on one set of chunk threads (`_workers`)."""
 
 from __future__ import annotations
 
-import logging
-import mmap
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from ._backends import Backend, ObjectMissing
-from ._chunking import ChunkCodec, ChunkMismatch, chunk_key, cut_points
-from ._deltas import DELTA_AT_MOST, ParentFile, worth_a_delta
-from ._errors import InvalidCheckpoint, SnapshotCorrupt
+from ._chunking import ChunkCodec, ChunkMismatch, chunk_key
+from ._deltas import ParentFile
+from ._errors import SnapshotCorrupt
 from ._layout import pack_key
 from ._manifest import ChunkRef, Entry
-from ._packs import Located, PackIndex, PackWriter
 from ._settings import ChunkingSettings
-
-log = logging.getLogger(__name__)
+from ._uploads import Uploader, UploadTally
+from ._workers import BATCH_BYTES, ChunkThreads
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-_BATCH_BYTES = 1 << 20
-"""Chunks go to the pool a megabyte at a time: a task per 64 KiB chunk spends more on handing
-work between threads than a 2-core node can spare."""
 
 _ITEM_BYTES = 4 << 20
 """A restore gives each thread a file's next few megabytes at a time, so that a file is opened
@@ -48,70 +43,6 @@ class _Piece:
     path: Path
     offset: int
     runs: list[list[ChunkRef]]
-
-
-@dataclass(frozen=True)
-class UploadTally:
-    """What one put moved: counts over the distinct chunks it referenced."""
-
-    stored_bytes: int
-    new_bytes: int
-    unique_chunks: int
-    new_chunks: int
-
-
-class _MappedFile:
-    """A read-only mapping shared by the chunk tasks of one file; unmapped when the last user is done."""
-
-    def __init__(self, path: Path, expected_size: int) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            size = os.fstat(fd).st_size
-            if size != expected_size:
-                raise InvalidCheckpoint(
-                    str(path), f"changed size while being stored ({expected_size} -> {size})"
-                )
-            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-        # Readers of page images go front to back once; let the kernel read ahead.
-        self._map.madvise(mmap.MADV_SEQUENTIAL)
-        self.view = memoryview(self._map)
-        self._users = 1
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def retain(self) -> None:
-        with self._lock:
-            self._users += 1
-
-    def release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            last = self._users == 0
-        if last:
-            self.close()
-
-    def close(self) -> None:
-        """Unmap now; only safe once no task holds a slice of the view."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self.view.release()
-        self._map.close()
-
-
-class _Uploads:
-    """Per-put bookkeeping of which chunks were seen, where they lie and which were new; and the
-    parent's chunks, which this put may reuse, delta chunks included."""
-
-    def __init__(self, parent: Mapping[str, ChunkRef]) -> None:
-        self.lock = threading.Lock()
-        self.located: dict[str, Located] = {}
-        self.new: set[str] = set()
-        self.claimed: set[str] = set()
-        self.parent = parent
 
 
 class _Repeats:
@@ -167,226 +98,27 @@ class ChunkStore:
         self, backend: Backend, chunking: ChunkingSettings, io_threads: int, pack_bytes: int
     ) -> None:
         self._backend = backend
-        self._chunking = chunking
-        self._packs = PackIndex(backend)
-        self._pack_bytes = pack_bytes
         self._codec = ChunkCodec(chunking.compression_level)
-        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="stasis-chunks")
-        self._threads = io_threads
+        self._threads = ChunkThreads(io_threads)
+        self._uploader = Uploader(backend, chunking, pack_bytes, self._codec, self._threads, self._read_base)
 
     def close(self) -> None:
         """Stop the worker threads."""
-        self._pool.shutdown(wait=True)
-
-    def _shared(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        """fn over items on the pool's threads, results in input order.
-
-        A thread takes the next item as it finishes one, so no thread waits on another's item
-        and the caller hands nothing over per item; items are drawn (and so produced) only as
-        threads come free. After each item a thread queues its next turn behind whatever else
-        waits for the pool (a lazy restore's read-ahead, another put), so that a long put or
-        fetch never holds the threads from it. The first failure stops the rest and is raised
-        once every turn has ended, so no task still touches what the caller drops next."""
-        source = enumerate(items)
-        results: dict[int, R] = {}
-        lock = threading.Lock()
-        failed: list[BaseException] = []
-        turns = self._threads
-        ended = threading.Event()
-
-        def stop(exc: BaseException | None) -> None:
-            """End one turn for good (under the lock)."""
-            nonlocal turns
-            if exc is not None:
-                failed.append(exc)
-            turns -= 1
-            if turns == 0:
-                ended.set()
-
-        def queue() -> None:
-            try:
-                self._pool.submit(turn)  # noqa: F821 (deleted once every turn has ended)
-            except RuntimeError as exc:  # the pool is shut down
-                with lock:
-                    stop(exc)
-
-        def turn() -> None:
-            with lock:
-                try:
-                    taken = None if failed else next(source, None)
-                except BaseException as exc:  # the producer failed
-                    stop(exc)
-                    return
-                if taken is None:
-                    stop(None)
-                    return
-            index, item = taken
-            try:
-                result = fn(item)
-            except BaseException as exc:
-                with lock:
-                    stop(exc)
-                return
-            with lock:
-                results[index] = result
-            queue()  # noqa: F821 (as above)
-
-        for _ in range(self._threads):
-            queue()
-        try:
-            ended.wait()
-        except BaseException as exc:  # interrupted: stop the threads before the caller cleans up
-            with lock:
-                failed.append(exc)
-            ended.wait()
-            raise
-        finally:
-            # Every turn has ended. `turn` and `queue` refer to each other: a cycle that would
-            # hold fn, the items and the results until the next cyclic collection.
-            del turn, queue
-        if failed:
-            raise failed[0]
-        return [results[index] for index in range(len(results))]
+        self._threads.close()
 
     def read_later(self, refs: Sequence[ChunkRef]) -> Future[list[bytes | ChunkMismatch]]:
         """`read_run(refs)` on the pool (read-ahead)."""
-        return self._pool.submit(self.read_run, refs)
+        return self._threads.submit(self.read_run, refs)
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """Run fn over items on the chunk pool (for manifest reads and similar fan-outs)."""
-        return self._shared(fn, items)
-
-    # -- writing -----------------------------------------------------------------------------
+        return self._threads.shared(fn, items)
 
     def store_files(
         self, files: Sequence[tuple[Path, int, ParentFile | None]], parent: Iterable[ChunkRef] = ()
     ) -> tuple[list[tuple[ChunkRef, ...]], UploadTally]:
-        """Chunk, deduplicate and pack each (path, size, the parent's copy); returns chunk lists in
-        the same order. A chunk is reused if a pack or the `parent` snapshot's chunks have it; a new
-        one is stored as a delta against its parent's copy where that is much smaller (`_deltas`).
-        Call under the store lock: chunks are reused only from packs no GC can remove meanwhile,
-        and the parent's only from a snapshot that exists."""
-        self._packs.refresh()
-        uploads = _Uploads({r.hash: r for r in parent})
-        packs = PackWriter(self._backend, self._packs, self._pack_bytes)
-        cuts: list[list[tuple[int, int]]] = [[] for _ in files]
-        mapped: list[_MappedFile] = []
-
-        def work() -> Generator[tuple[_MappedFile, list[tuple[int, int]], ParentFile | None]]:
-            for index, (path, size, base_file) in enumerate(files):
-                if size == 0:
-                    continue
-                try:
-                    mf = _MappedFile(path, size)
-                except OSError as exc:
-                    raise InvalidCheckpoint(str(path), f"cannot read: {exc.strerror or exc}") from None
-                mapped.append(mf)
-                try:
-                    batch: list[tuple[int, int]] = []
-                    for offset, length in cut_points(mf.view, self._chunking):
-                        cuts[index].append((offset, length))
-                        batch.append((offset, length))
-                        if offset + length - batch[0][0] >= _BATCH_BYTES:
-                            mf.retain()
-                            yield mf, batch, base_file
-                            batch = []
-                    if batch:
-                        mf.retain()
-                        yield mf, batch, base_file
-                finally:
-                    mf.release()
-
-        def upload(item: tuple[_MappedFile, list[tuple[int, int]], ParentFile | None]) -> list[str]:
-            mf, batch, base_file = item
-            try:
-                return [
-                    self._upload_chunk(mf.view, offset, length, uploads, packs, base_file)
-                    for offset, length in batch
-                ]
-            finally:
-                mf.release()
-
-        producer = work()
-        try:
-            digests = iter([d for batch in self._shared(upload, producer) for d in batch])
-            packs.finish()
-        except BaseException:
-            packs.abort()
-            raise
-        finally:
-            producer.close()
-            # After a failure, cancelled tasks never drop their references; every task has ended.
-            for mf in mapped:
-                mf.close()
-        chunk_lists = [
-            tuple(
-                _ref(d, length, uploads.located[d])
-                for (_offset, length), d in zip(file_cuts, digests, strict=False)
-            )
-            for file_cuts in cuts
-        ]
-        bases = {
-            at.base for at in uploads.located.values() if at.base and at.base.hash not in uploads.located
-        }
-        tally = UploadTally(
-            stored_bytes=sum(at.stored_length for at in uploads.located.values())
-            + sum(base.stored_length for base in bases),
-            new_bytes=sum(uploads.located[d].stored_length for d in uploads.new),
-            unique_chunks=len(uploads.located),
-            new_chunks=len(uploads.new),
-        )
-        return chunk_lists, tally
-
-    def _upload_chunk(
-        self,
-        view: memoryview,
-        offset: int,
-        length: int,
-        uploads: _Uploads,
-        packs: PackWriter,
-        parent: ParentFile | None,
-    ) -> str:
-        with view[offset : offset + length] as piece:
-            digest = self._codec.digest(piece)
-            with uploads.lock:
-                if digest in uploads.claimed:
-                    return digest  # Another task of this put owns it (zero pages repeat a lot).
-                uploads.claimed.add(digest)
-            had = uploads.parent.get(digest)
-            at = (
-                self._packs.find(digest)
-                if had is None
-                else Located(had.pack, had.offset, had.stored_length, had.base)
-            )
-            stored = None if at is not None else self._encode(piece, offset, length, parent)
-        new = at is None
-        if stored is not None:
-            at = packs.append(digest, length, *stored)
-        assert at is not None
-        with uploads.lock:
-            uploads.located[digest] = at
-            if new:
-                uploads.new.add(digest)
-        return digest
-
-    def _encode(
-        self, piece: memoryview, offset: int, length: int, parent: ParentFile | None
-    ) -> tuple[bytes, ChunkRef | None]:
-        """The stored form of a new chunk, and its base: a delta against the parent's copy of
-        its bytes if that is much smaller, else the plain form and None."""
-        blob = self._codec.encode(piece)
-        base = parent.base_for(offset, length) if parent is not None else None
-        if base is None:
-            return blob, None
-        try:
-            raw = self._read_base(base.ref)
-        except ChunkMismatch as exc:  # stored plainly; `verify` reports the base
-            log.warning("chunk %s cannot be a delta base (%s: %s)", base.ref.hash, exc.kind, exc.detail)
-            return blob, None
-        if not worth_a_delta(piece, raw, base.shift):
-            return blob, None
-        delta = self._codec.encode_delta(piece, raw)
-        return (delta, base.ref) if len(delta) <= len(blob) * DELTA_AT_MOST else (blob, None)
+        """Chunk, deduplicate and pack each (path, size, the parent's copy), as `Uploader.store_files`."""
+        return self._uploader.store_files(files, parent)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -509,7 +241,7 @@ class ChunkStore:
                 finally:
                     os.close(fd)
 
-        self._shared(restore, work())
+        self._threads.shared(restore, work())
 
     def check(self, refs: Iterable[ChunkRef]) -> dict[ChunkRef, ChunkMismatch | None]:
         """Read and verify each distinct chunk (a copy in another pack is another chunk); None
@@ -523,7 +255,7 @@ class ChunkStore:
                 return exc
             return None
 
-        return dict(zip(distinct, self._shared(probe, distinct), strict=True))
+        return dict(zip(distinct, self._threads.shared(probe, distinct), strict=True))
 
 
 def verified(snapshot_id: str, path: str, ref: ChunkRef, raw: bytes | ChunkMismatch) -> bytes:
@@ -546,10 +278,6 @@ def _pwrite_all(fd: int, pieces: Sequence[bytes], offset: int) -> None:
             views[0] = views[0][written:]
 
 
-def _ref(digest: str, length: int, at: Located) -> ChunkRef:
-    return ChunkRef(digest, length, at.stored_length, at.pack, at.offset, at.base)
-
-
 def follows(prev: ChunkRef, ref: ChunkRef) -> bool:
     """Whether `ref` lies right after `prev` in the same pack, so that one request reads both."""
     return bool(ref.pack) and ref.pack == prev.pack and ref.offset == prev.offset + prev.stored_length
@@ -561,7 +289,7 @@ def _adjacent(refs: Iterable[ChunkRef]) -> Iterator[list[ChunkRef]]:
     run: list[ChunkRef] = []
     size = 0
     for ref in refs:
-        if run and (not follows(run[-1], ref) or size >= _BATCH_BYTES):
+        if run and (not follows(run[-1], ref) or size >= BATCH_BYTES):
             yield run
             run, size = [], 0
         run.append(ref)

@@ -24,7 +24,7 @@ from snapshots import (
     SnapshotCorrupt,
     SnapshotNotFound,
     SnapshotStore,
-    _chunkstore,
+    _uploads,
 )
 from snapshots._chunking import ChunkCodec
 from tests.snapshots.conftest import (
@@ -284,7 +284,7 @@ def test_a_failure_in_a_chunk_thread_fails_the_put_and_leaves_the_store_as_it_wa
     packs_before = sorted((scratch / "store" / "packs").iterdir())
     tree = make_tree(scratch / "second", os.urandom(8 << 20))
     if where == "cutting":
-        real_cuts = _chunkstore.cut_points
+        real_cuts = _uploads.cut_points
 
         def failing_cuts(view: memoryview, settings: ChunkingSettings) -> Iterator[tuple[int, int]]:
             for n, cut in enumerate(real_cuts(view, settings)):
@@ -292,7 +292,7 @@ def test_a_failure_in_a_chunk_thread_fails_the_put_and_leaves_the_store_as_it_wa
                     raise OSError(errno.EIO, "Input/output error")
                 yield cut
 
-        monkeypatch.setattr(_chunkstore, "cut_points", failing_cuts)
+        monkeypatch.setattr(_uploads, "cut_points", failing_cuts)
     else:
         real_encode = ChunkCodec.encode
         calls = itertools.count()
