@@ -17,9 +17,9 @@ Run it with ``python -m orchestrator.reference_model --port 0``, or in-process::
 
 from __future__ import annotations
 
-from orchestrator.reference_model._decoding import StepDistribution
 from orchestrator.reference_model._model import ReferenceModel
 from orchestrator.reference_model._protocol import ApiError
+from orchestrator.reference_model._sampling import StepDistribution
 from orchestrator.reference_model._server import POLICY_VERSION_HEADER, ReferenceModelServer
 from orchestrator.reference_model._settings import ReferenceModelSettings
 from orchestrator.reference_model._vocabulary import (

@@ -1,7 +1,7 @@
 """The reference model as a language model over tokens: the next-token distribution is a function
 of the token prefix, the policy version and the sampling parameters alone.
 
-A prefix is read for where it stands (`Context.of`). After `<|im_start|>assistant\\n` it is inside
+A prefix is read for where it stands (`TokenModel.context`, in `_token_model`). After `<|im_start|>assistant\\n` it is inside
 an assistant turn, whose grammar is Qwen3's: optional reasoning (`<think>\\n…\\n</think>\\n\\n`),
 then an answer (free text, then `<|im_end|>`) or one or more tool calls (`<tool_call>` call JSON
 `</tool_call>`, separated by a newline, then `<|im_end|>`). The tools a call may name are read from
@@ -12,36 +12,34 @@ At every step the grammar decides which tokens are allowed; the distribution is 
 their logits at the request's temperature, optionally cut to the top-p nucleus, and renormalised
 over what is left. A sampled token's log-prob is its log-prob under exactly that distribution, and
 `TokenModel.logprobs` (a teacher-forced pass) computes the very same floats.
+
+This module walks that grammar: the phases of a turn, the constraint a request adds, a `Decoder`
+that gives each step's support and takes its token, and `generate`, which samples a continuation.
 """
 
 from __future__ import annotations
 
-import bisect
 import enum
-import hashlib
-import heapq
-import itertools
-import json
 import math
 import random
-from array import array
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from orchestrator.reference_model._grammar import TOOL_NAME, CallGrammar, State, TrieCache, call_pattern
-from orchestrator.reference_model._vocabulary import (
-    END_OF_TEXT,
-    IM_END,
-    IM_START,
-    THINK_CLOSE,
-    THINK_OPEN,
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    TOOL_RESPONSE_OPEN,
-    Vocabulary,
+from orchestrator.reference_model._grammar import State
+from orchestrator.reference_model._sampling import (
+    Generation,
+    Normaliser,
+    SampledToken,
+    SamplingParams,
+    StepDistribution,
+    explicit_normaliser,
+    nucleus,
 )
-from orchestrator.reference_model._weights import CONTEXT_WINDOW, PolicyWeights
+from orchestrator.reference_model._weights import CONTEXT_WINDOW
+
+if TYPE_CHECKING:
+    from orchestrator.reference_model._token_model import Context, TokenModel
 
 CANONICAL_PENALTY = 8.0
 """Nats taken off a call-grammar token when a longer allowed token extends it, so calls are
@@ -50,9 +48,6 @@ ANSWER_SLOPE = 1.5
 """Steepness of the answer-vs-call hazard around the mean number of tool turns."""
 PARALLEL_CALL_PROBABILITY = 0.1
 """Chance (at temperature 1) of a further call in the same response after a complete call."""
-_EDGE = 1e-6
-ASSISTANT_HEADER = "assistant\n"
-TOOLS_OPEN, TOOLS_CLOSE = "\n<tools>", "\n</tools>"
 
 
 class Phase(enum.Enum):
@@ -75,27 +70,6 @@ class Phase(enum.Enum):
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """The request's sampling settings."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 1024
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Behaviour:
-    """How the model's turns are shaped: part of the model, the same for every request."""
-
-    mean_tool_turns: float = 5.0
-    mean_answer_tokens: float = 24.0
-    think_probability: float = 0.25
-    mean_think_tokens: float = 16.0
-
-
-@dataclass(frozen=True)
 class Constraint:
     """What a chat request's `tool_choice` and `parallel_tool_calls` add, as guided decoding does
     on a model server: a mask on the distribution, outside the tokens."""
@@ -108,57 +82,6 @@ class Constraint:
 
 
 FREE = Constraint()
-
-
-@dataclass(frozen=True)
-class StepDistribution:
-    """The distribution one token was (or would be) sampled from: its support and log-probs."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-
-    def logprob(self, token_id: int) -> float:
-        """The log-prob of token_id; -inf outside the support."""
-        try:
-            return self.logprobs[self.token_ids.index(token_id)]
-        except ValueError:
-            return -math.inf
-
-    def top(self, k: int) -> list[tuple[int, float]]:
-        """The k most likely tokens, most likely first (ties broken by lower id)."""
-        # nlargest is stable, and the support is in id order, so ties go to the lower id.
-        best = heapq.nlargest(k, range(len(self.logprobs)), key=self.logprobs.__getitem__)
-        return [(self.token_ids[i], self.logprobs[i]) for i in best]
-
-    def sample(self, u: float) -> int:
-        """The token at uniform variate u in [0, 1) by inverse CDF over the support in id order."""
-        cumulative = list(itertools.accumulate(map(math.exp, self.logprobs)))
-        # Float rounding can leave the total a hair under 1; u beyond it takes the last token.
-        return self.token_ids[min(bisect.bisect_right(cumulative, u), len(cumulative) - 1)]
-
-
-@dataclass(frozen=True)
-class SampledToken:
-    """One generated token with its log-prob and the top alternatives of its distribution."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """The generated tokens and why generation stopped."""
-
-    tokens: list[SampledToken]
-    finish_reason: str
-    stop_at: int | None = None
-    """Character offset where a stop string cut the answer text, if one did."""
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The generated token ids in order."""
-        return [t.token_id for t in self.tokens]
 
 
 def sigmoid(x: float) -> float:
@@ -175,188 +98,6 @@ def end_probability(tokens: int, mean_tokens: float) -> float:
     """P(end now) at temperature 1 after `tokens` tokens of an answer or of reasoning."""
     scale = max(1.0, mean_tokens / 8)
     return sigmoid((tokens - mean_tokens) / scale)
-
-
-def _clamped(p: float) -> float:
-    return min(max(p, _EDGE), 1 - _EDGE)
-
-
-def digest(token_ids: Sequence[int]) -> int:
-    """A stable 64-bit digest of a token sequence."""
-    data = array("I", token_ids).tobytes()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-@dataclass(frozen=True)
-class _Normaliser:
-    """What turns logits into log-probs at one step: lp(x) = (x - top) * inverse - log_z."""
-
-    top: float
-    inverse: float
-    log_z: float
-
-    def __call__(self, logit: float) -> float:
-        return (logit - self.top) * self.inverse - self.log_z
-
-
-class TokenModel:
-    """The model over tokens: weights, the shape of its turns, and its vocabulary's markers."""
-
-    def __init__(self, weights: PolicyWeights, behaviour: Behaviour, tries: TrieCache) -> None:
-        vocabulary: Vocabulary = weights.vocabulary
-        self.weights = weights
-        self.vocabulary = vocabulary
-        self.behaviour = behaviour
-        self._tries = tries
-        ids = vocabulary.id_of
-        self.im_start, self.im_end, self.end_of_text = ids(IM_START), ids(IM_END), ids(END_OF_TEXT)
-        self.call_open, self.call_close = ids(TOOL_CALL_OPEN), ids(TOOL_CALL_CLOSE)
-        self.response_open = ids(TOOL_RESPONSE_OPEN)
-        self.think_open, self.think_close = ids(THINK_OPEN), ids(THINK_CLOSE)
-        self.newline = vocabulary.newline_id
-        self.blank_line = ids("\n\n")
-        self.header = tuple(vocabulary.tokenize(ASSISTANT_HEADER))
-        tokens = vocabulary.tokens
-        self.generation_ids = vocabulary.generation_ids
-        # Reasoning is one line: its own newline closes it, as the template writes it.
-        self.think_ids = tuple(i for i in vocabulary.generation_ids if "\n" not in tokens[i])
-        self.base_sets = {"gen": vocabulary.generation_set, "think": frozenset(self.think_ids)}
-        self._tools: dict[int, tuple[tuple[str, str], ...]] = {}
-        self._normalisers: dict[tuple[int, float, str], tuple[float, float]] = {}
-        self._grammars: Callable[[tuple[tuple[str, str], ...]], CallGrammar | None] = lru_cache(maxsize=64)(
-            self._grammar
-        )
-
-    # -- reading a prefix --------------------------------------------------------------------
-
-    def context(self, prefix: Sequence[int]) -> Context:
-        """Where a prefix stands: its anchor (the last `<|im_start|>`), whether an assistant turn
-        is open there, and for one the tools and tool results of the conversation before it."""
-        tokens = list(prefix)
-        if self.im_start not in tokens:
-            return Context(digest(()), False, None, 0, len(tokens))
-        anchor = len(tokens) - 1 - tokens[::-1].index(self.im_start)
-        head = digest(tokens[:anchor])
-        start = anchor + 1 + len(self.header)
-        if tuple(tokens[anchor + 1 : start]) != self.header:
-            return Context(head, False, None, 0, len(tokens))
-        grammar = self._grammars(self._system_tools(tokens))
-        return Context(head, True, grammar, tokens[:anchor].count(self.response_open), start)
-
-    def _system_tools(self, tokens: list[int]) -> tuple[tuple[str, str], ...]:
-        """The tools the system turn at the start of the prefix lists: (name, JSON schema) pairs."""
-        if not tokens or tokens[0] != self.im_start or self.im_end not in tokens:
-            return ()
-        block = tokens[1 : tokens.index(self.im_end)]
-        key = digest(block)
-        if key not in self._tools:
-            if len(self._tools) >= 256:
-                self._tools.clear()
-            self._tools[key] = self._listed_tools(self.vocabulary.decode(block))
-        return self._tools[key]
-
-    @staticmethod
-    def _listed_tools(text: str) -> tuple[tuple[str, str], ...]:
-        start, end = text.find(TOOLS_OPEN), text.rfind(TOOLS_CLOSE)
-        if not text.startswith("system\n") or start < 0 or end <= start:
-            return ()
-        tools = []
-        for line in text[start + len(TOOLS_OPEN) : end].split("\n"):
-            try:
-                tool = json.loads(line)
-            except ValueError:
-                continue
-            function = tool.get("function", tool) if isinstance(tool, dict) else None
-            if not isinstance(function, dict) or not TOOL_NAME.match(str(function.get("name", ""))):
-                continue
-            parameters = function.get("parameters")
-            tools.append(
-                (str(function["name"]), json.dumps(parameters if isinstance(parameters, dict) else {}))
-            )
-        return tuple(tools)
-
-    def _grammar(self, tools: tuple[tuple[str, str], ...]) -> CallGrammar | None:
-        if not tools:
-            return None
-        return CallGrammar([call_pattern(n, json.loads(s), self._tries) for n, s in tools], self.vocabulary)
-
-    # -- steps ----------------------------------------------------------------------------------
-
-    def decoder(self, prefix: Sequence[int], constraint: Constraint = FREE) -> Decoder:
-        """A decoder standing after `prefix`: the part of its turn already in it is replayed."""
-        context = self.context(prefix)
-        decoder = Decoder(self, context, list(prefix[: context.start][-CONTEXT_WINDOW:]), constraint)
-        for token_id in prefix[context.start :]:
-            decoder.advance(token_id, strict=False)
-        return decoder
-
-    def normaliser(
-        self,
-        bucket: int,
-        temperature: float,
-        base: str,
-        ids: Sequence[int],
-        extra: Sequence[tuple[int, float]],
-        logits: Sequence[float] | None = None,
-    ) -> _Normaliser:
-        """The normaliser of a step whose support is `ids` (cached per bucket under the name
-        `base`, if it has one; `logits` are theirs, if the caller has them) plus a few tokens with
-        logits of their own. Sampling and scoring both come here, so they get the same floats."""
-        inverse = 1.0 / temperature
-        key = (bucket, temperature, base)
-        cached = self._normalisers.get(key) if base else None
-        if cached is None:
-            logits = logits if logits is not None else self.weights.logits(bucket, ids)
-            top = max(logits)
-            cached = (top, math.fsum(math.exp((x - top) * inverse) for x in logits))
-            if base and len(self._normalisers) < 1 << 16:
-                self._normalisers[key] = cached
-        top, total = cached
-        high = max(top, *(x for _, x in extra)) if extra else top
-        mass = total * math.exp((top - high) * inverse) + math.fsum(
-            math.exp((x - high) * inverse) for _, x in extra
-        )
-        return _Normaliser(high, inverse, math.log(mass))
-
-    def calibrated(
-        self, bucket: int, base: str, ids: Sequence[int], probabilities: Sequence[float]
-    ) -> list[float]:
-        """Logits that give extra tokens exactly these probabilities against the base support at
-        temperature 1 (the base keeps what is left)."""
-        whole = self.normaliser(bucket, 1.0, base, ids, ())
-        base_lse = whole.top + whole.log_z
-        rest = _clamped(1.0 - math.fsum(probabilities))
-        return [math.log(_clamped(p)) - math.log(rest) + base_lse for p in probabilities]
-
-    def logprobs(self, token_ids: Sequence[int], params: SamplingParams) -> list[float | None]:
-        """A teacher-forced pass: the log-prob of each token given the tokens before it, under the
-        distribution it would be sampled from (the first token has none)."""
-        tokens = list(token_ids)
-        out: list[float | None] = [None]
-        decoder = self.decoder(tokens[:1])
-        for i in range(1, len(tokens)):
-            token_id = tokens[i]
-            out.append(decoder.logprob(token_id, params))
-            if token_id == self.im_start or tuple(tokens[i + 1 - len(self.header) : i + 1]) == self.header:
-                decoder = self.decoder(tokens[: i + 1])
-            else:
-                decoder.advance(token_id, strict=False)
-        return out
-
-
-@dataclass(frozen=True)
-class Context:
-    """Where a prefix stands."""
-
-    head: int
-    """Digest of the tokens before the anchor (the last `<|im_start|>`): the conversation so far."""
-    in_turn: bool
-    """An assistant turn is open: the prefix reaches past `<|im_start|>assistant\\n`."""
-    grammar: CallGrammar | None
-    """The calls the conversation's tools allow; None without tools."""
-    tool_results: int
-    start: int
-    """Where the open assistant turn begins (after its header); the prefix's end outside one."""
 
 
 @dataclass(frozen=True)
@@ -469,12 +210,12 @@ class Decoder:
         step = self._step()
         if step.forced is not None:
             return StepDistribution((step.forced,), (0.0,))
-        norm: _Normaliser | None = None
+        norm: Normaliser | None = None
         if step.explicit:
             ids = [t for t, _ in step.explicit]
             logits = [x for _, x in step.explicit]
             if params.temperature:
-                norm = _explicit_normaliser(logits, params.temperature)
+                norm = explicit_normaliser(logits, params.temperature)
         else:
             bucket = self._bucket
             base_logits = self.model.weights.logits(bucket, step.ids)
@@ -493,9 +234,9 @@ class Decoder:
             best = max(range(len(ids)), key=lambda i: (logits[i], -ids[i]))
             return StepDistribution((ids[best],), (0.0,))
         top, inverse, log_z = norm.top, norm.inverse, norm.log_z
-        # _Normaliser.__call__'s arithmetic, inlined: the same floats.
+        # Normaliser.__call__'s arithmetic, inlined: the same floats.
         dist = StepDistribution(tuple(ids), tuple((x - top) * inverse - log_z for x in logits))
-        return _nucleus(dist, params.top_p) if params.top_p < 1.0 else dist
+        return nucleus(dist, params.top_p) if params.top_p < 1.0 else dist
 
     def logprob(self, token_id: int, params: SamplingParams) -> float:
         """The log-prob of token_id as the next token: `distribution(params).logprob(token_id)`,
@@ -579,28 +320,6 @@ class Decoder:
         if phase is Phase.NEXT_CALL:
             return Phase.CALL if token_id == m.call_open else None
         raise AssertionError(phase)
-
-
-def _explicit_normaliser(logits: Sequence[float], temperature: float) -> _Normaliser:
-    inverse = 1.0 / temperature
-    top = max(logits)
-    return _Normaliser(top, inverse, math.log(math.fsum(math.exp((x - top) * inverse) for x in logits)))
-
-
-def _nucleus(dist: StepDistribution, top_p: float) -> StepDistribution:
-    """The smallest most-likely set whose mass reaches top_p (ties to the lower id), renormalised."""
-    ids, lps = dist.token_ids, dist.logprobs
-    order = sorted(range(len(ids)), key=lambda i: (-lps[i], ids[i]))
-    kept: list[int] = []
-    mass = 0.0
-    for i in order:
-        kept.append(i)
-        mass += math.exp(lps[i])
-        if mass >= top_p:
-            break
-    kept.sort()
-    log_mass = math.log(math.fsum(math.exp(lps[i]) for i in kept))
-    return StepDistribution(tuple(ids[i] for i in kept), tuple(lps[i] - log_mass for i in kept))
 
 
 def generate(

@@ -13,18 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.reference_model._decoding import (
-    FREE,
-    Behaviour,
-    Constraint,
-    Generation,
-    SampledToken,
-    SamplingParams,
-    StepDistribution,
-    TokenModel,
-    digest,
-    generate,
-)
+from orchestrator.reference_model._decoding import FREE, Constraint, generate
 from orchestrator.reference_model._grammar import CallGrammar, TrieCache
 from orchestrator.reference_model._protocol import (
     ChatRequest,
@@ -34,8 +23,10 @@ from orchestrator.reference_model._protocol import (
     parse_completion,
     parse_generate,
 )
+from orchestrator.reference_model._sampling import Generation, SampledToken, SamplingParams, StepDistribution
 from orchestrator.reference_model._settings import ReferenceModelSettings
 from orchestrator.reference_model._template import render_chat
+from orchestrator.reference_model._token_model import Behaviour, TokenModel, digest
 from orchestrator.reference_model._vocabulary import VOCABULARY, Vocabulary
 from orchestrator.reference_model._weights import PolicyWeights
 

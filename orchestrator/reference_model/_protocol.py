@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.reference_model._decoding import SamplingParams
 from orchestrator.reference_model._grammar import TOOL_NAME
+from orchestrator.reference_model._sampling import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
