@@ -36,8 +36,9 @@ from ._manifest import (
 )
 from ._manifest_json import DELTA_FORMAT, FORMAT
 from ._random import StoredFile
+from ._reader import SnapshotReader
 from ._settings import ChunkingSettings, LockSettings, RetrySettings, StoreSettings
-from ._store import SnapshotReader, SnapshotStore
+from ._store import SnapshotStore
 from ._verify import Problem, VerifyReport
 
 __all__ = [

@@ -1,15 +1,11 @@
-"""SnapshotStore: put, fetch, inspect and delete snapshots in a chunk store over one backend."""
+"""SnapshotStore: put, fetch, inspect and delete snapshots in a chunk store over one backend; the
+store's entry point, which hands a put's tree and parent to `_put` and a fetch to `_reader`."""
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
-import stat
 import tempfile
-import threading
 import time
-import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -17,12 +13,10 @@ from types import TracebackType
 
 from . import _archive, _gc, _history, _verify
 from ._backends import Backend, ObjectMissing, open_backend
-from ._chunking import ChunkMismatch, describe
+from ._chunking import describe
 from ._chunkstore import ChunkStore
-from ._deltas import DELTA_FILE_BYTES, Aligner, ParentFile
+from ._deltas import DELTA_FILE_BYTES, Aligner
 from ._errors import (
-    InvalidCheckpoint,
-    InvalidSnapshotMeta,
     ManifestMismatch,
     SnapshotCorrupt,
     SnapshotExists,
@@ -41,54 +35,16 @@ from ._manifest import (
     Entry,
     EntryKind,
     Manifest,
-    Reason,
     SnapshotMeta,
-    SnapshotSizes,
     manifest_digest,
     valid_id,
     validate_meta,
 )
 from ._manifest_json import decode, encode
+from ._put import check_parent, committed, parent_files, scan
 from ._random import StoredFile
+from ._reader import SnapshotReader, file_entry
 from ._settings import StoreSettings
-
-log = logging.getLogger(__name__)
-
-
-def _scan(root: Path) -> list[tuple[str, EntryKind, int, int, str | None]]:
-    """(path, kind, mode, size, link target) of every entry under root, parents before children."""
-    if not root.is_dir():
-        raise InvalidCheckpoint(str(root), "not a directory")
-    found: list[tuple[str, EntryKind, int, int, str | None]] = []
-
-    def walk(directory: Path, prefix: str) -> None:
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError as exc:
-            raise InvalidCheckpoint(str(directory), f"cannot list: {exc.strerror or exc}") from None
-        for name in names:
-            path = directory / name
-            rel = prefix + name
-            try:
-                st = path.lstat()
-                target = os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
-            except OSError as exc:
-                raise InvalidCheckpoint(str(path), f"cannot read: {exc.strerror or exc}") from None
-            mode = stat.S_IMODE(st.st_mode)
-            if stat.S_ISDIR(st.st_mode):
-                found.append((rel, EntryKind.DIR, mode, 0, None))
-                walk(path, rel + "/")
-            elif stat.S_ISREG(st.st_mode):
-                found.append((rel, EntryKind.FILE, mode, st.st_size, None))
-            elif target is not None:
-                found.append((rel, EntryKind.SYMLINK, mode, 0, target))
-            else:
-                raise InvalidCheckpoint(
-                    str(path), "only directories, regular files and symlinks can be stored"
-                )
-
-    walk(root, "")
-    return found
 
 
 class SnapshotStore:
@@ -153,10 +109,10 @@ class SnapshotStore:
         started = time.monotonic()
         validate_meta(meta)
         root = Path(checkpoint_dir)
-        tree = _scan(root)
+        tree = scan(root)
         if self._backend.size(manifest_key(meta.snapshot_id)) is not None:
             raise SnapshotExists(meta.snapshot_id)
-        parent = self._check_parent(meta) if meta.parent_id is not None else None
+        parent = check_parent(meta, self.manifest) if meta.parent_id is not None else None
         self._backend.ensure_exclusive_create()  # Publishing relies on it: refuse before writing.
 
         waiting = time.monotonic()
@@ -168,7 +124,7 @@ class SnapshotStore:
             # The parent's chunks are reused only if it is still there now that GC is kept away.
             if parent is not None and not self.exists(parent.snapshot_id):
                 parent = None
-            bases = self._parent_files(parent, root, aligner)
+            bases = parent_files(self._chunks, parent, root, aligner)
             files = [
                 (root / path, size, bases(path) if size >= DELTA_FILE_BYTES else None)
                 for path, kind, _m, size, _t in tree
@@ -187,84 +143,13 @@ class SnapshotStore:
             timings["store_prepare"] = round((waiting - started) * 1000, 3)
             timings["store_lock"] = round((locked - waiting) * 1000, 3)
             timings["store_upload"] = round((uploaded - locked) * 1000, 3)
-            refs = [c for e in entries for c in e.chunks]
-            manifest = Manifest(
-                snapshot_id=meta.snapshot_id,
-                episode_id=meta.episode_id,
-                seq=meta.seq,
-                parent_id=meta.parent_id,
-                node=meta.node,
-                reason=Reason(meta.reason),
-                created_at=meta.created_at,
-                image_digest=meta.image_digest,
-                runtime_backend=meta.runtime_backend,
-                criu_version=meta.criu_version,
-                trajectory_cursor=meta.trajectory_cursor,
-                timings_ms=timings,
-                sizes=SnapshotSizes(
-                    logical_bytes=sum(e.size for e in entries),
-                    stored_bytes=tally.stored_bytes,
-                    new_bytes=tally.new_bytes,
-                    chunks=len(refs),
-                    unique_chunks=tally.unique_chunks,
-                    new_chunks=tally.new_chunks,
-                ),
-                chunking=describe(self._settings.chunking),
-                entries=entries,
-            )
+            manifest = committed(meta, entries, tally, describe(self._settings.chunking), timings)
             # A lock that may have gone stale could mean a sweep ran under us: do not publish.
             lock.ensure_held()
             raw = encode(manifest)
             if not self._backend.put_if_absent(manifest_key(meta.snapshot_id), raw):
                 raise SnapshotExists(meta.snapshot_id)
         return replace(manifest, digest=manifest_digest(raw))
-
-    def _check_parent(self, meta: SnapshotMeta) -> Manifest:
-        try:
-            parent = self.manifest(meta.parent_id or "")
-        except SnapshotNotFound:
-            raise InvalidSnapshotMeta("parent_id", f"no snapshot {meta.parent_id!r} in the store") from None
-        if parent.episode_id != meta.episode_id:
-            raise InvalidSnapshotMeta("parent_id", f"parent belongs to episode {parent.episode_id!r}")
-        if parent.seq >= meta.seq:
-            raise InvalidSnapshotMeta("seq", f"must exceed the parent's seq {parent.seq}")
-        return parent
-
-    def _parent_files(
-        self, parent: Manifest | None, root: Path, aligner: Aligner | None
-    ) -> Callable[[str], ParentFile | None]:
-        """The parent's copy of each file to store, by path, to find delta bases in. A parent
-        that cannot be read, or an aligner that fails on it, costs deltas, never the put."""
-        if parent is None:
-            return lambda path: None
-        files = {e.path: e for e in parent.files()}
-
-        def read(path: str) -> bytes | None:
-            entry = files.get(path)
-            if entry is None:
-                return None
-            try:
-                return b"".join(self._chunks.read_chunk(ref) for ref in entry.chunks)
-            except ChunkMismatch as exc:
-                log.warning(
-                    "snapshot %s: %s is unreadable (%s), so not aligned", parent.snapshot_id, path, exc
-                )
-                return None
-
-        try:
-            aligned = aligner(root, read) if aligner is not None else {}
-        except ValueError as exc:
-            log.warning("snapshot %s cannot be aligned with its parent (%s)", parent.snapshot_id, exc)
-            aligned = {}
-
-        def parent_file(path: str) -> ParentFile | None:
-            alignment = aligned.get(path)
-            entry = files.get(alignment.parent_path if alignment is not None else path)
-            if entry is None:
-                return None
-            return ParentFile(entry, alignment.segments if alignment is not None else None)
-
-        return parent_file
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -315,41 +200,11 @@ class SnapshotStore:
         `manifest`)."""
         return SnapshotReader(self, snapshot_id, digest)
 
-    def _build_tree(
-        self, manifest: Manifest, dest: str | os.PathLike[str], leave_out: Callable[[str], object]
-    ) -> None:
-        """`fetch`'s work, under the caller's lock."""
-        target = Path(dest)
-        work = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex}")
-        work.mkdir(mode=0o700)
-        try:
-            files: list[tuple[Entry, Path]] = []
-            for entry in manifest.entries:
-                path = work / entry.path
-                if entry.kind is EntryKind.DIR:
-                    path.mkdir(mode=0o700)
-                elif entry.kind is EntryKind.SYMLINK:
-                    os.symlink(entry.target or "", path)
-                else:
-                    with open(path, "wb") as f:
-                        f.truncate(entry.size)
-                    if not leave_out(entry.path):
-                        files.append((entry, path))
-            self._chunks.restore_files(manifest.snapshot_id, files)
-            # Modes last, deepest first, so read-only files and dirs do not block their own filling.
-            for entry in reversed(manifest.entries):
-                if entry.kind is not EntryKind.SYMLINK:
-                    os.chmod(work / entry.path, entry.mode)
-            os.rename(work, target)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
-
     def read_file(self, snapshot_id: str, path: str, dest: str | os.PathLike[str]) -> None:
         """Write one regular file of a snapshot to dest, verifying every chunk of it; SnapshotNotFound
         if there is no such snapshot, FileNotFoundError if it has no such file."""
         with self._lock(LockKind.SHARED, f"read {snapshot_id}"):
-            entry = _file_entry(self.manifest(snapshot_id), path)
+            entry = file_entry(self.manifest(snapshot_id), path)
             with open(dest, "wb") as f:
                 f.truncate(entry.size)
             self._chunks.restore_files(snapshot_id, [(entry, Path(dest))])
@@ -361,7 +216,7 @@ class SnapshotStore:
         (a member of an archive found by its headers)."""
         lock = self._lock(LockKind.SHARED, f"read {snapshot_id}:{path}")
         try:
-            entry = _file_entry(self.manifest(snapshot_id), path)
+            entry = file_entry(self.manifest(snapshot_id), path)
         except BaseException:
             lock.release()
             raise
@@ -463,82 +318,3 @@ class SnapshotStore:
             tree = Path(scratch) / "checkpoint"
             self.fetch(snapshot_id, tree, digest=digest)
             return _archive.export_checkpoint_archive(tree, target)
-
-
-def _file_entry(manifest: Manifest, path: str) -> Entry:
-    """The regular file `path` of a snapshot; FileNotFoundError if it has none."""
-    entry = next((e for e in manifest.entries if e.path == path and e.kind is EntryKind.FILE), None)
-    if entry is None:
-        raise FileNotFoundError(f"snapshot {manifest.snapshot_id} has no file {path}")
-    return entry
-
-
-class SnapshotReader:
-    """One snapshot, opened for reading from any thread, as a restore reads it: one shared store
-    lock (taken at the first read, held until `close`), under which the manifest is read once,
-    the tree fetched (`fetch`) and files opened for reads at any offset (`open`, each once). One
-    lock instead of one per file: each lock is a durable write and a listing of the store's locks."""
-
-    def __init__(self, store: SnapshotStore, snapshot_id: str, digest: str | None = None) -> None:
-        self.store = store
-        self.snapshot_id = snapshot_id
-        self.digest = digest
-        """The manifest digest the snapshot was recorded with; None reads whatever the store holds."""
-        self._manifest: Manifest | None = None
-        self._lock: StoreLock | None = None
-        self._opened: dict[str, StoredFile] = {}
-        self._guard = threading.Lock()
-
-    @property
-    def manifest(self) -> Manifest:
-        """The snapshot's manifest; SnapshotNotFound or SnapshotCorrupt if there is no good one
-        (ManifestMismatch if it is not the one recorded)."""
-        with self._guard:
-            if self._manifest is None:
-                lock = self.store._lock(LockKind.SHARED, f"read {self.snapshot_id}")
-                try:
-                    self._manifest = self.store.manifest(self.snapshot_id, self.digest)
-                except BaseException:
-                    lock.release()
-                    raise
-                self._lock = lock
-            return self._manifest
-
-    def fetch(
-        self, dest: str | os.PathLike[str], *, leave_out: Callable[[str], object] = lambda path: False
-    ) -> Manifest:
-        """As `SnapshotStore.fetch`."""
-        target = Path(dest)
-        if target.exists() or target.is_symlink():  # before any lock or read of the store
-            raise FileExistsError(f"fetch destination {target} already exists")
-        manifest = self.manifest
-        self.store._build_tree(manifest, dest, leave_out)
-        return manifest
-
-    def open(self, path: str) -> StoredFile:
-        """One regular file, to read at any offset (`StoredFile`); FileNotFoundError if the
-        snapshot has no such file."""
-        manifest = self.manifest
-        with self._guard:
-            if path not in self._opened:
-                entry = _file_entry(manifest, path)
-                self._opened[path] = StoredFile(self.store._chunks, self.snapshot_id, entry, None)
-            return self._opened[path]
-
-    def close(self) -> None:
-        """Close every file opened here and release the lock."""
-        with self._guard:
-            opened, self._opened = self._opened, {}
-            lock, self._lock = self._lock, None
-        for f in opened.values():
-            f.close()
-        if lock is not None:
-            lock.release()
-
-    def __enter__(self) -> SnapshotReader:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
