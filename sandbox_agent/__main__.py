@@ -11,7 +11,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from protos.tls import TlsFiles
+from protos.shared.tls import TlsFiles
 from sandbox_agent.errors import AgentError
 from sandbox_agent.host.network import GATEWAY_IP
 from sandbox_agent.node import Node

@@ -3,7 +3,7 @@
 The proof is its agent pod's service-account token (`control.kube.NodeIdentities`): Kubernetes
 says which pod holds it, and that pod says which node it runs on. The certificate is signed by
 the cluster CA, whose key only the orchestrator holds, and names that node alone; with it the
-node registers, heartbeats and serves its sandboxes (`protos.tls`). It lasts a day
+node registers, heartbeats and serves its sandboxes (`protos.shared.tls`). It lasts a day
 (`AuthSettings.node_certificate_s`), and the node joins again for the next before it runs out:
 nothing revokes a certificate, so a copied key outlives neither its lifetime nor the pod.
 
@@ -26,10 +26,10 @@ from cryptography import x509
 
 from orchestrator.api.status import required, rpc
 from orchestrator.domain import FailedPrecondition, InvalidArgument, PermissionDenied, TemporaryError
-from protos import pki
+from protos.shared import pki
+from protos.shared.tls import node_identity
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from protos.tls import node_identity
 
 log = logging.getLogger(__name__)
 

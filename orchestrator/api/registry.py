@@ -18,14 +18,14 @@ from typing import Protocol
 
 import grpc
 
-from orchestrator import wire
 from orchestrator.api.status import required, rpc
 from orchestrator.control import Control, SandboxView
 from orchestrator.domain import NodeRecord, NodeState, PermissionDenied, Unauthenticated
+from protos.shared import wire
+from protos.shared.tls import node_of, peer_expiry, peer_identity
 from protos.stasis.v1 import agent_pb2 as apb
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from protos.tls import node_of, peer_expiry, peer_identity
 
 
 class Places(Protocol):

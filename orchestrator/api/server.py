@@ -40,11 +40,11 @@ from orchestrator.gateway import ChatRenderer, Gateway, GatewaySettings, Peer, R
 from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock, StateStore, standing_by
 from orchestrator.state.sql import live_run
 from orchestrator.trajectory import Ledger
-from protos import pki
-from protos.admission import OPEN, Admission
+from protos.shared import pki
+from protos.shared.admission import OPEN, Admission
+from protos.shared.tls import bind
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from protos.tls import bind
 from snapshots import SnapshotStore
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from orchestrator.control import ControlSettings
 from orchestrator.domain import FailedPrecondition, Role, StasisError, ids
 from orchestrator.gateway import GATEWAY_IP, GatewaySettings
 from orchestrator.reference_model import TOKENIZER_DIR, ReferenceModelServer, ReferenceModelSettings
-from protos.tls import TlsFiles
+from protos.shared.tls import TlsFiles
 from snapshots import set_aside_startup_objects
 
 log = logging.getLogger(__name__)

@@ -18,11 +18,11 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from orchestrator import wire
 from orchestrator.domain import EpisodeSpec, NotFound, PermanentError, PullStatus, TemporaryError
+from protos.shared import wire
+from protos.shared.tls import TlsFiles, node_identity
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
-from protos.tls import TlsFiles, node_identity
 
 T = TypeVar("T")
 

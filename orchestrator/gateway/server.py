@@ -52,7 +52,7 @@ from orchestrator.state.sql import Connection
 from orchestrator.trajectory import edges, policy
 from orchestrator.trajectory.ledger import Ledger, Sampling, extension
 from orchestrator.trajectory.ledger import Turn as RecordedTurn
-from protos.tls import certified_identity, node_of
+from protos.shared.tls import certified_identity, node_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -26,7 +26,7 @@ import ssl
 import threading
 from collections import Counter
 
-from protos.tls import ORCHESTRATOR, TlsFiles
+from protos.shared.tls import ORCHESTRATOR, TlsFiles
 
 log = logging.getLogger(__name__)
 

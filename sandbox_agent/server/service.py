@@ -17,12 +17,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from protos.admission import Admission
-from protos.relay import relay
+from protos.shared.admission import Admission
+from protos.shared.relay import relay
+from protos.shared.status import guarded, snapshot_status
+from protos.shared.tls import ORCHESTRATOR, TlsFiles, bind, peer_identity
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
-from protos.status import guarded, snapshot_status
-from protos.tls import ORCHESTRATOR, TlsFiles, bind, peer_identity
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import (
     AgentError,

@@ -21,7 +21,7 @@ from orchestrator.cli.local import AgentProcess, LocalSettings, LocalStack, agen
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.client import merge_context
 from orchestrator.domain import Role
-from protos.tls import node_identity
+from protos.shared.tls import node_identity
 from sandbox_agent import AgentSettings, Node
 from sandbox_agent.images.cache import ImageCache
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR

@@ -13,7 +13,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from orchestrator import wire
 from orchestrator.api.service import StasisService
 from orchestrator.control import AgentUnavailable, Control, ControlSettings, SnapshotRequest, SpecRefused
 from orchestrator.control.node_agent import SandboxConflict
@@ -35,6 +34,7 @@ from orchestrator.domain import (
 from orchestrator.state import SqliteStateStore
 from orchestrator.trajectory import CanonicalRequest, Ledger
 from orchestrator.trajectory.canonical import canonical_message
+from protos.shared import wire
 from protos.stasis.v1 import stasis_pb2 as pb
 from snapshots import SnapshotStore
 from tests.orchestrator.fakes import FakeAgent, FakeAgents

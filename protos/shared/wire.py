@@ -1,7 +1,7 @@
-"""Protobuf messages and domain records, converted by field name in one generic codec.
+"""Protobuf messages and records, converted by field name in one generic codec both sides use.
 
-The public service, the typed client and the node-agent client convert through `encode` and
-`decode`; no module copies records field by field. The rules:
+The orchestrator's public service, its typed client and its node-agent client convert through
+`encode` and `decode`. The rules:
 
 * a record field and the message field of the same name carry the same value; fields only one
   side has are left alone, and keyword overrides supply computed values;
