@@ -26,6 +26,7 @@ import ssl
 import threading
 from collections import Counter
 
+from protos.shared.address import split_host_port
 from protos.shared.tls import ORCHESTRATOR, TlsFiles
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ class Forwarder:
 
 
 def parse_target(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--gateway-forward: {value!r} must be HOST:PORT")
-    return host, int(port)
+    host, port = split_host_port(value, "--gateway-forward")
+    if not host:
+        raise ValueError(f"--gateway-forward: {value!r} names no host; write HOST:PORT")
+    return host, port
