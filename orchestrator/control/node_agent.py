@@ -94,7 +94,7 @@ class SandboxView:
 
 
 @dataclass(frozen=True)
-class SnapshotRequest:
+class SnapshotTarget:
     """Identity the control plane gives a snapshot before asking a node to take it."""
 
     snapshot_id: str
@@ -123,7 +123,9 @@ class CheckpointOutcome:
 
 
 @dataclass(frozen=True)
-class VerifierOutcome:
+class VerifierResult:
+    """What the verifier run in a sandbox returned: its exit code (None if it timed out), and its log."""
+
     exit_code: int | None
     timed_out: bool
     log: bytes
@@ -155,7 +157,7 @@ class NodeAgent(Protocol):
         self, sandbox_id: str, spec: EpisodeSpec, *, address: str, hostname: str, env: dict[str, str]
     ) -> SandboxView: ...
     def checkpoint(
-        self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
+        self, sandbox_id: str, snapshot: SnapshotTarget, *, leave_running: bool
     ) -> CheckpointOutcome: ...
     def restore(self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str) -> SandboxView:
         """Restore a snapshot; the node refuses it (`SnapshotDamaged`) unless its manifest in the
@@ -169,7 +171,7 @@ class NodeAgent(Protocol):
 
     def run_verifier(
         self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
-    ) -> VerifierOutcome: ...
+    ) -> VerifierResult: ...
 
     def harness_log(
         self,
@@ -266,7 +268,7 @@ class AgentClient:
         raise AgentUnavailable(f"node {self.node} ended its pull of {reference} without an image", delay=2)
 
     def checkpoint(
-        self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
+        self, sandbox_id: str, snapshot: SnapshotTarget, *, leave_running: bool
     ) -> CheckpointOutcome:
         cursor = snapshot.trajectory_cursor
         request = pb.CheckpointRequest(
@@ -307,12 +309,12 @@ class AgentClient:
 
     def run_verifier(
         self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
-    ) -> VerifierOutcome:
+    ) -> VerifierResult:
         request = pb.RunVerifierRequest(
             sandbox_id=sandbox_id, command=list(command), files=files, image=image, timeout_s=timeout_s
         )
         r = self._call("verifier", self._stub.RunVerifier, request, timeout_s + 120)
-        return VerifierOutcome(
+        return VerifierResult(
             exit_code=r.exit_code if r.has_exit_code else None,
             timed_out=r.timed_out,
             log=r.log,

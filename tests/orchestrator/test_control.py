@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from orchestrator.api.service import StasisService
-from orchestrator.control import AgentUnavailable, Control, ControlSettings, SnapshotRequest, SpecRefused
+from orchestrator.control import AgentUnavailable, Control, ControlSettings, SnapshotTarget, SpecRefused
 from orchestrator.control.node_agent import SandboxConflict
 from orchestrator.control.retention import collect_snapshots
 from orchestrator.control.verifier import Verifier, parse_reward
@@ -415,7 +415,7 @@ def _orphan(loop: Loop, episode_id: str, sequence: int, parent: str) -> str:
     """A snapshot the agent published and the record never learned of (an autosave whose reply
     was lost and that was given up before it landed)."""
     e = loop.store.get(episode_id)
-    snapshot = SnapshotRequest(
+    snapshot = SnapshotTarget(
         snapshot_id=ids.snapshot_id(episode_id, sequence), episode_id=episode_id, sequence=sequence,
         parent_id=parent, reason="autosave", trajectory_cursor=None,
     )  # fmt: skip
@@ -463,7 +463,7 @@ def test_an_autosave_still_under_way_when_its_orchestrator_died_is_recorded_when
             second.control.tick()
             time.sleep(0.02)
         assert second.store.get(episode_id).pending_snapshot_id == pending, "not given up while busy"
-        snapshot = SnapshotRequest(pending, episode_id, 1, "", "autosave", None)
+        snapshot = SnapshotTarget(pending, episode_id, 1, "", "autosave", None)
         agents.get(e.node).checkpoint(e.sandbox_id, snapshot, leave_running=True)
         agents.get(e.node).sandboxes[e.sandbox_id] = view
         second.until("recorded", lambda: second.store.get(episode_id).last_snapshot_id == pending)
