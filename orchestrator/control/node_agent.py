@@ -9,7 +9,6 @@ on their types (`SnapshotDamaged`, `SpecRefused`, ...), never on status names, a
 from __future__ import annotations
 
 import enum
-import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -103,6 +102,7 @@ class SnapshotTarget:
     parent_id: str
     reason: str
     trajectory_cursor: Any
+    """The ledger's position, sent as JSON (the codec's rule for a field that is not a string)."""
 
 
 @dataclass(frozen=True)
@@ -237,15 +237,8 @@ class AgentClient:
     ) -> SandboxView:
         request = pb.CreateSandboxRequest(
             sandbox_id=sandbox_id,
-            spec=pb.SandboxSpec(
-                image=spec.image,
-                command=list(spec.command),
-                entrypoint=list(spec.entrypoint or ()),
-                has_entrypoint=spec.entrypoint is not None,
-                env={**spec.env, **env},
-                hostname=hostname,
-                address=address,
-                resources=wire.encode(spec.resources, pb.Resources),
+            spec=wire.encode(
+                spec, pb.SandboxSpec, env={**spec.env, **env}, hostname=hostname, address=address
             ),
             files=spec.files,
         )
@@ -270,18 +263,10 @@ class AgentClient:
     def checkpoint(
         self, sandbox_id: str, snapshot: SnapshotTarget, *, leave_running: bool
     ) -> CheckpointOutcome:
-        cursor = snapshot.trajectory_cursor
         request = pb.CheckpointRequest(
             sandbox_id=sandbox_id,
             leave_running=leave_running,
-            snapshot=pb.SnapshotTarget(
-                snapshot_id=snapshot.snapshot_id,
-                episode_id=snapshot.episode_id,
-                sequence=snapshot.sequence,
-                parent_id=snapshot.parent_id,
-                reason=snapshot.reason,
-                trajectory_cursor=json.dumps(cursor) if cursor is not None else "",
-            ),
+            snapshot=wire.encode(snapshot, pb.SnapshotTarget),
         )
         return wire.decode(self._call("checkpoint", self._stub.Checkpoint, request), CheckpointOutcome)
 
@@ -313,12 +298,8 @@ class AgentClient:
         request = pb.RunVerifierRequest(
             sandbox_id=sandbox_id, command=list(command), files=files, image=image, timeout_s=timeout_s
         )
-        r = self._call("verifier", self._stub.RunVerifier, request, timeout_s + 120)
-        return VerifierResult(
-            exit_code=r.exit_code if r.has_exit_code else None,
-            timed_out=r.timed_out,
-            log=r.log,
-            duration_ms=r.duration_ms,
+        return wire.decode(
+            self._call("verifier", self._stub.RunVerifier, request, timeout_s + 120), VerifierResult
         )
 
     def harness_log(
