@@ -27,6 +27,7 @@ import threading
 from collections import Counter
 
 from protos.shared.address import split_host_port
+from protos.shared.pump import CHUNK, pump
 from protos.shared.tls import ORCHESTRATOR, TlsFiles
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,6 @@ MAX_PER_SANDBOX = 64
 many parallel calls a few dozen."""
 DIAL_TIMEOUT_S = 10.0
 """Longest the relay waits to reach the gateway and finish the TLS handshake."""
-CHUNK = 65536
 
 
 def _refusal(message: str) -> bytes:
@@ -47,16 +47,6 @@ def _refusal(message: str) -> bytes:
         f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
-
-
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, other: asyncio.StreamWriter) -> None:
-    """Copy one direction; when it ends, end both (the other direction's read then ends too)."""
-    with contextlib.suppress(OSError, RuntimeError):
-        while data := await src.read(CHUNK):
-            dst.write(data)
-            await dst.drain()  # a frozen harness holds the gateway's side back, not this node's memory
-    for writer in (dst, other):
-        writer.close()
 
 
 class Forwarder:
@@ -144,10 +134,9 @@ class Forwarder:
                 return
             ends.append(gateway)
             self._open.add(gateway)
-            # The connection counts until both directions are over.
-            await asyncio.gather(
-                _pipe(client_reader, gateway, client), _pipe(gateway_reader, client, gateway)
-            )
+            # The connection counts until both directions are over. A frozen harness holds the
+            # gateway's side back, not this node's memory.
+            await pump((client_reader, client), (gateway_reader, gateway))
         finally:
             for writer in ends:
                 writer.close()
