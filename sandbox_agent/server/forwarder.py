@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import ssl
@@ -27,7 +26,7 @@ import threading
 from collections import Counter
 
 from protos.shared.address import split_host_port
-from protos.shared.pump import CHUNK, pump
+from protos.shared.pump import CHUNK, pump, refusal
 from protos.shared.tls import ORCHESTRATOR, TlsFiles
 
 log = logging.getLogger(__name__)
@@ -38,15 +37,6 @@ MAX_PER_SANDBOX = 64
 many parallel calls a few dozen."""
 DIAL_TIMEOUT_S = 10.0
 """Longest the relay waits to reach the gateway and finish the TLS handshake."""
-
-
-def _refusal(message: str) -> bytes:
-    body = json.dumps({"error": {"type": "overloaded_error", "message": message}}).encode()
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 class Forwarder:
@@ -115,7 +105,7 @@ class Forwarder:
                 "gateway relay refused a connection from %s: it holds %d", source, self.max_per_sandbox
             )
             client.write(
-                _refusal(f"{source} holds {self.max_per_sandbox} connections to the gateway, its most")
+                refusal(f"{source} holds {self.max_per_sandbox} connections to the gateway, its most")
             )
             with contextlib.suppress(OSError, TimeoutError):
                 await asyncio.wait_for(client.drain(), DIAL_TIMEOUT_S)
