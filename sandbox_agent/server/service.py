@@ -38,7 +38,7 @@ from sandbox_agent.images import oci
 from sandbox_agent.images.cache import Image
 from sandbox_agent.node import Node, SnapshotTarget
 from sandbox_agent.spec import SandboxSpec, SandboxState, SandboxStatus
-from snapshots import SnapshotError
+from snapshots import Manifest, SnapshotError
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +86,22 @@ def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
     )  # fmt: skip
 
 
-def checkpoint_to_pb(c: Checkpoint) -> pb.CheckpointResult:
+def checkpoint_to_pb(c: Checkpoint, manifest: Manifest | None = None) -> pb.CheckpointResult:
+    """A checkpoint left in its directory, or (with its manifest) one put in the snapshot store."""
+    stored: dict[str, Any] = {}
+    if manifest is not None:
+        sizes = manifest.sizes
+        stored = {
+            "snapshot_id": manifest.snapshot_id, "manifest_digest": manifest.digest,
+            "logical_bytes": sizes.logical_bytes, "stored_bytes": sizes.stored_bytes, "new_bytes": sizes.new_bytes,
+        }  # fmt: skip
     return wire.encode(
         c, pb.CheckpointResult,
-        directory=str(c.directory),
+        directory="" if manifest is not None else str(c.directory),
         criu_bytes=c.sizes.criu_bytes,
         layer_bytes=c.sizes.layer_bytes,
         since_freeze_ms=max(0.0, (time.time() - c.created_at) * 1000),
+        **stored,
     )  # fmt: skip
 
 
@@ -149,14 +158,7 @@ class AgentService(pb_grpc.SandboxAgentServicer):
         captured, manifest = self.node.checkpoint_to_store(
             request.sandbox_id, target, leave_running=request.leave_running
         )
-        result = checkpoint_to_pb(captured)
-        result.directory = ""
-        result.snapshot_id = manifest.snapshot_id
-        result.logical_bytes = manifest.sizes.logical_bytes
-        result.stored_bytes = manifest.sizes.stored_bytes
-        result.new_bytes = manifest.sizes.new_bytes
-        result.manifest_digest = manifest.digest
-        return result
+        return checkpoint_to_pb(captured, manifest)
 
     @_rpc
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.Sandbox:
