@@ -72,6 +72,7 @@ from sandbox_agent.criu import stats
 from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from snapshots import set_aside_startup_objects
+from tests.dockerd import docker
 from tests.dockerd import engine as docker_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -315,10 +316,7 @@ def run_stasis(size: int, memory: str, a: Node, b: Node, eager: Node) -> dict[st
 
 
 def _docker(*args: str, check: bool = True) -> str:
-    done = subprocess.run(["docker", "-H", DOCKER_HOST, *args], capture_output=True, text=True)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"docker {' '.join(args[:3])} failed: {done.stderr.strip()}")
-    return done.stdout.strip()
+    return docker(DOCKER_HOST, *args, check=check).stdout.strip()
 
 
 def _docker_checkpoint(name: str, checkpoint: str, *, leave_running: bool) -> float:

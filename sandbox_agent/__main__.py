@@ -11,7 +11,8 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from protos.tls import TlsFiles
+from protos.shared.address import host_of, join_host_port
+from protos.shared.tls import TlsFiles
 from sandbox_agent.errors import AgentError
 from sandbox_agent.host.network import GATEWAY_IP
 from sandbox_agent.node import Node
@@ -218,8 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     except AgentError as exc:
         sys.exit(f"stasis-agent: {exc}")
     set_aside_startup_objects()  # a full collection no longer lands in a restore (snapshots._collector)
-    host = settings.listen.rsplit(":", 1)[0]
-    address = f"{host}:{port}"
+    address = join_host_port(host_of(settings.listen, "--listen"), port)
     print(f"stasis-agent node={settings.node} listening on {address}", flush=True)
     forwarder = None
     if settings.gateway_forward:

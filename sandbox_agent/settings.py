@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protos.tls import TlsFiles
+from protos.shared.tls import TlsFiles
 
 DEFAULT_BASE_IMAGE_TAR = Path("/var/cache/stasis/images/base/rootfs.tar")
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protos.shared.resources import resource_problem
 from sandbox_agent.errors import InvalidSpec
 from sandbox_agent.host import idmap, network
 from sandbox_agent.host.overlay import sandbox_path
@@ -102,17 +103,8 @@ class SandboxSpec:
                 )
             if self.user and any(int(i) >= idmap.SIZE for i in self.user.split(":") if i.isdigit()):
                 raise InvalidSpec("user", f"{self.user!r} is outside the sandbox's ids 0..{idmap.SIZE - 1}")
-        r = self.resources
-        if not 0 < r.cpus <= 256:
-            raise InvalidSpec("resources.cpus", f"{r.cpus} must be > 0 and <= 256")
-        if not 16 <= r.memory_mb <= 1 << 20:
-            raise InvalidSpec("resources.memory_mb", f"{r.memory_mb} must be between 16 and 1048576")
-        if not 8 <= r.pids <= 1 << 22:
-            raise InvalidSpec("resources.pids", f"{r.pids} must be between 8 and 4194304")
-        if not 16 <= r.disk_mb <= 1 << 24:
-            raise InvalidSpec("resources.disk_mb", f"{r.disk_mb} must be between 16 and 16777216")
-        if not 1024 <= r.inodes <= 1 << 28:
-            raise InvalidSpec("resources.inodes", f"{r.inodes} must be between 1024 and 268435456")
+        if problem := resource_problem(self.resources):
+            raise InvalidSpec(f"resources.{problem[0]}", problem[1])
         return self
 
     @property

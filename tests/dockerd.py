@@ -10,8 +10,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests import hostcheck
+
+
+def docker(
+    url: str, *args: str, check: bool = False, timeout: float | None = None, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    """`docker -H url ARGS`, its output captured as text: the one way the suite (and the
+    benchmarks) drive an engine. With `check`, a failure raises, naming the command and its stderr."""
+    done = subprocess.run(["docker", "-H", url, *args], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args[:3])} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
 
 
 @contextmanager
@@ -39,17 +51,15 @@ def engine(
         )
     try:
         deadline = time.monotonic() + 60
-        while subprocess.run(["docker", "-H", url, "info"], capture_output=True).returncode != 0:
+        while docker(url, "info").returncode != 0:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"dockerd did not start: {log_path.read_text()[-2000:]}")
             time.sleep(0.2)
         yield url
     finally:
-        ids = subprocess.run(
-            ["docker", "-H", url, "ps", "-aq"], capture_output=True, text=True
-        ).stdout.split()
+        ids = docker(url, "ps", "-aq").stdout.split()
         if ids:
-            subprocess.run(["docker", "-H", url, "rm", "-f", *ids], capture_output=True)
+            docker(url, "rm", "-f", *ids)
         proc.terminate()
         try:
             proc.wait(timeout=30)

@@ -165,7 +165,7 @@ def _bearer(context: grpc.ServicerContext) -> str:
 
 
 class PublicAccess:
-    """The public API's admission policy (see `protos.admission`): a valid bearer token whose role
+    """The public API's admission policy (see `protos.shared.admission`): a valid bearer token whose role
     the method allows; the call then acts for the token's holder."""
 
     def __init__(self, tokens: Tokens) -> None:

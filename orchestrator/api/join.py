@@ -3,7 +3,7 @@
 The proof is its agent pod's service-account token (`control.kube.NodeIdentities`): Kubernetes
 says which pod holds it, and that pod says which node it runs on. The certificate is signed by
 the cluster CA, whose key only the orchestrator holds, and names that node alone; with it the
-node registers, heartbeats and serves its sandboxes (`protos.tls`). It lasts a day
+node registers, heartbeats and serves its sandboxes (`protos.shared.tls`). It lasts a day
 (`AuthSettings.node_certificate_s`), and the node joins again for the next before it runs out:
 nothing revokes a certificate, so a copied key outlives neither its lifetime nor the pod.
 
@@ -26,10 +26,11 @@ from cryptography import x509
 
 from orchestrator.api.status import required, rpc
 from orchestrator.domain import FailedPrecondition, InvalidArgument, PermissionDenied, TemporaryError
-from protos import pki
+from protos.shared import pki
+from protos.shared.address import host_of
+from protos.shared.tls import node_identity
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from protos.tls import node_identity
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,10 @@ def _refill(bucket: tuple[float, float] | None, rate: float, burst: float, now: 
 
 def _address(peer: str) -> str:
     """The address of a gRPC peer ("ipv4:10.0.0.7:51234", "ipv6:[fd00::7]:51234"), without its port."""
-    return peer.rpartition(":")[0] or peer
+    kind, _, address = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer  # a Unix socket's path names its caller whole
+    return host_of(address, "peer")
 
 
 class JoinService(pb_grpc.ClusterJoinServicer):

@@ -18,14 +18,15 @@ from typing import Protocol
 
 import grpc
 
-from orchestrator import wire
 from orchestrator.api.status import required, rpc
 from orchestrator.control import Control, SandboxView
 from orchestrator.domain import NodeRecord, NodeState, PermissionDenied, Unauthenticated
+from protos.shared import wire
+from protos.shared.address import host_of
+from protos.shared.tls import node_of, peer_expiry, peer_identity
 from protos.stasis.v1 import agent_pb2 as apb
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from protos.tls import node_of, peer_expiry, peer_identity
 
 
 class Places(Protocol):
@@ -82,7 +83,7 @@ class RegistryService(pb_grpc.NodeRegistryServicer):
         if self.places is None:
             return
         expected = self.places.addresses_of(node)
-        if _spelt(address.rsplit(":", 1)[0].strip("[]")) not in {_spelt(a) for a in expected}:
+        if _spelt(host_of(address)) not in {_spelt(a) for a in expected}:
             raise PermissionDenied(
                 f"address: node {node!r} declared {address!r}, but Kubernetes has it at "
                 f"{', '.join(sorted(expected)) or 'no address'} (its agent pod's or its own); "

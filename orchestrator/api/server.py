@@ -40,11 +40,12 @@ from orchestrator.gateway import ChatRenderer, Gateway, GatewaySettings, Peer, R
 from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock, StateStore, standing_by
 from orchestrator.state.sql import live_run
 from orchestrator.trajectory import Ledger
-from protos import pki
-from protos.admission import OPEN, Admission
+from protos.shared import pki
+from protos.shared.address import host_of, join_host_port
+from protos.shared.admission import OPEN, Admission
+from protos.shared.tls import bind
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from protos.tls import bind
 from snapshots import SnapshotStore
 
 if TYPE_CHECKING:
@@ -141,8 +142,7 @@ class Orchestrator:
 
     @property
     def address(self) -> str:
-        host = self.settings.listen.rsplit(":", 1)[0]
-        return f"{host}:{self.port}"
+        return join_host_port(host_of(self.settings.listen, "listen"), self.port)
 
     @property
     def cluster_address(self) -> str:
@@ -150,7 +150,7 @@ class Orchestrator:
         auth = self.settings.auth
         if auth is None:
             return self.address
-        return f"{auth.cluster_listen.rsplit(':', 1)[0]}:{self.cluster_port}"
+        return join_host_port(host_of(auth.cluster_listen, "cluster listen"), self.cluster_port)
 
     def _gateway_env(self, e: Episode) -> dict[str, str]:
         g = self.settings.gateway

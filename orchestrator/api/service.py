@@ -15,7 +15,6 @@ from typing import TypeVar
 
 import grpc
 
-from orchestrator import wire
 from orchestrator.api.status import required, rpc
 from orchestrator.api.streams import StreamSlots, bounded
 from orchestrator.control import Control
@@ -37,7 +36,8 @@ from orchestrator.domain import (
 )
 from orchestrator.state import StateStore
 from orchestrator.trajectory import Branch, Ledger, Turn, samples
-from protos.relay import relay
+from protos.shared import wire
+from protos.shared.relay import relay
 from protos.stasis.v1 import agent_pb2 as apb
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from orchestrator.control import ControlSettings
 from orchestrator.gateway import GatewaySettings
-from protos.tls import TlsFiles
+from protos.shared.tls import TlsFiles
 
 
 @dataclass(frozen=True)

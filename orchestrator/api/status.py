@@ -19,7 +19,7 @@ from orchestrator.domain import (
     TemporaryError,
     Unauthenticated,
 )
-from protos.status import guarded, snapshot_status
+from protos.shared.status import guarded, snapshot_status
 from snapshots import SnapshotError
 
 F = TypeVar("F", bound=Callable[..., Any])

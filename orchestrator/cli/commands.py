@@ -18,7 +18,7 @@ import yaml
 from orchestrator.cli.progress import PullBoard, human_size
 from orchestrator.client import EpisodeInfo, StasisClient, TurnInfo, load_spec_file
 from orchestrator.domain import EpisodeState, InvalidArgument, Role, StasisError
-from protos.tls import TlsFiles
+from protos.shared.tls import TlsFiles
 
 
 def _millis(value: float | None) -> str:

@@ -34,7 +34,8 @@ from orchestrator.control import ControlSettings
 from orchestrator.domain import FailedPrecondition, Role, StasisError, ids
 from orchestrator.gateway import GATEWAY_IP, GatewaySettings
 from orchestrator.reference_model import TOKENIZER_DIR, ReferenceModelServer, ReferenceModelSettings
-from protos.tls import TlsFiles
+from protos.shared.address import host_of
+from protos.shared.tls import TlsFiles
 from snapshots import set_aside_startup_objects
 
 log = logging.getLogger(__name__)
@@ -298,7 +299,7 @@ class LocalStack:
         across restarts in <state>/operator.token."""
         if not self.settings.secure:
             return None
-        host = self.settings.listen.rsplit(":", 1)[0]
+        host = host_of(self.settings.listen, "--listen")
         tls = self.pki.orchestrator(() if host in ("", "0.0.0.0", "127.0.0.1", "localhost") else (host,))
         tokens, token_file = self.state_dir / "tokens.yaml", self.state_dir / "operator.token"
         held = token_file.read_text().strip() if token_file.exists() else ""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from orchestrator.cli.datasets import moment
 from orchestrator.client import DEFAULT_ADDR
-from protos.tls import ORCHESTRATOR
+from protos.shared.tls import ORCHESTRATOR
 
 PROG = "stasis"
 

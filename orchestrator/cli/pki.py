@@ -1,5 +1,5 @@
 """The local stack's certificates: one cluster CA under <state>/pki, a certificate for the
-orchestrator and one per node, each naming its holder (see `protos.tls`). Made on the first
+orchestrator and one per node, each naming its holder (see `protos.shared.tls`). Made on the first
 `stasis up` and reused after, so running sandboxes, agents and client configs stay valid; a
 node's is issued again once it is `pki.due`, which the running stack checks every hour."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 from cryptography import x509
 
-from protos import pki
-from protos.tls import ORCHESTRATOR, TlsFiles, node_identity
+from protos.shared import pki
+from protos.shared.tls import ORCHESTRATOR, TlsFiles, node_identity
 
 NODE_LIFETIME = datetime.timedelta(days=7)
 """How long a node certificate issued here lasts. The stack issues the next after 4.7 days and its
-agents take it up without a restart (`protos.tls`); a copied key is good for a week at most,
+agents take it up without a restart (`protos.shared.tls`); a copied key is good for a week at most,
 where a node that joins a cluster holds one for a day (`AuthSettings.node_certificate_s`)."""
 
 

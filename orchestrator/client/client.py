@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 import grpc
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from orchestrator import wire
 from orchestrator.client.config import Context, config_path, load_context
 from orchestrator.client.imagesource import is_registry_reference, push
 from orchestrator.client.records import (
@@ -46,6 +45,7 @@ from orchestrator.domain import (
     TemporaryError,
     Unauthenticated,
 )
+from protos.shared import wire
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator.domain import InvalidArgument, StasisError
+from protos.shared.address import host_of
 
 DOCKER = "docker://"
 
@@ -77,8 +78,8 @@ def _pack_tree(tree: Path, layout: Path) -> str:
 
 
 def _loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0].strip("[]")
     try:
+        name = host_of(host, "registry")
         return name == "localhost" or ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False

@@ -11,9 +11,9 @@ on services, pods and secrets, and `create` on pods/portforward, in that namespa
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import base64
-import contextlib
 import logging
 import os
 import shutil
@@ -30,6 +30,7 @@ from kubernetes.stream import portforward
 
 from orchestrator.client.config import Context
 from orchestrator.domain import FailedPrecondition, InvalidArgument, NotFound, TemporaryError
+from protos.shared.pump import CHUNK, pump
 
 log = logging.getLogger(__name__)
 
@@ -135,25 +136,26 @@ def _credential(secrets: list[Any]) -> tuple[bytes, str]:
 
 class PortForward:
     """A loopback listener whose every connection is carried to the pod's port by its own
-    port-forward stream, as `kubectl port-forward` does."""
+    port-forward stream, as `kubectl port-forward` does; one event loop on a thread of its own
+    carries them all."""
 
     def __init__(self, api: client.CoreV1Api, namespace: str, pod: str, port: int) -> None:
         self.api, self.namespace, self.pod, self.port = api, namespace, pod, port
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, name="kube-port-forward", daemon=True).start()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kube-port-forward", daemon=True)
+        self._thread.start()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._carry, args=(conn,), daemon=True).start()
+        async def serve() -> asyncio.Server:
+            return await asyncio.start_server(self._carry, sock=self._listener, limit=CHUNK)
 
-    def _carry(self, conn: socket.socket) -> None:
+        self._server = asyncio.run_coroutine_threadsafe(serve(), self._loop).result(timeout=10)
+
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            stream = portforward(
+            stream = await asyncio.to_thread(
+                portforward,
                 self.api.connect_get_namespaced_pod_portforward,
                 self.pod,
                 self.namespace,
@@ -161,24 +163,26 @@ class PortForward:
             )
         except ApiException as exc:
             log.warning("port-forward to %s/%s failed: %s", self.namespace, self.pod, exc.reason)
-            conn.close()
+            writer.close()
             return
-        remote = stream.socket(self.port)
-        threading.Thread(target=_pump, args=(remote, conn), daemon=True).start()
-        _pump(conn, remote)
+        remote = await asyncio.open_connection(sock=stream.socket(self.port), limit=CHUNK)
+        await pump((reader, writer), remote)
 
     def close(self) -> None:
+        """Stop listening and end the connections being carried."""
+        if self._loop.is_closed():
+            return
+
+        async def shutdown() -> None:
+            self._server.close()
+            carried = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in carried:
+                task.cancel()
+            await asyncio.gather(*carried, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
         self._listener.close()
-
-
-def _pump(source: Any, sink: Any) -> None:
-    """Copy until either side ends, then end the other's sending side."""
-    try:
-        while data := source.recv(1 << 16):
-            sink.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (sink, source):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+        if not self._loop.is_running():
+            self._loop.close()

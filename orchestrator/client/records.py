@@ -1,5 +1,5 @@
 """What the typed client returns: plain records decoded from the public API's messages by field
-name (`orchestrator.wire`), so a new API field needs only a new record field."""
+name (`protos.shared.wire`), so a new API field needs only a new record field."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ from orchestrator.control.node_agent import (
     SandboxState,
     SandboxView,
     SnapshotDamaged,
-    SnapshotRequest,
+    SnapshotTarget,
     SpecRefused,
-    VerifierOutcome,
+    VerifierResult,
 )
 from orchestrator.control.operations import default_finish
 from orchestrator.control.settings import ControlSettings
@@ -40,10 +40,10 @@ __all__ = [
     "SandboxState",
     "SandboxView",
     "SnapshotDamaged",
-    "SnapshotRequest",
+    "SnapshotTarget",
     "SpecRefused",
     "Verifier",
-    "VerifierOutcome",
+    "VerifierResult",
     "default_finish",
     "parse_reward",
 ]

@@ -9,7 +9,6 @@ on their types (`SnapshotDamaged`, `SpecRefused`, ...), never on status names, a
 from __future__ import annotations
 
 import enum
-import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,11 +17,11 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from orchestrator import wire
 from orchestrator.domain import EpisodeSpec, NotFound, PermanentError, PullStatus, TemporaryError
+from protos.shared import wire
+from protos.shared.tls import TlsFiles, node_identity
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
-from protos.tls import TlsFiles, node_identity
 
 T = TypeVar("T")
 
@@ -94,7 +93,7 @@ class SandboxView:
 
 
 @dataclass(frozen=True)
-class SnapshotRequest:
+class SnapshotTarget:
     """Identity the control plane gives a snapshot before asking a node to take it."""
 
     snapshot_id: str
@@ -103,6 +102,7 @@ class SnapshotRequest:
     parent_id: str
     reason: str
     trajectory_cursor: Any
+    """The ledger's position, sent as JSON (the codec's rule for a field that is not a string)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,9 @@ class CheckpointOutcome:
 
 
 @dataclass(frozen=True)
-class VerifierOutcome:
+class VerifierResult:
+    """What the verifier run in a sandbox returned: its exit code (None if it timed out), and its log."""
+
     exit_code: int | None
     timed_out: bool
     log: bytes
@@ -155,7 +157,7 @@ class NodeAgent(Protocol):
         self, sandbox_id: str, spec: EpisodeSpec, *, address: str, hostname: str, env: dict[str, str]
     ) -> SandboxView: ...
     def checkpoint(
-        self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
+        self, sandbox_id: str, snapshot: SnapshotTarget, *, leave_running: bool
     ) -> CheckpointOutcome: ...
     def restore(self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str) -> SandboxView:
         """Restore a snapshot; the node refuses it (`SnapshotDamaged`) unless its manifest in the
@@ -169,7 +171,7 @@ class NodeAgent(Protocol):
 
     def run_verifier(
         self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
-    ) -> VerifierOutcome: ...
+    ) -> VerifierResult: ...
 
     def harness_log(
         self,
@@ -235,15 +237,8 @@ class AgentClient:
     ) -> SandboxView:
         request = pb.CreateSandboxRequest(
             sandbox_id=sandbox_id,
-            spec=pb.SandboxSpec(
-                image=spec.image,
-                command=list(spec.command),
-                entrypoint=list(spec.entrypoint or ()),
-                has_entrypoint=spec.entrypoint is not None,
-                env={**spec.env, **env},
-                hostname=hostname,
-                address=address,
-                resources=wire.encode(spec.resources, pb.Resources),
+            spec=wire.encode(
+                spec, pb.SandboxSpec, env={**spec.env, **env}, hostname=hostname, address=address
             ),
             files=spec.files,
         )
@@ -266,20 +261,12 @@ class AgentClient:
         raise AgentUnavailable(f"node {self.node} ended its pull of {reference} without an image", delay=2)
 
     def checkpoint(
-        self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
+        self, sandbox_id: str, snapshot: SnapshotTarget, *, leave_running: bool
     ) -> CheckpointOutcome:
-        cursor = snapshot.trajectory_cursor
         request = pb.CheckpointRequest(
             sandbox_id=sandbox_id,
             leave_running=leave_running,
-            snapshot=pb.SnapshotTarget(
-                snapshot_id=snapshot.snapshot_id,
-                episode_id=snapshot.episode_id,
-                sequence=snapshot.sequence,
-                parent_id=snapshot.parent_id,
-                reason=snapshot.reason,
-                trajectory_cursor=json.dumps(cursor) if cursor is not None else "",
-            ),
+            snapshot=wire.encode(snapshot, pb.SnapshotTarget),
         )
         return wire.decode(self._call("checkpoint", self._stub.Checkpoint, request), CheckpointOutcome)
 
@@ -307,16 +294,12 @@ class AgentClient:
 
     def run_verifier(
         self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
-    ) -> VerifierOutcome:
+    ) -> VerifierResult:
         request = pb.RunVerifierRequest(
             sandbox_id=sandbox_id, command=list(command), files=files, image=image, timeout_s=timeout_s
         )
-        r = self._call("verifier", self._stub.RunVerifier, request, timeout_s + 120)
-        return VerifierOutcome(
-            exit_code=r.exit_code if r.has_exit_code else None,
-            timed_out=r.timed_out,
-            log=r.log,
-            duration_ms=r.duration_ms,
+        return wire.decode(
+            self._call("verifier", self._stub.RunVerifier, request, timeout_s + 120), VerifierResult
         )
 
     def harness_log(

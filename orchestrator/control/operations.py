@@ -35,7 +35,7 @@ from orchestrator.control.node_agent import (
     NodeAgents,
     SandboxConflict,
     SnapshotDamaged,
-    SnapshotRequest,
+    SnapshotTarget,
     SpecRefused,
 )
 from orchestrator.control.outcomes import Outcomes, snapshot_record
@@ -245,7 +245,7 @@ class Operations:
         """Ask the node for the pending snapshot and commit what happened."""
         pending = ids.SnapshotId.parse(e.pending_snapshot_id)
         assert pending is not None, f"episode {e.id} has no pending snapshot"
-        request = SnapshotRequest(
+        target = SnapshotTarget(
             snapshot_id=e.pending_snapshot_id,
             episode_id=e.id,
             sequence=pending.sequence,
@@ -254,7 +254,7 @@ class Operations:
             trajectory_cursor=self._cursor(e),
         )
         try:
-            outcome = self.agents.get(e.node).checkpoint(e.sandbox_id, request, leave_running=leave_running)
+            outcome = self.agents.get(e.node).checkpoint(e.sandbox_id, target, leave_running=leave_running)
         except StasisError as exc:
             # A node that found the snapshot's id taken wrote nothing: what holds it is not its.
             if not isinstance(exc, SandboxConflict) and self.outcomes.record_if_committed(e, leave_running):
@@ -270,7 +270,7 @@ class Operations:
                     pending_snapshot_id="", pending_reason="", run_started_at=time.time(),
                 )  # fmt: skip
             return
-        self.outcomes.snapshot_committed(e, snapshot_record(e, request, outcome), leave_running)
+        self.outcomes.snapshot_committed(e, snapshot_record(e, target, outcome), leave_running)
 
     # finishing -----------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from orchestrator.control.membership import Membership
-from orchestrator.control.node_agent import CheckpointOutcome, SnapshotRequest
+from orchestrator.control.node_agent import CheckpointOutcome, SnapshotTarget
 from orchestrator.control.settings import ControlSettings
 from orchestrator.domain import (
     Episode,
@@ -209,20 +209,20 @@ def frozen_at(outcome: CheckpointOutcome) -> float:
     return outcome.created_at
 
 
-def snapshot_record(e: Episode, request: SnapshotRequest, outcome: CheckpointOutcome) -> SnapshotRecord:
+def snapshot_record(e: Episode, target: SnapshotTarget, outcome: CheckpointOutcome) -> SnapshotRecord:
     """The record of a snapshot a node reported committed."""
     return SnapshotRecord(
         id=outcome.snapshot_id,
         episode_id=e.id,
-        sequence=request.sequence,
-        parent_id=request.parent_id,
+        sequence=target.sequence,
+        parent_id=target.parent_id,
         node=e.node,
-        reason=request.reason,
+        reason=target.reason,
         created_at=frozen_at(outcome),
         logical_bytes=outcome.logical_bytes,
         stored_bytes=outcome.stored_bytes,
         new_bytes=outcome.new_bytes,
-        trajectory_cursor=request.trajectory_cursor,
+        trajectory_cursor=target.trajectory_cursor,
         timings_ms=outcome.timings_ms,
         manifest_digest=outcome.manifest_digest,
     )

@@ -1,8 +1,9 @@
 """The control plane's domain: episodes and their specs, states and events, nodes, snapshot
 records, images, roles and callers, ids, errors, and the plain-data codec for them.
 
-Owns the words every other room speaks. Imports nothing else of Stasis: no protobuf, no gRPC,
-no storage.
+Owns the words every other room speaks. Imports nothing else of Stasis but the shared room's
+bounds of a sandbox's resources (`protos.shared.resources`, the node agent's too): no protobuf,
+no gRPC, no storage.
 """
 
 from orchestrator.domain.access import Caller, Role, acting_for, current_caller, may_read_hidden

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from orchestrator.domain.errors import InvalidArgument
+from protos.shared.resources import resource_problem
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
@@ -96,13 +97,8 @@ class EpisodeSpec:
             if not isinstance(value, str) or "\0" in value:
                 raise InvalidArgument(f"spec.env.{key}", "must be a string without NUL bytes")
         _files("spec.files", self.files)
-        r = self.resources
-        if not 0 < r.cpus <= 256:
-            raise InvalidArgument("spec.resources.cpus", f"{r.cpus} must be > 0 and <= 256")
-        if not 16 <= r.memory_mb <= 1 << 20:
-            raise InvalidArgument("spec.resources.memory_mb", f"{r.memory_mb} must be between 16 and 1048576")
-        if not 16 <= r.disk_mb <= 1 << 24:
-            raise InvalidArgument("spec.resources.disk_mb", f"{r.disk_mb} must be between 16 and 16777216")
+        if problem := resource_problem(self.resources):
+            raise InvalidArgument(f"spec.resources.{problem[0]}", problem[1])
         _seconds("spec.limits.max_wall_s", self.limits.max_wall_s, 0.0, "0 means no limit")
         p = self.preemption
         _seconds("spec.preemption.time_slice_s", p.time_slice_s, MIN_PERIOD_S, "0 means the server's default")

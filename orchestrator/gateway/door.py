@@ -10,11 +10,12 @@ gateway to its sandboxes (`--gateway-forward`), that node's.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
 from aiohttp import web
+
+from protos.shared.pump import refusal
 
 log = logging.getLogger(__name__)
 
@@ -22,15 +23,6 @@ log = logging.getLogger(__name__)
 def _host(transport: asyncio.BaseTransport | None) -> str:
     peer = transport.get_extra_info("peername") if transport is not None else None
     return str(peer[0]) if peer else ""
-
-
-def _refusal(message: str) -> bytes:
-    body = json.dumps({"error": {"type": "overloaded_error", "message": message}}).encode()
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 class Door(asyncio.Protocol):
@@ -53,7 +45,7 @@ class Door(asyncio.Protocol):
             return
         log.warning("gateway refused a connection from %s: %s", peer, refused)
         assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(_refusal(refused))
+        transport.write(refusal(refused))
         transport.close()
 
     def data_received(self, data: bytes) -> None:  # a refused connection's bytes: ignored

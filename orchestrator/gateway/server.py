@@ -52,7 +52,8 @@ from orchestrator.state.sql import Connection
 from orchestrator.trajectory import edges, policy
 from orchestrator.trajectory.ledger import Ledger, Sampling, extension
 from orchestrator.trajectory.ledger import Turn as RecordedTurn
-from protos.tls import certified_identity, node_of
+from protos.shared.address import host_of, split_host_port
+from protos.shared.tls import certified_identity, node_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -186,7 +187,7 @@ def live_peer(e: Episode, peer: Peer, node_address: str) -> bool:
         return peer.node == e.node
     if not peer.host:
         return False
-    return peer.host == e.address or peer.host == node_address.rsplit(":", 1)[0].strip("[]")
+    return peer.host == e.address or peer.host == host_of(node_address)
 
 
 class Gateway:
@@ -264,11 +265,11 @@ class Gateway:
         server = self._runner.server
         assert server is not None
         s = self.settings
-        host, _, port = s.listen.rpartition(":")
+        host, port = split_host_port(s.listen, "gateway listen")
         self._listener = await asyncio.get_running_loop().create_server(
             lambda: Door(server, s.max_connections, s.max_connections_per_peer),
             host or "0.0.0.0",
-            int(port),
+            port,
             backlog=1024,
             reuse_address=True,
             ssl=s.tls.server_context() if s.tls is not None else None,
@@ -282,9 +283,9 @@ class Gateway:
             await self._metrics_runner.setup()
             handler = self._metrics_runner.server
             assert handler is not None
-            host, _, port = s.metrics_listen.rpartition(":")
+            host, port = split_host_port(s.metrics_listen, "gateway metrics listen")
             self._metrics_listener = await asyncio.get_running_loop().create_server(
-                handler, host or "0.0.0.0", int(port), reuse_address=True
+                handler, host or "0.0.0.0", port, reuse_address=True
             )
             self.metrics_port = int(self._metrics_listener.sockets[0].getsockname()[1])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from protos.tls import TlsFiles
+from protos.shared.tls import TlsFiles
 
 GATEWAY_IP = "169.254.1.1"
 """Every node serves the gateway at this address, so a sandbox finds it on any node."""

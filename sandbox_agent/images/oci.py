@@ -32,6 +32,7 @@ from typing import Any
 
 import zstandard
 
+from protos.shared.address import host_of
 from sandbox_agent.errors import CommandFailed, ImageRejected, InvalidSpec
 from sandbox_agent.host import tools
 
@@ -75,15 +76,9 @@ class Reference:
 
     @property
     def loopback(self) -> bool:
-        host = (
-            self.host.rsplit(":", 1)[0].strip("[]")
-            if not self.host.startswith("[")
-            else self.host[1:].split("]")[0]
-        )
-        if host == "localhost":
-            return True
         try:
-            return ipaddress.ip_address(host).is_loopback
+            host = host_of(self.host, "registry")
+            return host == "localhost" or ipaddress.ip_address(host).is_loopback
         except ValueError:
             return False
 

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import ssl
 import threading
 from collections import Counter
 
-from protos.tls import ORCHESTRATOR, TlsFiles
+from protos.shared.address import split_host_port
+from protos.shared.pump import CHUNK, pump, refusal
+from protos.shared.tls import ORCHESTRATOR, TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -36,26 +37,6 @@ MAX_PER_SANDBOX = 64
 many parallel calls a few dozen."""
 DIAL_TIMEOUT_S = 10.0
 """Longest the relay waits to reach the gateway and finish the TLS handshake."""
-CHUNK = 65536
-
-
-def _refusal(message: str) -> bytes:
-    body = json.dumps({"error": {"type": "overloaded_error", "message": message}}).encode()
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, other: asyncio.StreamWriter) -> None:
-    """Copy one direction; when it ends, end both (the other direction's read then ends too)."""
-    with contextlib.suppress(OSError, RuntimeError):
-        while data := await src.read(CHUNK):
-            dst.write(data)
-            await dst.drain()  # a frozen harness holds the gateway's side back, not this node's memory
-    for writer in (dst, other):
-        writer.close()
 
 
 class Forwarder:
@@ -124,7 +105,7 @@ class Forwarder:
                 "gateway relay refused a connection from %s: it holds %d", source, self.max_per_sandbox
             )
             client.write(
-                _refusal(f"{source} holds {self.max_per_sandbox} connections to the gateway, its most")
+                refusal(f"{source} holds {self.max_per_sandbox} connections to the gateway, its most")
             )
             with contextlib.suppress(OSError, TimeoutError):
                 await asyncio.wait_for(client.drain(), DIAL_TIMEOUT_S)
@@ -143,10 +124,9 @@ class Forwarder:
                 return
             ends.append(gateway)
             self._open.add(gateway)
-            # The connection counts until both directions are over.
-            await asyncio.gather(
-                _pipe(client_reader, gateway, client), _pipe(gateway_reader, client, gateway)
-            )
+            # The connection counts until both directions are over. A frozen harness holds the
+            # gateway's side back, not this node's memory.
+            await pump((client_reader, client), (gateway_reader, gateway))
         finally:
             for writer in ends:
                 writer.close()
@@ -196,7 +176,7 @@ class Forwarder:
 
 
 def parse_target(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--gateway-forward: {value!r} must be HOST:PORT")
-    return host, int(port)
+    host, port = split_host_port(value, "--gateway-forward")
+    if not host:
+        raise ValueError(f"--gateway-forward: {value!r} names no host; write HOST:PORT")
+    return host, port

@@ -6,7 +6,7 @@ certificate comes back (`orchestrator.api.join`). A certificate still current is
 
 A joined certificate is short-lived (a day, by default): `Renewal` joins again once two thirds
 of its life have passed, and replaces the files, which the node's TLS server and its
-registration pick up without a restart (`protos.tls`).
+registration pick up without a restart (`protos.shared.tls`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import grpc
 from cryptography import x509
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from protos import pki
+from protos.shared import pki
+from protos.shared.tls import ORCHESTRATOR, TlsFiles, anonymous_channel, node_identity
 from protos.stasis.v1 import stasis_pb2 as spb
 from protos.stasis.v1 import stasis_pb2_grpc as spb_grpc
-from protos.tls import ORCHESTRATOR, TlsFiles, anonymous_channel, node_identity
 from sandbox_agent.errors import FailedPrecondition
 from sandbox_agent.settings import JoinSettings
 

@@ -14,9 +14,9 @@ import time
 
 import grpc
 
+from protos.shared.tls import ORCHESTRATOR
 from protos.stasis.v1 import stasis_pb2 as spb
 from protos.stasis.v1 import stasis_pb2_grpc as spb_grpc
-from protos.tls import ORCHESTRATOR
 from sandbox_agent.node import Node
 from sandbox_agent.server.service import image_to_pb, node_info_pb, sandbox_to_pb
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal as signals
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,12 +15,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from protos.admission import Admission
-from protos.relay import relay
+from protos.shared import wire
+from protos.shared.admission import Admission
+from protos.shared.relay import relay
+from protos.shared.status import guarded, snapshot_status
+from protos.shared.tls import ORCHESTRATOR, TlsFiles, bind, peer_identity
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
-from protos.status import guarded, snapshot_status
-from protos.tls import ORCHESTRATOR, TlsFiles, bind, peer_identity
 from sandbox_agent.checkpoint import Checkpoint
 from sandbox_agent.errors import (
     AgentError,
@@ -38,8 +37,8 @@ from sandbox_agent.errors import (
 from sandbox_agent.images import oci
 from sandbox_agent.images.cache import Image
 from sandbox_agent.node import Node, SnapshotTarget
-from sandbox_agent.spec import Resources, SandboxSpec, SandboxState, SandboxStatus
-from snapshots import SnapshotError
+from sandbox_agent.spec import SandboxSpec, SandboxState, SandboxStatus
+from snapshots import Manifest, SnapshotError
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +52,6 @@ _STATUS: list[tuple[type[AgentError], grpc.StatusCode]] = [
     (NoRoom, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CommandFailed, grpc.StatusCode.INTERNAL),
 ]
-
-_STATE = {
-    SandboxState.RUNNING: pb.SANDBOX_STATE_RUNNING,
-    SandboxState.PAUSED: pb.SANDBOX_STATE_PAUSED,
-    SandboxState.EXITED: pb.SANDBOX_STATE_EXITED,
-    SandboxState.UNKNOWN: pb.SANDBOX_STATE_UNKNOWN,
-}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,73 +76,37 @@ def _rpc(method: F) -> F:
 
 def spec_from_pb(msg: pb.SandboxSpec) -> SandboxSpec:
     """Unset resources take `Resources`' defaults."""
-    r = msg.resources
-    return SandboxSpec(
-        image=msg.image,
-        command=tuple(msg.command),
-        entrypoint=tuple(msg.entrypoint) if msg.has_entrypoint else None,
-        user=msg.user,
-        env=dict(msg.env),
-        cwd=msg.cwd,
-        hostname=msg.hostname or "sandbox",
-        address=msg.address,
-        resources=Resources(**{f.name: getattr(r, f.name) for f in fields(Resources) if r.HasField(f.name)}),
-    )
-
-
-def spec_to_pb(spec: SandboxSpec) -> pb.SandboxSpec:
-    return pb.SandboxSpec(
-        image=spec.image,
-        command=list(spec.command),
-        entrypoint=list(spec.entrypoint or ()),
-        has_entrypoint=spec.entrypoint is not None,
-        user=spec.user,
-        env=spec.env,
-        cwd=spec.cwd,
-        hostname=spec.hostname,
-        address=spec.address,
-        resources=pb.Resources(**asdict(spec.resources)),
-    )
+    return wire.decode(msg, SandboxSpec, hostname=msg.hostname or "sandbox")
 
 
 def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
-    rec = status.record
-    return pb.Sandbox(
-        id=rec.id,
-        node=rec.node,
-        backend=rec.backend,
-        state=_STATE[status.state],
-        spec=spec_to_pb(rec.spec),
-        image_digest=rec.image_digest,
-        pid=status.pid,
-        has_exit_code=status.exit_code is not None,
-        exit_code=status.exit_code or 0,
-        created_at=rec.created_at,
-        restored_from=rec.restored_from,
-        timings_ms=rec.timings_ms,
-        log_start=rec.log_start,
-        busy=status.busy,
-    )
+    return wire.encode(
+        status.record, pb.Sandbox,
+        state=status.state, pid=status.pid, exit_code=status.exit_code, busy=status.busy,
+    )  # fmt: skip
 
 
-def checkpoint_to_pb(c: Checkpoint) -> pb.CheckpointResult:
-    return pb.CheckpointResult(
-        directory=str(c.directory),
-        sandbox_id=c.sandbox_id,
-        node=c.node,
-        backend=c.backend,
-        image_digest=c.image_digest,
-        criu_version=c.criu_version,
-        timings_ms=c.timings_ms,
+def checkpoint_to_pb(c: Checkpoint, manifest: Manifest | None = None) -> pb.CheckpointResult:
+    """A checkpoint left in its directory, or (with its manifest) one put in the snapshot store."""
+    stored: dict[str, Any] = {}
+    if manifest is not None:
+        sizes = manifest.sizes
+        stored = {
+            "snapshot_id": manifest.snapshot_id, "manifest_digest": manifest.digest,
+            "logical_bytes": sizes.logical_bytes, "stored_bytes": sizes.stored_bytes, "new_bytes": sizes.new_bytes,
+        }  # fmt: skip
+    return wire.encode(
+        c, pb.CheckpointResult,
+        directory="" if manifest is not None else str(c.directory),
         criu_bytes=c.sizes.criu_bytes,
         layer_bytes=c.sizes.layer_bytes,
-        created_at=c.created_at,
         since_freeze_ms=max(0.0, (time.time() - c.created_at) * 1000),
-    )
+        **stored,
+    )  # fmt: skip
 
 
 def image_to_pb(image: Image) -> pb.Image:
-    return pb.Image(digest=image.digest, names=list(image.names), size_bytes=image.size_bytes)
+    return wire.encode(image, pb.Image)
 
 
 def node_info_pb(node: Node, sandboxes: list[SandboxStatus] | None = None) -> pb.NodeInfo:
@@ -195,30 +151,14 @@ class AgentService(pb_grpc.SandboxAgentServicer):
             return checkpoint_to_pb(
                 self.node.checkpoint(request.sandbox_id, dest, leave_running=request.leave_running)
             )
-        t = request.snapshot
         try:
-            cursor = json.loads(t.trajectory_cursor) if t.trajectory_cursor else None
-        except ValueError as exc:
+            target = wire.decode(request.snapshot, SnapshotTarget)
+        except ValueError as exc:  # the cursor, the one field that carries JSON
             raise InvalidSpec("snapshot.trajectory_cursor", f"is not JSON: {exc}") from exc
-        target = SnapshotTarget(
-            snapshot_id=t.snapshot_id,
-            episode_id=t.episode_id,
-            sequence=t.sequence,
-            reason=t.reason,
-            parent_id=t.parent_id,
-            trajectory_cursor=cursor,
-        )
         captured, manifest = self.node.checkpoint_to_store(
             request.sandbox_id, target, leave_running=request.leave_running
         )
-        result = checkpoint_to_pb(captured)
-        result.directory = ""
-        result.snapshot_id = manifest.snapshot_id
-        result.logical_bytes = manifest.sizes.logical_bytes
-        result.stored_bytes = manifest.sizes.stored_bytes
-        result.new_bytes = manifest.sizes.new_bytes
-        result.manifest_digest = manifest.digest
-        return result
+        return checkpoint_to_pb(captured, manifest)
 
     @_rpc
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.Sandbox:
@@ -281,13 +221,7 @@ class AgentService(pb_grpc.SandboxAgentServicer):
             image=request.image,
             timeout_s=request.timeout_s or 600,
         )
-        return pb.VerifierResult(
-            has_exit_code=result.exit_code is not None,
-            exit_code=result.exit_code or 0,
-            timed_out=result.timed_out,
-            log=result.log,
-            duration_ms=result.duration_ms,
-        )
+        return wire.encode(result, pb.VerifierResult)
 
     @_rpc
     def ImportImage(self, request: pb.ImportImageRequest, context: grpc.ServicerContext) -> pb.Image:

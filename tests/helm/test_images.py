@@ -69,7 +69,7 @@ class Build:
 
 
 def answers(url: str) -> bool:
-    return subprocess.run(["docker", "-H", url, "version"], capture_output=True).returncode == 0
+    return dockerd.docker(url, "version").returncode == 0
 
 
 def run_script(env: dict[str, str]) -> Build:
@@ -118,7 +118,7 @@ def engine(build: Build) -> Iterator[str]:
 
 
 def docker(url: str, *args: str, timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", "-H", url, *args], capture_output=True, text=True, timeout=timeout)
+    return dockerd.docker(url, *args, timeout=timeout)
 
 
 def run_in(url: str, image: str, *args: str, entrypoint: str = "") -> subprocess.CompletedProcess[str]:

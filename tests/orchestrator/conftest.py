@@ -21,7 +21,8 @@ from orchestrator.cli.local import AgentProcess, LocalSettings, LocalStack, agen
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.client import merge_context
 from orchestrator.domain import Role
-from protos.tls import node_identity
+from protos.shared.address import split_host_port
+from protos.shared.tls import node_identity
 from sandbox_agent import AgentSettings, Node
 from sandbox_agent.images.cache import ImageCache
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
@@ -201,7 +202,7 @@ class Cluster:
                 self.server_command(replica), stdout=out, stderr=subprocess.STDOUT, env=env
             )
         self.orchestrators[replica] = process
-        port = int(self.addresses[replica].rsplit(":", 1)[1])
+        _, port = split_host_port(self.addresses[replica])
         deadline = time.monotonic() + 30
         while True:
             with socket.socket() as s:

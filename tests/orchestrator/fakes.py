@@ -24,9 +24,9 @@ from orchestrator.control import (
     SandboxState,
     SandboxView,
     SnapshotDamaged,
-    SnapshotRequest,
+    SnapshotTarget,
     SpecRefused,
-    VerifierOutcome,
+    VerifierResult,
 )
 from orchestrator.domain import EpisodeSpec, NotFound, PullStatus, StasisError, ids
 from snapshots import SnapshotCorrupt, SnapshotMeta, SnapshotNotFound, SnapshotStore
@@ -93,7 +93,7 @@ class FakeAgent:
         return view
 
     def checkpoint(
-        self, sandbox_id: str, snapshot: SnapshotRequest, *, leave_running: bool
+        self, sandbox_id: str, snapshot: SnapshotTarget, *, leave_running: bool
     ) -> CheckpointOutcome:
         self._enter("checkpoint", sandbox_id)
         if sandbox_id not in self.sandboxes:
@@ -165,11 +165,11 @@ class FakeAgent:
 
     def run_verifier(
         self, sandbox_id: str, command: tuple[str, ...], files: dict[str, bytes], image: str, timeout_s: float
-    ) -> VerifierOutcome:
+    ) -> VerifierResult:
         self._enter("run_verifier", sandbox_id)
         name = ids.SandboxId.parse(sandbox_id)
         log = self.verifier_logs.get(name.episode_id if name else "", b"1.0\n")
-        return VerifierOutcome(exit_code=0, timed_out=False, log=log, duration_ms=1.0)
+        return VerifierResult(exit_code=0, timed_out=False, log=log, duration_ms=1.0)
 
     def harness_log(
         self,

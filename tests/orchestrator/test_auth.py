@@ -20,10 +20,10 @@ from orchestrator.cli.local import LocalStack
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.client import merge_context
 from orchestrator.domain import InvalidArgument, PermissionDenied, Role
+from protos.shared.tls import ORCHESTRATOR, TlsFiles
 from protos.stasis.v1 import agent_pb2 as apb
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from protos.tls import ORCHESTRATOR, TlsFiles
 from tests.orchestrator.conftest import STASIS as STASIS_CLI
 from tests.orchestrator.conftest import cli, wait_until
 from tests.rpcs import methods, status_of

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import wire
 from orchestrator.api.service import episode_to_pb
 from orchestrator.client import EpisodeInfo, load_spec_file, spec_from_mapping
 from orchestrator.domain import (
@@ -22,6 +21,7 @@ from orchestrator.domain import (
     codec,
     ids,
 )
+from protos.shared import wire
 from protos.stasis.v1 import stasis_pb2 as pb
 
 SPEC = EpisodeSpec(

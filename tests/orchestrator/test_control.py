@@ -13,9 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from orchestrator import wire
 from orchestrator.api.service import StasisService
-from orchestrator.control import AgentUnavailable, Control, ControlSettings, SnapshotRequest, SpecRefused
+from orchestrator.control import AgentUnavailable, Control, ControlSettings, SnapshotTarget, SpecRefused
 from orchestrator.control.node_agent import SandboxConflict
 from orchestrator.control.retention import collect_snapshots
 from orchestrator.control.staleness import StalenessBound
@@ -36,6 +35,7 @@ from orchestrator.domain import (
 from orchestrator.state import SqliteStateStore
 from orchestrator.trajectory import CanonicalRequest, Ledger
 from orchestrator.trajectory.canonical import canonical_message
+from protos.shared import wire
 from protos.stasis.v1 import stasis_pb2 as pb
 from snapshots import SnapshotStore
 from tests.orchestrator.fakes import FakeAgent, FakeAgents
@@ -416,7 +416,7 @@ def _orphan(loop: Loop, episode_id: str, sequence: int, parent: str) -> str:
     """A snapshot the agent published and the record never learned of (an autosave whose reply
     was lost and that was given up before it landed)."""
     e = loop.store.get(episode_id)
-    snapshot = SnapshotRequest(
+    snapshot = SnapshotTarget(
         snapshot_id=ids.snapshot_id(episode_id, sequence), episode_id=episode_id, sequence=sequence,
         parent_id=parent, reason="autosave", trajectory_cursor=None,
     )  # fmt: skip
@@ -464,7 +464,7 @@ def test_an_autosave_still_under_way_when_its_orchestrator_died_is_recorded_when
             second.control.tick()
             time.sleep(0.02)
         assert second.store.get(episode_id).pending_snapshot_id == pending, "not given up while busy"
-        snapshot = SnapshotRequest(pending, episode_id, 1, "", "autosave", None)
+        snapshot = SnapshotTarget(pending, episode_id, 1, "", "autosave", None)
         agents.get(e.node).checkpoint(e.sandbox_id, snapshot, leave_running=True)
         agents.get(e.node).sandboxes[e.sandbox_id] = view
         second.until("recorded", lambda: second.store.get(episode_id).last_snapshot_id == pending)

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import wire
 from orchestrator.api.service import branch_to_pb
 from orchestrator.cli.commands import tree_order
 from orchestrator.client import BranchInfo
 from orchestrator.trajectory import CanonicalRequest, Ledger, Turn
 from orchestrator.trajectory.canonical import canonical_message
 from orchestrator.trajectory.edges import Edge, shape, spawns
+from protos.shared import wire
 from tests.orchestrator.ledgers import DATABASES, opener
 
 MAIN_SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude."

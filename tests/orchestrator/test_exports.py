@@ -18,7 +18,6 @@ import atif
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator import wire
 from orchestrator.api.service import branch_to_pb
 from orchestrator.cli.datasets import export
 from orchestrator.cli.parser import parser
@@ -39,6 +38,7 @@ from orchestrator.trajectory import (
 from orchestrator.trajectory.canonical import canonical_message
 from orchestrator.trajectory.dataset import SCHEMAS, rows, write
 from orchestrator.trajectory.ledger import extension
+from protos.shared import wire
 from protos.stasis.v1 import stasis_pb2 as pb
 
 

@@ -33,7 +33,7 @@ from orchestrator.gateway.server import INLINE_BODY_BYTES
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from orchestrator.trajectory import CanonicalRequest, Ledger, Lineage
 from orchestrator.trajectory.samples import samples
-from protos.tls import ORCHESTRATOR, TlsFiles, certified_identity
+from protos.shared.tls import ORCHESTRATOR, TlsFiles, certified_identity
 from sandbox_agent.server.forwarder import Forwarder
 from tests.orchestrator.conftest import wait_until
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener

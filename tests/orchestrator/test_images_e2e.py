@@ -21,6 +21,7 @@ import pytest
 from orchestrator import InvalidArgument
 from orchestrator.cli.local import LocalStack
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
+from tests.dockerd import docker
 from tests.orchestrator.conftest import cli, wait_until
 from tests.registry import Registry
 
@@ -40,16 +41,8 @@ while true; do i=$((i+1)); echo "tick $i"; echo $i > ticks; sleep 0.2; done
 """
 
 
-def _docker(url: str, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-    return subprocess.run(
-        ["docker", "-H", url, *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-        **kw,  # type: ignore[call-overload]
-    )
+def _docker(url: str, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    return docker(url, *args, check=True, timeout=timeout, env={**os.environ, "DOCKER_BUILDKIT": "0"})
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +57,7 @@ def docker_base(dockerd: str) -> Iterator[str]:
     """The base image in the test's Docker engine, for Dockerfiles to start FROM."""
     _docker(dockerd, "import", str(DEFAULT_BASE_IMAGE_TAR), "stasis-test/base:1")
     yield "stasis-test/base:1"
-    subprocess.run(["docker", "-H", dockerd, "rmi", "-f", "stasis-test/base:1"], capture_output=True)
+    docker(dockerd, "rmi", "-f", "stasis-test/base:1")
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +174,7 @@ def test_stasis_image_import_takes_every_kind_of_source_and_the_same_tree_gets_o
             assert all(f"{n}: done" in result.stderr for n in ("node-1", "node-2")), result.stderr
             digests[name] = result.stdout.split()[1]
     finally:
-        subprocess.run(["docker", "-H", dockerd, "rmi", "-f", "stasis-test/tool:1"], capture_output=True)
+        docker(dockerd, "rmi", "-f", "stasis-test/tool:1")
     assert len(set(digests.values())) == 1, digests
 
     listed = json.loads(cli(stack, "image", "ls", "-o", "json").stdout)["items"]

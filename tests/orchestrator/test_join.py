@@ -30,12 +30,12 @@ from orchestrator.cli.local import AgentProcess, LocalSettings, agent_command, f
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.control.kube import KUBE_TIMEOUT_S
 from orchestrator.domain import NodeState, Role
-from protos import pki
+from protos.shared import pki
+from protos.shared.tls import ORCHESTRATOR, anonymous_channel, node_identity
 from protos.stasis.v1 import agent_pb2 as apb
 from protos.stasis.v1 import agent_pb2_grpc as apb_grpc
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
-from protos.tls import ORCHESTRATOR, anonymous_channel, node_identity
 from sandbox_agent import FailedPrecondition
 from sandbox_agent.server.joining import joined
 from sandbox_agent.settings import JoinSettings

@@ -11,9 +11,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from orchestrator.cli.pki import ClusterPki
+from protos.shared.tls import TlsFiles, node_identity
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
-from protos.tls import TlsFiles, node_identity
 from sandbox_agent import serve
 from tests.rpcs import methods, status_of
 from tests.sandbox_agent.conftest import NodeFactory

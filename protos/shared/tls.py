@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 from cryptography import x509
 
-from protos import pki
+from protos.shared import pki
 
 ORCHESTRATOR = "stasis-orchestrator"
 """Common name (and DNS name) of the orchestrator's certificate."""

@@ -1,4 +1,4 @@
-"""Certificates of the cluster CA: the keys, requests and signatures behind `protos.tls`.
+"""Certificates of the cluster CA: the keys, requests and signatures behind `protos.shared.tls`.
 
 One CA signs every party's certificate. Its common name (and only DNS name) says who holds it:
 `ORCHESTRATOR`, or `node_identity(name)` for a node. The local stack keeps the CA in files

@@ -1,11 +1,13 @@
-"""Protobuf messages and domain records, converted by field name in one generic codec.
+"""Protobuf messages and records, converted by field name in one generic codec both sides use.
 
-The public service, the typed client and the node-agent client convert through `encode` and
-`decode`; no module copies records field by field. The rules:
+The orchestrator's public service, its typed client and its node-agent client convert through
+`encode` and `decode`, and so does the node agent's service: no module copies a record field by
+field. The rules:
 
 * a record field and the message field of the same name carry the same value; fields only one
   side has are left alone, and keyword overrides supply computed values;
-* a bool message field `has_<name>` says whether the optional record field `<name>` is set;
+* a bool message field `has_<name>` says whether the optional record field (or override)
+  `<name>` is set;
 * an unset message field, or an unset proto3 `optional` scalar, means the record's default;
 * an enum travels by member name: `EpisodeState.RUNNING` is `EPISODE_STATE_RUNNING`;
 * a string message field for a record field that is not a string carries JSON.
@@ -61,6 +63,8 @@ def _fill(msg: Message, record: Any, overrides: Mapping[str, Any]) -> None:
     for name, fd in fields.items():
         if name in overrides:
             value = overrides[name]
+        elif name.startswith("has_") and name[4:] in fields and name[4:] in overrides:
+            value = overrides[name[4:]] is not None
         elif name.startswith("has_") and name[4:] in fields and hasattr(record, name[4:]):
             value = getattr(record, name[4:]) is not None
         elif hasattr(record, name):
