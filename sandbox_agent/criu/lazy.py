@@ -468,6 +468,12 @@ def _pagemap(raw: bytes, name: str) -> tuple[Any, list[Any]]:
     return messages[0], messages[1:]
 
 
+class DaemonStarter(Protocol):
+    """What starts CRIU's lazy-pages daemon (`core.Criu`)."""
+
+    def lazy_pages(self, images: Path, work: Path, server: PageServer) -> Daemon: ...
+
+
 class Transfer:
     """One lazy restore's memory, from the restore's start until every page is in: the page
     server and CRIU's daemon. `fault(message)` must stop the sandbox (see `PageServer`)."""
@@ -484,11 +490,11 @@ class Transfer:
         self.server = PageServer(memory, stored, fault)
         self.daemon: Daemon | None = None
 
-    def start(self, criu: str, images: Path, work: Path) -> None:
+    def start(self, criu: DaemonStarter, images: Path, work: Path) -> None:
         """Serve, and start the daemon for the restore's tasks (`runc restore --lazy-pages
         --work-path work`: they meet on a socket in that directory); `ready` waits for it."""
         self.server.start()
-        self.daemon = Daemon(criu, images, work, self.server)
+        self.daemon = criu.lazy_pages(images, work, self.server)
 
     def ready(self) -> None:
         """Until the memory is prepared and the daemon listens for the restore's tasks; if

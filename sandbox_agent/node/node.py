@@ -20,6 +20,7 @@ from pathlib import Path
 from sandbox_agent import checkpoint as ckpt
 from sandbox_agent.criu import images as criu_images
 from sandbox_agent.criu import lazy
+from sandbox_agent.criu.core import Criu
 from sandbox_agent.errors import (
     AlreadyExists,
     CheckpointCorrupt,
@@ -32,14 +33,13 @@ from sandbox_agent.host import network, overlay
 from sandbox_agent.images import oci
 from sandbox_agent.images.cache import Image, ImageCache
 from sandbox_agent.node import disk, logs
-from sandbox_agent.node.backends import criu_version, make_backend
+from sandbox_agent.node.backends import make_backend
 from sandbox_agent.node.disk import DiskBudget, Footprint
 from sandbox_agent.node.sandboxes import Sandboxes, in_thread, partial
 from sandbox_agent.node.staging import PAGES, checkpoint_shaped, private_dir, staged_bytes, staging_for
 from sandbox_agent.phases import Phase, PhaseHooks, Timeline
 from sandbox_agent.runtime import launch
 from sandbox_agent.runtime.backend import STATE_DIR, Backend, SandboxLayout
-from sandbox_agent.runtime.runc import RuncBackend
 from sandbox_agent.settings import AgentSettings
 from sandbox_agent.spec import (
     SandboxRecord,
@@ -116,7 +116,7 @@ class Node:
             docker_host=settings.docker_url,
         )
         self.backend = backend or make_backend(settings)
-        self.criu_version = criu_version(settings.criu)
+        self.criu_version = Criu(settings.criu).version()
         self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
         self.disk = DiskBudget(self.name, settings.disk_mb or disk.offered_mb(settings.root))
         self.sandboxes = Sandboxes(
@@ -127,9 +127,9 @@ class Node:
             settings.run_dir / self.host_key,
             self.disk,
         )
-        self._userns_base = settings.userns_base if isinstance(self.backend, RuncBackend) else 0
+        self._userns_base = settings.userns_base if self.backend.user_namespaces else 0
         """Where new sandboxes' ids start on the host; the docker backend has no user namespaces."""
-        self._lazy = settings.lazy_restore and self.backend.lazy_restore
+        self._lazy = settings.lazy_restore and self.backend.checkpoints.lazy_restore
         """Restores from the store are lazy (`lazy`); else whole."""
         self._userfaultfd = lazy.UserfaultfdGrant()
         if self._lazy and self._userns_base:
@@ -346,7 +346,7 @@ class Node:
                             self.backend.freeze(record, layout)
                         frozen = True
                         with timeline.phase(Phase.DUMP):
-                            self.backend.dump(record, layout, images)
+                            self.backend.checkpoints.dump(record, layout, images)
                     else:
                         # Stopping: the processes go as soon as their memory is written. The layer
                         # can wait, since nothing writes to it once they are gone; if anything
@@ -355,7 +355,7 @@ class Node:
                         layout.stopped.write_text(str(images))
                         try:
                             with timeline.phase(Phase.DUMP):
-                                frozen_ms = self.backend.dump_and_stop(record, layout, images)
+                                frozen_ms = self.backend.checkpoints.dump_and_stop(record, layout, images)
                         except BaseException:
                             layout.stopped.unlink(missing_ok=True)  # it runs on, as it was
                             raise
@@ -413,7 +413,7 @@ class Node:
         """Bring back a sandbox stopped for a checkpoint that then failed. If that fails too, the
         sandbox is removed, and the orchestrator resumes the episode from its last snapshot."""
         try:
-            self.backend.revive(record, layout, images)
+            self.backend.checkpoints.revive(record, layout, images)
         except Exception:
             log.exception("node %s could not revive sandbox %s; removing it", self.name, record.id)
             self.sandboxes.teardown(record, layout)
@@ -693,13 +693,13 @@ class Node:
             sandbox_id,
             record,
             keep_busy=keep_busy,
-            alongside=lambda layout: self.backend.prepare_restore(record, layout),
+            alongside=lambda layout: self.backend.checkpoints.prepare_restore(record, layout),
         ) as layout:
             checkpoint, transfer = fetched()
             if transfer is not None:
                 layout.arriving.touch()
             with timeline.phase(Phase.RESTORE):
-                pid = self.backend.restore(record, layout, local, checkpoint, transfer)
+                pid = self.backend.checkpoints.restore(record, layout, local, checkpoint, transfer)
             try:
                 record.timings_ms = timeline.timings_ms()
                 # What the restored process writes from its first instant on belongs to this
@@ -750,7 +750,7 @@ class Node:
         sandbox, and it has no network.
         """
         record = self.sandboxes.record(sandbox_id)
-        if not isinstance(self.backend, RuncBackend):
+        if not self.backend.runs_verifiers:
             raise FailedPrecondition(
                 f"node {self.name} runs {self.backend.name}; verifiers need the runc backend"
             )

@@ -27,7 +27,7 @@ def test_a_frozen_sandbox_stops_and_runc_sees_it_paused(make_node: NodeFactory) 
     wait_for_log(node, "counter", lambda text: text.count("\n") > 3)
     record = node.get("counter").record
     assert isinstance(node.backend, RuncBackend)
-    cgroup = node.backend._cgroups_path(record.id)
+    cgroup = node.backend.cgroups_path(record.id)
 
     freezer.freeze(cgroup)
     try:

@@ -25,6 +25,7 @@ from sandbox_agent.errors import CommandFailed
 from sandbox_agent.host import overlay
 from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.runtime.runc import RuncBackend
+from sandbox_agent.runtime.runc_criu import RuncCheckpoints
 from snapshots import Alignment, Segment, SnapshotStore, StoredFile, StoreUnavailable
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import (
@@ -147,7 +148,7 @@ def _fail_layer_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def failing(*_: object) -> None:
         raise OSError("no room for the layer's disk (injected)")
 
-    monkeypatch.setattr(RuncBackend, "prepare_restore", failing)
+    monkeypatch.setattr(RuncCheckpoints, "prepare_restore", failing)
 
 
 def _fail_layer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -240,7 +241,7 @@ def test_a_restore_that_hangs_is_killed_and_leaves_nothing(make_node: NodeFactor
     criu.chmod(0o755)
     b, sha = _snapshot(make_node, tmp_path, criu=str(criu))
     assert isinstance(b.backend, RuncBackend)
-    b.backend.restore_timeout_s = 5
+    b.backend.checkpoints.restore_timeout_s = 5
     with pytest.raises(
         CommandFailed, match=r"CRIU restore of sandbox hung failed \(killed, timed out after 5 s\)"
     ):
