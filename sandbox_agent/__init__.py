@@ -6,7 +6,7 @@ Docker) > `criu` | `images` > `checkpoint` > `spec` > `host` (the kernel) > `err
 `phases`. A request is followed from `server/service.py` into `node/node.py`.
 """
 
-from sandbox_agent.checkpoint import Checkpoint, Sizes
+from sandbox_agent.checkpoint import CheckpointImage, Sizes
 from sandbox_agent.errors import (
     AgentError,
     AlreadyExists,
@@ -31,8 +31,8 @@ __all__ = [
     "AgentSettings",
     "AlreadyExists",
     "Busy",
-    "Checkpoint",
     "CheckpointCorrupt",
+    "CheckpointImage",
     "CommandFailed",
     "FailedPrecondition",
     "ImageMismatch",

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.checkpoint import CheckpointImage
 from sandbox_agent.criu.lazy import Transfer
 from sandbox_agent.images.cache import Image
 from sandbox_agent.spec import SandboxRecord, SandboxState
@@ -128,7 +128,7 @@ class Checkpoints(Protocol):
         record: SandboxRecord,
         layout: SandboxLayout,
         image: Image,
-        checkpoint: Checkpoint,
+        checkpoint: CheckpointImage,
         transfer: Transfer | None = None,
     ) -> int:
         """Rebuild the writable layer from the checkpoint and resume its processes; with a

@@ -24,7 +24,7 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
-from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.checkpoint import CheckpointImage
 from sandbox_agent.criu.lazy import Transfer
 from sandbox_agent.errors import AgentError, CommandFailed, FailedPrecondition, NotFound, ToolUnavailable
 from sandbox_agent.host import overlay, tools
@@ -299,7 +299,7 @@ class DockerCheckpoints:
         record: SandboxRecord,
         layout: SandboxLayout,
         image: Image,
-        checkpoint: Checkpoint,
+        checkpoint: CheckpointImage,
         transfer: Transfer | None = None,
     ) -> int:
         if transfer is not None:

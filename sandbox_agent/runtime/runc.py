@@ -95,7 +95,10 @@ class RuncBackend:
         graded: Path | None = None,
     ) -> None:
         self.rootfs.build(record, layout, image, files)
-        self.write_bundle(record, layout, graded)
+        ids = self.rootfs.idmap(record.spec.userns_base)
+        bundle.write(
+            layout, bundle.oci_spec(record, layout, self.node, ids, self.criu.config_file or Path()), graded
+        )
 
     def mount_graded(self, layout: SandboxLayout, image: Image, userns_base: int) -> Path:
         return self.rootfs.mount_graded(layout, image, userns_base)

@@ -14,7 +14,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.checkpoint import CheckpointImage
 from sandbox_agent.criu import lazy, stats
 from sandbox_agent.criu.core import Criu, DumpOptions, RestoreOptions, failure_logged
 from sandbox_agent.errors import CommandFailed, FailedPrecondition
@@ -105,7 +105,7 @@ class RuncCheckpoints:
         record: SandboxRecord,
         layout: SandboxLayout,
         image: Image,
-        checkpoint: Checkpoint,
+        checkpoint: CheckpointImage,
         transfer: lazy.Transfer | None = None,
     ) -> int:
         try:

@@ -23,7 +23,7 @@ from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
 from protos.status import guarded, snapshot_status
 from protos.tls import ORCHESTRATOR, TlsFiles, bind, peer_identity
-from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.checkpoint import CheckpointImage
 from sandbox_agent.errors import (
     AgentError,
     AlreadyExists,
@@ -133,7 +133,7 @@ def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
     )
 
 
-def checkpoint_to_pb(c: Checkpoint) -> pb.CheckpointResult:
+def checkpoint_to_pb(c: CheckpointImage) -> pb.CheckpointResult:
     return pb.CheckpointResult(
         directory=str(c.directory),
         sandbox_id=c.sandbox_id,

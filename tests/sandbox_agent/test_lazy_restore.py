@@ -20,11 +20,10 @@ import pytest
 
 from sandbox_agent import Node, SandboxSpec
 from sandbox_agent.criu import images as criu_images
-from sandbox_agent.criu import lazy
+from sandbox_agent.criu import lazy, pagemap
 from sandbox_agent.errors import CommandFailed
 from sandbox_agent.host import overlay
 from sandbox_agent.node import SnapshotTarget
-from sandbox_agent.runtime.runc import RuncBackend
 from sandbox_agent.runtime.runc_criu import RuncCheckpoints
 from snapshots import Alignment, Segment, SnapshotStore, StoredFile, StoreUnavailable
 from tests.sandbox_agent import programs
@@ -206,7 +205,7 @@ def test_a_stopped_daemon_takes_what_it_forked_with_it(tmp_path: Path) -> None:
     criu.write_text(f"#!/bin/sh\nsh -c 'echo $$ > {probe}; kill -STOP $$' &\nexec sleep 600\n")
     criu.chmod(0o755)
     work.mkdir()
-    memory: Future[dict[int, lazy.Memory]] = Future()
+    memory: Future[dict[int, pagemap.Memory]] = Future()
     server = lazy.PageServer(memory, lambda name: None, lambda message: None)  # type: ignore[arg-type,return-value]
     daemon = lazy.Daemon(str(criu), tmp_path, work, server)
     pid = 0
@@ -240,7 +239,6 @@ def test_a_restore_that_hangs_is_killed_and_leaves_nothing(make_node: NodeFactor
     criu.write_text(HANGING_CRIU)
     criu.chmod(0o755)
     b, sha = _snapshot(make_node, tmp_path, criu=str(criu))
-    assert isinstance(b.backend, RuncBackend)
     b.backend.checkpoints.restore_timeout_s = 5
     with pytest.raises(
         CommandFailed, match=r"CRIU restore of sandbox hung failed \(killed, timed out after 5 s\)"
@@ -314,14 +312,14 @@ def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
     from sandbox_agent.criu import lazy
 
     stopped: list[str] = []
-    memory: Future[dict[int, lazy.Memory]] = Future()
-    memory.set_result({7: lazy.Memory("pages-1.img", [lazy.Run(0x10000, 2, 0, True)])})
+    memory: Future[dict[int, pagemap.Memory]] = Future()
+    memory.set_result({7: pagemap.Memory("pages-1.img", [pagemap.Run(0x10000, 2, 0, True)])})
 
     class Pages:
-        size = 2 * lazy.PAGE
+        size = 2 * pagemap.PAGE
 
         def read(self, offset: int, length: int) -> bytes:
-            return bytes([offset // lazy.PAGE + 1]) * length
+            return bytes([offset // pagemap.PAGE + 1]) * length
 
         def read_views(self, offset: int, length: int) -> list[memoryview]:
             return [memoryview(self.read(offset, length))]
@@ -333,9 +331,9 @@ def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
     cmd, pages, vaddr, _ = lazy.HEADER.unpack(header)
     assert (cmd & 0xFFFF, pages, vaddr) == (lazy.PS_IOV_ADD_F, 1, 0x11000), "only the page the run has"
     body = b""
-    while len(body) < lazy.PAGE:
-        body += daemon.recv(lazy.PAGE)
-    assert body == b"\x02" * lazy.PAGE
+    while len(body) < pagemap.PAGE:
+        body += daemon.recv(pagemap.PAGE)
+    assert body == b"\x02" * pagemap.PAGE
     daemon.sendall(lazy.HEADER.pack(lazy.PS_IOV_GET, 1, 0x90000, 7))
     assert server.done.wait(10)
     assert "process 7 has no pages at 0x90000" in server.error
@@ -388,12 +386,12 @@ def _fields(**numbered: int) -> bytes:
 
 def _pagemap(*messages: bytes) -> bytes:
     framed = b"".join(struct.pack("<I", len(m)) + m for m in messages)
-    return struct.pack("<II", criu_images.IMG_COMMON_MAGIC, lazy.PAGEMAP_MAGIC) + framed
+    return struct.pack("<II", criu_images.IMG_COMMON_MAGIC, pagemap.PAGEMAP_MAGIC) + framed
 
 
 @pytest.mark.timeout(30)
 def test_pagemap_images_read_as_criu_writes_them(tmp_path: Path) -> None:
-    present, lazy_flag = lazy.PE_PRESENT, lazy.PE_LAZY
+    present, lazy_flag = pagemap.PE_PRESENT, pagemap.PE_LAZY
     (tmp_path / "pagemap-42.img").write_bytes(
         _pagemap(
             _fields(f1=3),  # the head: pages-3.img
@@ -404,34 +402,34 @@ def test_pagemap_images_read_as_criu_writes_them(tmp_path: Path) -> None:
         )
     )
     (tmp_path / "pagemap-shmem-7.img").write_bytes(_pagemap(_fields(f1=9)))
-    tasks, others = lazy.memories(tmp_path)
+    tasks, others = pagemap.memories(tmp_path)
     assert others == {"pages-9.img"}
     memory = tasks[42]
     assert memory.pages_file == "pages-3.img"
     assert [(r.vaddr, r.pages, r.offset, r.lazy) for r in memory.runs] == [
         (0x400000, 2, 0, False),
-        (0x7F0000000000, 1 << 20, 2 * lazy.PAGE, True),
-        (0x7F1000000000, 4, (2 + (1 << 20)) * lazy.PAGE, False),
+        (0x7F0000000000, 1 << 20, 2 * pagemap.PAGE, True),
+        (0x7F1000000000, 4, (2 + (1 << 20)) * pagemap.PAGE, False),
     ]
     (tmp_path / "pagemap-42.img").write_bytes(_pagemap(_fields(f1=3), _fields(f1=1, f5=2))[:-1])
     with pytest.raises(ValueError, match=r"pagemap-42\.img is damaged"):
-        lazy.memories(tmp_path)
+        pagemap.memories(tmp_path)
     (tmp_path / "pagemap-42.img").write_bytes(b"not an image")
     with pytest.raises(ValueError, match=r"pagemap-42\.img is not the CRIU image its name says"):
-        lazy.memories(tmp_path)
+        pagemap.memories(tmp_path)
 
 
 @pytest.mark.timeout(30)
 def test_pages_are_aligned_with_the_parents_by_address(tmp_path: Path) -> None:
     """A mapping new since the parent moves every page after it in the pages file; the store is
     told where each page sat, so that it is stored against its own earlier bytes."""
-    page, present = lazy.PAGE, lazy.PE_PRESENT | lazy.PE_LAZY
+    page, present = pagemap.PAGE, pagemap.PE_PRESENT | pagemap.PE_LAZY
     a, b, new, stack = 0x400000, 0x7F0000000000, 0x100000, 0x7FFF00000000
     parent = _pagemap(
         _fields(f1=1),
         _fields(f1=a, f4=present, f5=4),
         _fields(f1=b, f4=present, f5=8),
-        _fields(f1=stack, f4=lazy.PE_PRESENT, f5=2),  # eager: CRIU restores it itself
+        _fields(f1=stack, f4=pagemap.PE_PRESENT, f5=2),  # eager: CRIU restores it itself
     )
     (tmp_path / "criu").mkdir()
     (tmp_path / "criu" / "pagemap-1.img").write_bytes(
@@ -440,7 +438,7 @@ def test_pages_are_aligned_with_the_parents_by_address(tmp_path: Path) -> None:
             _fields(f1=new, f4=present, f5=2),
             _fields(f1=a, f4=present, f5=4),
             _fields(f1=b - 2 * page, f4=present, f5=10),  # grew downwards by two pages
-            _fields(f1=stack, f4=lazy.PE_PRESENT, f5=2),  # eager
+            _fields(f1=stack, f4=pagemap.PE_PRESENT, f5=2),  # eager
         )
     )
     (tmp_path / "criu" / "pagemap-7.img").write_bytes(
@@ -452,7 +450,7 @@ def test_pages_are_aligned_with_the_parents_by_address(tmp_path: Path) -> None:
         asked.append(path)
         return parent if path == "criu/pagemap-1.img" else None  # process 7 is new
 
-    assert lazy.align_memory(tmp_path, read) == {
+    assert pagemap.align_memory(tmp_path, read) == {
         "criu/pages-2.img": Alignment(
             "criu/pages-1.img",
             [
@@ -464,7 +462,7 @@ def test_pages_are_aligned_with_the_parents_by_address(tmp_path: Path) -> None:
     }
     assert sorted(asked) == ["criu/pagemap-1.img", "criu/pagemap-7.img"]
     with pytest.raises(ValueError, match=r"the parent's criu/pagemap-1\.img is damaged"):
-        lazy.align_memory(tmp_path, lambda path: parent[:-1])
+        pagemap.align_memory(tmp_path, lambda path: parent[:-1])
 
 
 def test_what_a_restore_reads_itself_is_read_in_bounded_pieces() -> None:
