@@ -32,8 +32,13 @@ class Node:
     """The sandboxes of one node; safe to call from many gRPC threads."""
 
     def __init__(
-        self, settings: AgentSettings, backend: Backend | None = None, hooks: PhaseHooks | None = None
+        self,
+        settings: AgentSettings,
+        backend: Backend | None = None,
+        hooks: PhaseHooks | None = None,
+        store: SnapshotStore | None = None,
     ) -> None:
+        """`backend` and `store` stand in for the runtime and the snapshot store the settings name."""
         self.settings = settings
         self.hooks = hooks or PhaseHooks()
         """Called around every checkpoint and restore phase."""
@@ -54,7 +59,9 @@ class Node:
         )
         self.backend = backend or make_backend(settings)
         self.criu_version = Criu(settings.criu).version()
-        self.store = SnapshotStore.open(settings.snapshot_store) if settings.snapshot_store else None
+        if store is None and settings.snapshot_store:
+            store = SnapshotStore.open(settings.snapshot_store)
+        self.store = store
         self.disk = DiskBudget(self.name, settings.disk_mb or disk.offered_mb(settings.root))
         self.sandboxes = Sandboxes(
             self.name,

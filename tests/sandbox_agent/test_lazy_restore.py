@@ -1,6 +1,9 @@
 """Lazy restore for real (runc, CRIU's lazy-pages daemon, the snapshot store): the sandbox runs
 before its memory is on the node, and a fault while pages are still being served fails that
-restore, removes the sandbox and leaves the snapshot intact for another try."""
+restore, removes the sandbox and leaves the snapshot intact for another try.
+
+Faults come in through the node's seams (`faults`): a slow or failing snapshot store around the
+real one, and a runtime whose restore fails at a chosen step around the real runc."""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ import re
 import signal
 import struct
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -22,10 +24,8 @@ from sandbox_agent import Node, SandboxSpec
 from sandbox_agent.criu import images as criu_images
 from sandbox_agent.criu import lazy, pagemap
 from sandbox_agent.errors import CommandFailed
-from sandbox_agent.host import overlay
 from sandbox_agent.node import SnapshotTarget
-from sandbox_agent.runtime.runc_criu import RuncCheckpoints
-from snapshots import Alignment, Segment, SnapshotStore, StoredFile, StoreUnavailable
+from snapshots import Alignment, Segment, SnapshotStore, StoreUnavailable
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import (
     NodeFactory,
@@ -35,13 +35,14 @@ from tests.sandbox_agent.conftest import (
     staged,
     wait_for_log,
 )
+from tests.sandbox_agent.faults import RestoreFaults, StoreFaults
 
 MIB = 64
 
 
 def _snapshot(make_node: NodeFactory, tmp_path: Path, **b_settings: object) -> tuple[Node, str]:
     """A MEMORY program's snapshot in a fresh store, its node gone; the node to restore on, and
-    the checksum of the memory it had."""
+    the checksum of the memory it had. `b_settings` may give that node's seams too (`faults`)."""
     store = f"file://{tmp_path}/store"
     a, b = make_node("node-a", snapshot_store=store), make_node("node-b", snapshot_store=store, **b_settings)
     a.create("mem", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, str(MIB))))
@@ -67,17 +68,10 @@ def _intact(node: Node, sandbox_id: str, sha: str) -> None:
     assert after.count("start") == 1, "the process started over"
 
 
-def _slow_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[StoredFile, int, int], list[memoryview]]:
-    """Slow every read the page server makes of the store, so that a transfer is still going
-    when the test strikes; returns the real read, to put back."""
-    read = StoredFile.read_views
-
-    def slow(self: StoredFile, offset: int, length: int) -> list[memoryview]:
-        time.sleep(0.05)
-        return read(self, offset, length)
-
-    monkeypatch.setattr(StoredFile, "read_views", slow)
-    return read
+def _slow_store(tmp_path: Path) -> StoreFaults:
+    """A store that serves every page the page server reads 50 ms late, so that a transfer is
+    still going when the test strikes; set its `page_delay_s` to 0 to speed it up again."""
+    return StoreFaults(f"file://{tmp_path}/store", page_delay_s=0.05)
 
 
 def _gone(node: Node, sandbox_id: str, timeout: float = 30) -> None:
@@ -105,20 +99,10 @@ def test_the_sandbox_runs_before_its_memory_arrives(make_node: NodeFactory, tmp_
 
 @pytest.mark.timeout(180)
 def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snapshot(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory, tmp_path: Path
 ) -> None:
-    b, sha = _snapshot(make_node, tmp_path)
-    read = StoredFile.read_views
-    reads = {"n": 0}
-
-    def flaky(self: StoredFile, offset: int, length: int) -> list[memoryview]:
-        if threading.current_thread().name == "lazy-pages":  # the page server, not the eager pages
-            reads["n"] += 1
-            if reads["n"] > 5:
-                raise StoreUnavailable(f"file://{tmp_path}/store", None, "the store went away (injected)")
-        return read(self, offset, length)
-
-    monkeypatch.setattr(StoredFile, "read_views", flaky)
+    faults = StoreFaults(f"file://{tmp_path}/store", pages_before_failure=5)
+    b, sha = _snapshot(make_node, tmp_path, store=faults.store)
     try:
         b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
     except StoreUnavailable as exc:  # it failed while the restore was still finishing
@@ -126,37 +110,23 @@ def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snaps
     _gone(b, "first")
     assert not staged(b)
 
-    monkeypatch.setattr(StoredFile, "read_views", read)
+    faults.pages_before_failure = None
     b.restore_from_store("second", "mem-s1", recorded(b, "mem-s1"))
     _resident(b, "second")
     _intact(b, "second", sha)
 
 
-def _fail_fetch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    read = StoredFile.read
-
-    def failing(self: StoredFile, offset: int, length: int) -> bytes:
-        if threading.current_thread().name.startswith("fetch-"):
-            raise StoreUnavailable(f"file://{tmp_path}/store", None, "the store went away (injected)")
-        return read(self, offset, length)
-
-    monkeypatch.setattr(StoredFile, "read", failing)
+def _fail_fetch(store: StoreFaults, runtime: RestoreFaults) -> None:
+    store.fetch_fails = True
 
 
-def _fail_layer_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def failing(*_: object) -> None:
-        raise OSError("no room for the layer's disk (injected)")
-
-    monkeypatch.setattr(RuncCheckpoints, "prepare_restore", failing)
+def _fail_layer_disk(store: StoreFaults, runtime: RestoreFaults) -> None:
+    runtime.step = "layer disk"
 
 
-def _fail_layer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """After the lazy-pages daemon has started."""
-
-    def failing(*_: object) -> None:
-        raise OSError("the layer cannot be unpacked (injected)")
-
-    monkeypatch.setattr(overlay, "import_layer", failing)
+def _fail_layer(store: StoreFaults, runtime: RestoreFaults) -> None:
+    """After the lazy-pages daemon has started, where the layer is unpacked."""
+    runtime.step = "after daemon"
 
 
 @pytest.mark.timeout(180)
@@ -164,16 +134,16 @@ def _fail_layer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_a_restore_that_fails_while_the_sandbox_is_built_leaves_nothing(
     make_node: NodeFactory,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    fault: Callable[[pytest.MonkeyPatch, Path], None],
+    fault: Callable[[StoreFaults, RestoreFaults], None],
 ) -> None:
     """The fetch, the network and the layer's disk run side by side, and CRIU's daemon starts
     before the layer is made: whichever fails, the rest is undone and the snapshot stays."""
-    b, sha = _snapshot(make_node, tmp_path)
-    with monkeypatch.context() as patched:
-        fault(patched, tmp_path)
-        with pytest.raises((StoreUnavailable, OSError), match="injected"):
-            b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
+    store, runtime = StoreFaults(f"file://{tmp_path}/store"), RestoreFaults()
+    b, sha = _snapshot(make_node, tmp_path, store=store.store, runtime=runtime.runtime)
+    fault(store, runtime)
+    with pytest.raises((StoreUnavailable, OSError), match="injected"):
+        b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
+    store.fetch_fails, runtime.step = False, ""
     assert b.list() == []
     assert not staged(b)
     assert not list((b.settings.root / "sandboxes").iterdir())
@@ -266,13 +236,13 @@ def _cpu_s(pid: int) -> float:
 
 @pytest.mark.timeout(180)
 def test_the_lazy_pages_daemon_waits_for_the_page_server_without_spinning(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory, tmp_path: Path
 ) -> None:
     """While the page server is slow to answer, CRIU's daemon sleeps until it does (the patch
     `scripts/criu-patches/lazy-pages-wait.patch`); unpatched, it polled for the answer on a whole
     CPU for as long as the memory took to arrive."""
-    b, sha = _snapshot(make_node, tmp_path)
-    read = _slow_reads(monkeypatch)
+    slow = _slow_store(tmp_path)
+    b, sha = _snapshot(make_node, tmp_path, store=slow.store)
     assert b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1")).busy
     (daemon,) = lazy_daemons(b)
     before, started = _cpu_s(daemon), time.monotonic()
@@ -280,7 +250,7 @@ def test_the_lazy_pages_daemon_waits_for_the_page_server_without_spinning(
     used, elapsed = _cpu_s(daemon) - before, time.monotonic() - started
     assert b.get("first").busy, "the memory was still arriving throughout"
     assert used < 0.2 * elapsed, f"the daemon used {used:.2f} s of CPU in {elapsed:.2f} s of waiting"
-    monkeypatch.setattr(StoredFile, "read_views", read)
+    slow.page_delay_s = 0
     _resident(b, "first")
     _intact(b, "first", sha)
 
@@ -288,10 +258,10 @@ def test_the_lazy_pages_daemon_waits_for_the_page_server_without_spinning(
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("memory_dir", [Path("/dev/shm"), None], ids=["staged-in-memory", "staged-on-disk"])
 def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_dir: Path | None
+    make_node: NodeFactory, tmp_path: Path, memory_dir: Path | None
 ) -> None:
-    b, sha = _snapshot(make_node, tmp_path, memory_dir=memory_dir)
-    read = _slow_reads(monkeypatch)
+    slow = _slow_store(tmp_path)
+    b, sha = _snapshot(make_node, tmp_path, memory_dir=memory_dir, store=slow.store)
     restored = b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
     assert restored.busy
     daemons = lazy_daemons(b)
@@ -299,7 +269,7 @@ def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
     os.kill(daemons[0], signal.SIGKILL)
     _gone(b, "first")
 
-    monkeypatch.setattr(StoredFile, "read_views", read)
+    slow.page_delay_s = 0
     b.restore_from_store("second", "mem-s1", recorded(b, "mem-s1"))
     _resident(b, "second")
     _intact(b, "second", sha)
@@ -343,12 +313,11 @@ def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
 
 @pytest.mark.timeout(180)
 def test_an_agent_restarted_while_memory_arrives_removes_the_sandbox(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory, tmp_path: Path
 ) -> None:
     """The pages still to come were the old agent's to serve: the new one cannot vouch for the
     sandbox's memory, so it removes it, and the control plane restores it again."""
-    b, _ = _snapshot(make_node, tmp_path)
-    _slow_reads(monkeypatch)
+    b, _ = _snapshot(make_node, tmp_path, store=_slow_store(tmp_path).store)
     assert b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1")).busy
     restarted = Node(b.settings)
     assert restarted.list() == []
@@ -356,12 +325,11 @@ def test_an_agent_restarted_while_memory_arrives_removes_the_sandbox(
 
 @pytest.mark.timeout(180)
 def test_an_agent_that_stops_while_memory_arrives_removes_the_sandbox_and_its_daemon(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory, tmp_path: Path
 ) -> None:
     """Its pages would read as zeros without this agent: once `close` has waited its time, the
     sandbox goes, and CRIU's daemon and the page server with it."""
-    b, _ = _snapshot(make_node, tmp_path)
-    _slow_reads(monkeypatch)
+    b, _ = _snapshot(make_node, tmp_path, store=_slow_store(tmp_path).store)
     assert b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1")).busy
     assert len(lazy_daemons(b)) == 1
     b.close(timeout_s=0)
