@@ -3,7 +3,8 @@
 Its rooms, each importing only those below it (import-linter checks): `server` (the gRPC
 service and cluster membership) > `node` (the `Node` and its operations) > `runtime` (runc or
 Docker) > `criu` | `images` > `checkpoint` > `spec` > `host` (the kernel) > `errors`, `settings`,
-`phases`. A request is followed from `server/service.py` into `node/node.py`.
+`phases`. A request is followed from `server/service.py` into `node/node.py`, and from there into
+the module of its operation (`node/create.py`, `checkpoint.py`, `restore.py`, `remove.py`, `verify.py`).
 """
 
 from sandbox_agent.checkpoint import CheckpointImage, Sizes
