@@ -2,10 +2,11 @@
 
 Its rooms are listed once, in docs/architecture.md ("Rooms"); the import-linter contracts in
 pyproject.toml ([tool.importlinter]) enforce their layering. A request is followed from
-`server/service.py` into the `Node`.
+`server/service.py` into `node/node.py`, and from there into the module of its operation
+(`node/create.py`, `checkpoint.py`, `restore.py`, `remove.py`, `verify.py`).
 """
 
-from sandbox_agent.checkpoint import Checkpoint, Sizes
+from sandbox_agent.checkpoint import CheckpointImage, Sizes
 from sandbox_agent.errors import (
     AgentError,
     AlreadyExists,
@@ -30,8 +31,8 @@ __all__ = [
     "AgentSettings",
     "AlreadyExists",
     "Busy",
-    "Checkpoint",
     "CheckpointCorrupt",
+    "CheckpointImage",
     "CommandFailed",
     "FailedPrecondition",
     "ImageMismatch",

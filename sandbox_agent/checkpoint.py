@@ -34,7 +34,10 @@ class Sizes:
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class CheckpointImage:
+    """A checkpoint directory as one node wrote it: CRIU's images of a sandbox's processes, its
+    writable layer, and this metadata about them (not the operation, nor the stored snapshot)."""
+
     sandbox_id: str
     node: str
     backend: str
@@ -83,7 +86,7 @@ def _inventory(directory: Path, hash_files: bool) -> dict[str, dict[str, Any]]:
     return files
 
 
-def seal(checkpoint: Checkpoint, *, hash_files: bool = True) -> Checkpoint:
+def seal(checkpoint: CheckpointImage, *, hash_files: bool = True) -> CheckpointImage:
     """Record every file's size (and hash, unless a store hashes it anyway), then write the metadata last."""
     sealed = replace(checkpoint, files=_inventory(checkpoint.directory, hash_files))
     body = {"format": FORMAT, **_to_json(sealed)}
@@ -96,7 +99,7 @@ def seal(checkpoint: Checkpoint, *, hash_files: bool = True) -> Checkpoint:
     return sealed
 
 
-def parse(raw: bytes, where: str, directory: Path = Path()) -> Checkpoint:
+def parse(raw: bytes, where: str, directory: Path = Path()) -> CheckpointImage:
     """The checkpoint that metadata `raw` (read from `where`) describes, its files in `directory`."""
     try:
         body = json.loads(raw)
@@ -106,7 +109,7 @@ def parse(raw: bytes, where: str, directory: Path = Path()) -> Checkpoint:
         found = body.get("format") if isinstance(body, dict) else None
         raise CheckpointCorrupt(f"{where} has format {found!r}; this node reads {FORMAT!r}")
     try:
-        return Checkpoint(
+        return CheckpointImage(
             sandbox_id=body["sandbox_id"],
             node=body["node"],
             backend=body["backend"],
@@ -138,7 +141,7 @@ def _read_inventory(files: object) -> dict[str, dict[str, Any]]:
     return files
 
 
-def load(directory: Path, *, verify: bool = True) -> Checkpoint:
+def load(directory: Path, *, verify: bool = True) -> CheckpointImage:
     """Read a checkpoint; with verify, refuse one whose files are missing, truncated or altered."""
     if not directory.is_dir():
         raise NotFound(f"checkpoint directory {directory} does not exist")
@@ -174,7 +177,7 @@ def load(directory: Path, *, verify: bool = True) -> Checkpoint:
     return checkpoint
 
 
-def _to_json(c: Checkpoint) -> dict[str, Any]:
+def _to_json(c: CheckpointImage) -> dict[str, Any]:
     d = {f: getattr(c, f) for f in c.__dataclass_fields__}
     d.pop("directory")
     d["spec"] = c.spec.to_json()

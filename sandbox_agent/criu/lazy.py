@@ -10,8 +10,7 @@ request fetches only the chunks under it, every chunk verified against its hash 
 What the restore itself reads (the small images, and the pages CRIU keeps eager: stacks, the
 vDSO's neighbours) is written first, by `prepare`.
 
-The same pagemaps tell the snapshot store where a process's pages sat in the parent snapshot
-(`align_memory`), so that a page changed since is stored as a delta against its own earlier bytes.
+Which pages are lazy, and where each lies, CRIU's pagemap images say (`pagemap`).
 
 A page that cannot be served (a chunk missing or corrupt, the store unreachable, the daemon
 gone) must never leave the sandbox running on memory it does not have: the page server kills the
@@ -21,9 +20,7 @@ failed. The snapshot is untouched, so the restore can be tried again.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import fcntl
 import logging
 import os
 import signal
@@ -34,24 +31,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Protocol
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import Message
-
-from sandbox_agent.checkpoint import CRIU_DIR
-from sandbox_agent.criu import images as criu_images
+from sandbox_agent.criu.pagemap import PAGE, PE_PRESENT, Memory, memories
 from sandbox_agent.errors import ToolUnavailable
-from snapshots import Alignment, Segment
 
 log = logging.getLogger(__name__)
 
-PAGE = 4096
-PE_LAZY = 1 << 1
-PE_PRESENT = 1 << 2
-PAGEMAP_MAGIC = 0x56084025
 
 # CRIU's page-server protocol (criu/page-xfer.c): a request or answer is this header; an answer
 # to PS_IOV_GET is followed by its pages.
@@ -61,7 +48,6 @@ PS_IOV_GET = 7
 PS_IOV_CLOSE = 0x1023
 PS_IOV_FORCE_CLOSE = 0x1024
 PS_CMD_BITS = 16
-UNPRIVILEGED_USERFAULTFD = Path("/proc/sys/vm/unprivileged_userfaultfd")
 SOCKET_WAIT_S = 10.0
 """How long the lazy-pages daemon may take to open the socket the restore hands it tasks on."""
 
@@ -78,97 +64,6 @@ class Readable(Protocol):
 class ReadableMany(Readable, Protocol):
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Several ranges at once, their chunks fetched together."""
-
-
-class Run(NamedTuple):
-    """Consecutive pages of one process: where they are mapped and where they lie in its pages
-    file. A tuple: a 2 GiB interpreter heap has thousands, read before its restore can start."""
-
-    vaddr: int
-    pages: int
-    offset: int
-    lazy: bool
-
-
-@dataclass
-class Memory:
-    """One process's memory in a dump: its pages file and the runs present in it, by address."""
-
-    pages_file: str
-    runs: list[Run]
-
-    def __post_init__(self) -> None:
-        self.runs.sort(key=lambda r: r.vaddr)
-        self._starts = [r.vaddr for r in self.runs]
-
-    def find(self, vaddr: int) -> Run | None:
-        i = bisect.bisect_right(self._starts, vaddr) - 1
-        if i >= 0 and vaddr < self.runs[i].vaddr + self.runs[i].pages * PAGE:
-            return self.runs[i]
-        return None
-
-
-def memories(images: Path) -> tuple[dict[int, Memory], set[str]]:
-    """Every process's memory in a CRIU images directory, by pid, from its pagemap-PID.img
-    files; and the pages files of other pagemaps (shared memory), which a restore reads whole."""
-    tasks: dict[int, Memory] = {}
-    others: set[str] = set()
-    for path in sorted(images.glob("pagemap-*.img")):
-        name = path.name.removeprefix("pagemap-").removesuffix(".img")
-        memory = _memory(path.read_bytes(), path.name)
-        if name.isdigit():
-            tasks[int(name)] = memory
-        else:
-            others.add(memory.pages_file)
-    return tasks, others
-
-
-def _memory(raw: bytes, name: str) -> Memory:
-    """The memory a pagemap image describes; ValueError if it is damaged."""
-    head, entries = _pagemap(raw, name)
-    runs, offset = [], 0
-    for e in entries:
-        pages = e.nr_pages or e.compat_nr_pages  # the older images have only the latter
-        flags = e.flags if e.HasField("flags") else PE_PRESENT
-        if flags & PE_PRESENT:
-            runs.append(Run(e.vaddr, pages, offset, bool(flags & PE_LAZY)))
-            offset += pages * PAGE
-    return Memory(f"pages-{head.pages_id}.img", runs)
-
-
-def align_memory(root: Path, parent_file: Callable[[str], bytes | None]) -> dict[str, Alignment]:
-    """Where each process's pages sat in its parent snapshot's pages file, by address (a
-    `snapshots.Aligner` for a checkpoint directory): a mapping that came or went between two dumps
-    moves every page after it in the file, and a changed page is best stored against its own
-    earlier bytes. ValueError if a pagemap is damaged."""
-    tasks, _ = memories(root / CRIU_DIR)
-    aligned: dict[str, Alignment] = {}
-    for pid, memory in tasks.items():
-        name = f"{CRIU_DIR}/pagemap-{pid}.img"
-        raw = parent_file(name)
-        if raw is not None:
-            before = _memory(raw, f"the parent's {name}")
-            aligned[f"{CRIU_DIR}/{memory.pages_file}"] = Alignment(
-                f"{CRIU_DIR}/{before.pages_file}",
-                list(_overlaps(memory.runs, before.runs)),
-            )
-    return aligned
-
-
-def _overlaps(runs: Sequence[Run], before: Sequence[Run]) -> Iterator[Segment]:
-    """The pages of `runs` that `before` had too, as pieces of the two pages files (both lists
-    in order of address, as `Memory` keeps them)."""
-    i = 0
-    for run in runs:
-        start, end = run.vaddr, run.vaddr + run.pages * PAGE
-        while i < len(before) and before[i].vaddr + before[i].pages * PAGE <= start:
-            i += 1
-        j = i
-        while j < len(before) and before[j].vaddr < end:
-            had = before[j]
-            low, high = max(start, had.vaddr), min(end, had.vaddr + had.pages * PAGE)
-            yield Segment(run.offset + low - run.vaddr, had.offset + low - had.vaddr, high - low)
-            j += 1
 
 
 def prepare(images: Path, stored: Callable[[str], ReadableMany]) -> dict[int, Memory]:
@@ -211,76 +106,6 @@ def _batches(
             held += piece
     if batch:
         yield batch
-
-
-class UserfaultfdGrant:
-    """vm.unprivileged_userfaultfd=1 while some agent on this host may restore lazily, and the
-    host's own value back once the last of them stops.
-
-    The tasks CRIU restores in a user namespace open a userfaultfd holding no capability of the
-    host's, which the kernel allows only with that sysctl at 1. Sandboxes still cannot: their
-    seccomp filter refuses the call. But every other unprivileged process of the host may while
-    it is 1, so it is 1 no longer than needed: each agent holds a shared lock on `lock`.holders
-    while it needs it, and the one that finds itself alone at its end writes back the value the
-    first had found, which `prior` keeps (in /run, so across an agent's crash but not a reboot, which
-    resets the sysctl anyway)."""
-
-    def __init__(
-        self,
-        sysctl: Path = UNPRIVILEGED_USERFAULTFD,
-        lock: Path = Path("/run/stasis-userfaultfd.lock"),
-        prior: Path = Path("/run/stasis-userfaultfd.prior"),
-    ) -> None:
-        self._sysctl, self._lock, self._prior = sysctl, lock, prior
-        self._holders = lock.with_name(lock.name + ".holders")
-        """Each agent that holds the grant holds a shared lock on it."""
-        self._held: int | None = None
-
-    def acquire(self) -> str:
-        """Set the sysctl to 1 for as long as this grant is held; "" when done, else why not."""
-        try:
-            with self._turn():
-                if not self._prior.exists():  # no agent has it: what is there is the host's own
-                    self._prior.write_text(self._sysctl.read_text())
-                if self._sysctl.read_text().strip() != "1":
-                    self._sysctl.write_text("1\n")
-                fd = os.open(self._holders, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                fcntl.flock(fd, fcntl.LOCK_SH)
-        except OSError as exc:
-            return f"cannot set {self._sysctl} to 1: {exc.strerror or exc}"
-        self._held = fd
-        return ""
-
-    def release(self) -> None:
-        """Give the grant up; the last holder on the host puts the host's value back."""
-        if self._held is None:
-            return
-        try:
-            with self._turn():
-                os.close(self._held)
-                self._held = None
-                fd = os.open(self._holders, os.O_RDWR | os.O_CLOEXEC)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return  # another agent still holds it
-                finally:
-                    os.close(fd)
-                if self._prior.exists():
-                    self._sysctl.write_text(self._prior.read_text())
-                    self._prior.unlink()
-        except OSError as exc:
-            log.warning("cannot put %s back: %s", self._sysctl, exc)
-
-    @contextlib.contextmanager
-    def _turn(self) -> Iterator[None]:
-        """One agent of the host at a time takes or gives up a grant."""
-        fd = os.open(self._lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
 
 
 class PageServer:
@@ -430,42 +255,10 @@ class Daemon:
         self.process.wait()
 
 
-def _pagemap_messages() -> tuple[type[Message], type[Message]]:
-    """CRIU's pagemap_head and pagemap_entry (criu/images/pagemap.proto), parsed by the protobuf
-    runtime: a 2 GiB process has thousands of entries, too many to decode in Python loops.
-    Every field is optional here, so an entry CRIU leaves out reads as absent, not as an error."""
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="stasis/criu/pagemap.proto", package="stasis.criu", syntax="proto2"
-    )
-    field = descriptor_pb2.FieldDescriptorProto
-    head = proto.message_type.add(name="PagemapHead")
-    head.field.add(name="pages_id", number=1, type=field.TYPE_UINT32, label=field.LABEL_OPTIONAL)
-    entry = proto.message_type.add(name="PagemapEntry")
-    for name, number, kind in (
-        ("vaddr", 1, field.TYPE_UINT64),
-        ("compat_nr_pages", 2, field.TYPE_UINT32),
-        ("in_parent", 3, field.TYPE_BOOL),
-        ("flags", 4, field.TYPE_UINT32),
-        ("nr_pages", 5, field.TYPE_UINT64),
-    ):
-        entry.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("stasis.criu.PagemapHead")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("stasis.criu.PagemapEntry")),
-    )
+class DaemonStarter(Protocol):
+    """What starts CRIU's lazy-pages daemon (`core.Criu`)."""
 
-
-_PAGEMAP_HEAD, _PAGEMAP_ENTRY = _pagemap_messages()
-
-
-def _pagemap(raw: bytes, name: str) -> tuple[Any, list[Any]]:
-    """The head and entries of a CRIU pagemap image."""
-    messages = criu_images.messages(raw, name, PAGEMAP_MAGIC, _PAGEMAP_ENTRY, head=_PAGEMAP_HEAD)
-    if not messages:
-        raise ValueError(f"{name} has no pagemap header")
-    return messages[0], messages[1:]
+    def lazy_pages(self, images: Path, work: Path, server: PageServer) -> Daemon: ...
 
 
 class Transfer:
@@ -484,11 +277,11 @@ class Transfer:
         self.server = PageServer(memory, stored, fault)
         self.daemon: Daemon | None = None
 
-    def start(self, criu: str, images: Path, work: Path) -> None:
+    def start(self, criu: DaemonStarter, images: Path, work: Path) -> None:
         """Serve, and start the daemon for the restore's tasks (`runc restore --lazy-pages
         --work-path work`: they meet on a socket in that directory); `ready` waits for it."""
         self.server.start()
-        self.daemon = Daemon(criu, images, work, self.server)
+        self.daemon = criu.lazy_pages(images, work, self.server)
 
     def ready(self) -> None:
         """Until the memory is prepared and the daemon listens for the restore's tasks; if

@@ -1,14 +1,18 @@
-"""One node's sandboxes: `Node` creates, checkpoints, restores, grades, kills and removes them,
-with nothing left behind; the service calls it from many threads.
+"""One node's sandboxes: `Node`, a thin facade the service calls from many threads, over one
+module per operation, each reading top to bottom: `create`, `checkpoint`, `restore` (with the
+lazy restore's memory still arriving), `remove` and `verify`; and `startup` (what a crashed
+agent left). The operations share one `NodeContext`.
 
-Beside it: the sandboxes' records and directories and which an operation holds (`sandboxes`),
-where a restore stages what it fetches (`staging`), the harness's log (`logs`), and the runtime
-the settings choose (`backends`).
+Beside them: the sandboxes' records and directories and which an operation holds (`sandboxes`),
+the disk they may use (`disk`), where a restore stages what it fetches (`staging`), the
+harness's log (`logs`), and the runtime the settings choose (`backends`).
 
 Owns every operation's order of steps and what undoes each. Imports the runtimes, CRIU, images,
 the host room and the agent's records; never the server.
 """
 
-from sandbox_agent.node.node import Node, SnapshotTarget, VerifierResult
+from sandbox_agent.node.checkpoint import SnapshotTarget
+from sandbox_agent.node.node import Node
+from sandbox_agent.node.verify import VerifierResult
 
 __all__ = ["Node", "SnapshotTarget", "VerifierResult"]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sandbox_agent.criu.core import Criu
 from sandbox_agent.errors import InvalidSpec
 from sandbox_agent.host import cgroups, overlay, tools
 from sandbox_agent.host.layer_disks import LayerDisks
 from sandbox_agent.runtime.backend import Backend
+from sandbox_agent.runtime.rootfs import RootFs
 from sandbox_agent.runtime.runc import RuncBackend
 from sandbox_agent.settings import AgentSettings
 
@@ -18,14 +20,6 @@ IRMAP_SCAN_PATHS = ("/root", "/home", "/tmp", "/work", "/workspace")
 CRIU_RUNDIR = Path("/run/criu")
 """Where CRIU (built by scripts/host-setup.sh with RUNDIR=/run/criu) caches what it probed of
 the kernel. It keeps the cache only on a tmpfs, so that a reboot drops it; the node mounts one."""
-
-
-def criu_version(criu: str) -> str:
-    out = tools.run([criu, "--version"], what="criu --version").stdout.decode()
-    for line in out.splitlines():
-        if line.startswith("Version:"):
-            return line.split(":", 1)[1].strip()
-    return out.strip()
 
 
 def keep_criu_cache() -> None:
@@ -61,7 +55,8 @@ def make_backend(settings: AgentSettings) -> Backend:
         conf.write_text("tcp-close\nnetwork-lock skip\nmanage-cgroups=ignore\nno-breakpoints\n" + scans)
         disks = LayerDisks(settings.root / "layer-disks")
         cgroups.favor_moves()  # every restore moves CRIU into the sandbox's cgroups
-        return RuncBackend(settings.host_key, settings.root / "runc", conf, disks, criu=settings.criu)
+        rootfs = RootFs(settings.host_key, disks)
+        return RuncBackend(settings.host_key, settings.root / "runc", Criu(settings.criu, conf), rootfs)
     if settings.backend == "docker":
         from sandbox_agent.runtime.docker_backend import DockerBackend
 

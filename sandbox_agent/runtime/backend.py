@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.checkpoint import CheckpointImage
 from sandbox_agent.criu.lazy import Transfer
 from sandbox_agent.images.cache import Image
 from sandbox_agent.spec import SandboxRecord, SandboxState
@@ -101,10 +101,59 @@ class SandboxLayout:
         return self.dir / "stopped-at-dump"
 
 
+class Checkpoints(Protocol):
+    """A runtime's dumps and restores of its sandboxes' processes."""
+
+    lazy_restore: bool
+    """Whether `restore` takes a `lazy.Transfer`, to resume before the memory is all here."""
+    restore_timeout_s: float
+    """How long a restore may take before it is killed and fails."""
+
+    def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        """CRIU-dump the frozen sandbox into images_dir and leave it frozen."""
+
+    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> float | None:
+        """Freeze the running sandbox, CRIU-dump it into images_dir and kill it, so that none of
+        its code runs after the dump; return once its processes are gone and their memory is
+        free. If this fails, the sandbox runs on, as it was. Returns how long its tasks were
+        frozen, in ms, where CRIU froze them itself (only it knows); None if the call was frozen
+        throughout."""
+
+    def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        """What a restore needs before the checkpoint's files are here; it runs while they are
+        fetched."""
+
+    def restore(
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        image: Image,
+        checkpoint: CheckpointImage,
+        transfer: Transfer | None = None,
+    ) -> int:
+        """Rebuild the writable layer from the checkpoint and resume its processes; with a
+        `transfer` (only where `lazy_restore`), before their memory has all arrived. Returns the
+        sandbox's init PID."""
+
+    def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        """Resume a sandbox stopped right after its dump from those images, in its own writable
+        layer, which nothing has written since."""
+
+
 class Backend(Protocol):
+    """Starts, pauses and stops a node's containers; their checkpoints are `checkpoints`'."""
+
     name: str
     wants_netns: bool
     """True if the node must make the sandbox's netns (see `network.netns_path`) before create."""
+    user_namespaces: bool
+    """Whether sandboxes may run in a user namespace of their own (`AgentSettings.userns_base`)."""
+    runs_verifiers: bool
+    """Whether a verifier may see an exited sandbox's final tree (`mount_graded`)."""
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        """Dumps and restores of this runtime's sandboxes."""
 
     def create(
         self,
@@ -127,18 +176,22 @@ class Backend(Protocol):
 
     def thaw(self, record: SandboxRecord, layout: SandboxLayout) -> None: ...
 
-    def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
-        """CRIU-dump the frozen sandbox into images_dir and leave it frozen."""
+    def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
+        """The sandbox's state and its init PID (0 if none)."""
 
-    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> float | None:
-        """Freeze the running sandbox, CRIU-dump it into images_dir and kill it, so that none of
-        its code runs after the dump; return once its processes are gone and their memory is
-        free. If this fails, the sandbox runs on, as it was. Returns how long its tasks were
-        frozen, in ms, where CRIU froze them itself (only it knows); None if the call was frozen
-        throughout."""
+    def kill(self, record: SandboxRecord, layout: SandboxLayout, signal: int) -> None: ...
 
-    lazy_restore: bool
-    """Whether `restore` takes a `lazy.Transfer`, to resume before the memory is all here."""
+    def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        """Remove the container and everything of it on the node; absent pieces are fine."""
+
+    def mount_graded(self, layout: SandboxLayout, image: Image, userns_base: int) -> Path:
+        """Mount an exited sandbox's final tree, read-only, as a verifier with those ids sees it
+        (only where `runs_verifiers`)."""
+
+    def oci_spec(self, record: SandboxRecord, layout: SandboxLayout) -> dict[str, Any]: ...
+
+    def remove_leftovers(self, keep: set[str]) -> list[str]:
+        """Remove this node's containers that have no record; returns their ids."""
 
     def warm(self, userns_base: int) -> None:
         """Make ahead, in the background, what the first sandboxes will need (theirs with ids
@@ -146,36 +199,3 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Stop that background work and remove what it made; sandboxes are left as they are."""
-
-    def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        """What a restore needs before the checkpoint's files are here; it runs while they are
-        fetched."""
-
-    def restore(
-        self,
-        record: SandboxRecord,
-        layout: SandboxLayout,
-        image: Image,
-        checkpoint: Checkpoint,
-        transfer: Transfer | None = None,
-    ) -> int:
-        """Rebuild the writable layer from the checkpoint and resume its processes; with a
-        `transfer` (only where `lazy_restore`), before their memory has all arrived. Returns the
-        sandbox's init PID."""
-
-    def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
-        """The sandbox's state and its init PID (0 if none)."""
-
-    def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
-        """Resume a sandbox stopped right after its dump from those images, in its own writable
-        layer, which nothing has written since."""
-
-    def kill(self, record: SandboxRecord, layout: SandboxLayout, signal: int) -> None: ...
-
-    def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        """Remove the container and everything of it on the node; absent pieces are fine."""
-
-    def oci_spec(self, record: SandboxRecord, layout: SandboxLayout) -> dict[str, Any]: ...
-
-    def remove_leftovers(self, keep: set[str]) -> list[str]:
-        """Remove this node's containers that have no record; returns their ids."""

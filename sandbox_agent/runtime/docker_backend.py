@@ -24,7 +24,7 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
-from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.checkpoint import CheckpointImage
 from sandbox_agent.criu.lazy import Transfer
 from sandbox_agent.errors import AgentError, CommandFailed, FailedPrecondition, NotFound, ToolUnavailable
 from sandbox_agent.host import overlay, tools
@@ -86,8 +86,10 @@ class DockerBackend:
     name = "docker"
     wants_netns = False
     """Docker makes its own network namespace (`none`: loopback only)."""
-    lazy_restore = False
-    """Docker restores from a checkpoint it has whole."""
+    user_namespaces = False
+    """Docker's containers share the host's ids."""
+    runs_verifiers = False
+    """Verifiers need the runc backend."""
 
     def warm(self, userns_base: int) -> None:
         pass  # Docker makes each container's layer itself
@@ -103,8 +105,9 @@ class DockerBackend:
         self.docker_root = Path(info["DockerRootDir"])
         if not info.get("ExperimentalBuild"):
             raise ToolUnavailable("the Docker Engine must run with experimental mode on for checkpoints")
+        self.checkpoints = DockerCheckpoints(self)
 
-    def _container(self, record: SandboxRecord) -> Container:
+    def container(self, record: SandboxRecord) -> Container:
         with _translated(f"looking up the container of sandbox {record.id}"):
             return self.client.containers.get(self._name(record))
 
@@ -137,7 +140,7 @@ class DockerBackend:
                     self.client.api.import_image(src=str(tar), repository=repo, tag=version)
         return tag
 
-    def _create(self, record: SandboxRecord, image: Image) -> Container:
+    def create_container(self, record: SandboxRecord, image: Image) -> Container:
         spec = record.spec
         res = spec.resources
         with _translated(f"creating the container of sandbox {record.id}"):
@@ -168,7 +171,7 @@ class DockerBackend:
     ) -> None:
         if graded is not None:
             raise FailedPrecondition("the docker backend cannot run verifiers; use runc")
-        container = self._create(record, image)
+        container = self.create_container(record, image)
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             state_dir = tarfile.TarInfo(STATE_DIR.lstrip("/"))
@@ -183,73 +186,24 @@ class DockerBackend:
             container.put_archive("/", buf.getvalue())
 
     def start(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        container = self._container(record)
+        container = self.container(record)
         with _translated(f"starting sandbox {record.id}"):
             container.start()
 
     def upper_dir(self, record: SandboxRecord, layout: SandboxLayout) -> Path:
-        return Path(self._container(record).attrs["GraphDriver"]["Data"]["UpperDir"])
+        return Path(self.container(record).attrs["GraphDriver"]["Data"]["UpperDir"])
 
     def freeze(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         with _translated(f"freezing sandbox {record.id}"):
-            self._container(record).pause()
+            self.container(record).pause()
 
     def thaw(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         with _translated(f"thawing sandbox {record.id}"):
-            self._container(record).unpause()
-
-    def _checkpoints_dir(self, container: Container) -> Path:
-        return self.docker_root / "containers" / str(container.id) / "checkpoints"
-
-    def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
-        container = self._container(record)
-        api = self.client.api
-        with _translated(f"CRIU dump of sandbox {record.id}"):
-            # A paused container stays paused after a leave-running dump.
-            res = api._post_json(
-                api._url("/containers/{0}/checkpoints", container.id),
-                data={"CheckpointID": CHECKPOINT_NAME, "Exit": False},
-            )
-            api._raise_for_status(res)
-        source = self._checkpoints_dir(container) / CHECKPOINT_NAME
-        shutil.move(str(source), images_dir)
-
-    def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        """Nothing: Docker makes the container, and its layer, from the checkpoint's image."""
-
-    def restore(
-        self,
-        record: SandboxRecord,
-        layout: SandboxLayout,
-        image: Image,
-        checkpoint: Checkpoint,
-        transfer: Transfer | None = None,
-    ) -> int:
-        if transfer is not None:
-            raise FailedPrecondition("the docker backend restores memory eagerly only")
-        container = self._create(record, image)
-        overlay.import_layer(checkpoint.layer, Path(container.attrs["GraphDriver"]["Data"]["UpperDir"]))
-        self._start_from(record, container, checkpoint.criu_dir)
-        return self.status(record, layout)[1]
-
-    def _start_from(self, record: SandboxRecord, container: Container, images_dir: Path) -> None:
-        target = self._checkpoints_dir(container) / CHECKPOINT_NAME
-        shutil.rmtree(target, ignore_errors=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(images_dir, target)
-        # Docker uploads the images to containerd as one tar, and refuses ("already exists") when
-        # containerd still holds the same tar from the dump; a file CRIU ignores makes each unique.
-        (target / "stasis-restore").write_text(uuid.uuid4().hex)
-        api = self.client.api
-        with _translated(f"CRIU restore of sandbox {record.id}"):
-            res = api._post(
-                api._url("/containers/{0}/start", container.id), params={"checkpoint": CHECKPOINT_NAME}
-            )
-            api._raise_for_status(res)
+            self.container(record).unpause()
 
     def status(self, record: SandboxRecord, layout: SandboxLayout) -> tuple[SandboxState, int]:
         try:
-            container = self._container(record)
+            container = self.container(record)
         except NotFound:
             return SandboxState.EXITED, 0
         state = container.attrs["State"]
@@ -259,29 +213,16 @@ class DockerBackend:
             return SandboxState.RUNNING, int(state.get("Pid", 0))
         return SandboxState.EXITED, 0
 
-    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> float | None:
-        self.freeze(record, layout)
-        try:
-            self.dump(record, layout, images_dir)
-        except BaseException:
-            self.thaw(record, layout)
-            raise
-        self.stop(record, layout)
-        return None
-
     def stop(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         self.kill(record, layout, signals.SIGKILL)
         with _translated(f"stopping sandbox {record.id}"):
-            self._container(record).wait(timeout=STOP_TIMEOUT_S)
-
-    def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
-        self._start_from(record, self._container(record), images_dir)
+            self.container(record).wait(timeout=STOP_TIMEOUT_S)
 
     def kill(self, record: SandboxRecord, layout: SandboxLayout, signal: int) -> None:
         state, _ = self.status(record, layout)
         if state == SandboxState.EXITED:
             return
-        container = self._container(record)
+        container = self.container(record)
         with _translated(f"killing sandbox {record.id}"):
             if state == SandboxState.PAUSED:
                 container.unpause()
@@ -289,14 +230,17 @@ class DockerBackend:
 
     def destroy(self, record: SandboxRecord, layout: SandboxLayout) -> None:
         try:
-            container = self._container(record)
+            container = self.container(record)
         except NotFound:
             return
         with _translated(f"removing sandbox {record.id}"):
             container.remove(force=True, v=True)
 
+    def mount_graded(self, layout: SandboxLayout, image: Image, userns_base: int) -> Path:
+        raise FailedPrecondition(f"node {self.node} runs docker; verifiers need the runc backend")
+
     def oci_spec(self, record: SandboxRecord, layout: SandboxLayout) -> dict[str, Any]:
-        container = self._container(record)
+        container = self.container(record)
         for bundle in Path("/run").glob(
             f"*/containerd/**/io.containerd.runtime.v2.task/*/{container.id}/config.json"
         ):
@@ -318,3 +262,77 @@ class DockerBackend:
                     container.remove(force=True, v=True)
                     removed.append(sandbox)
         return removed
+
+
+class DockerCheckpoints:
+    """Dumps and restores through Docker's checkpoint API (CRIU, run by Docker's runtime)."""
+
+    lazy_restore = False
+    """Docker restores from a checkpoint it has whole."""
+    restore_timeout_s = 300.0
+    """Docker's own limits apply; kept for the interface."""
+
+    def __init__(self, docker: DockerBackend) -> None:
+        self.docker = docker
+
+    def _checkpoints_dir(self, container: Container) -> Path:
+        return self.docker.docker_root / "containers" / str(container.id) / "checkpoints"
+
+    def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        container = self.docker.container(record)
+        api = self.docker.client.api
+        with _translated(f"CRIU dump of sandbox {record.id}"):
+            # A paused container stays paused after a leave-running dump.
+            res = api._post_json(
+                api._url("/containers/{0}/checkpoints", container.id),
+                data={"CheckpointID": CHECKPOINT_NAME, "Exit": False},
+            )
+            api._raise_for_status(res)
+        source = self._checkpoints_dir(container) / CHECKPOINT_NAME
+        shutil.move(str(source), images_dir)
+
+    def prepare_restore(self, record: SandboxRecord, layout: SandboxLayout) -> None:
+        """Nothing: Docker makes the container, and its layer, from the checkpoint's image."""
+
+    def restore(
+        self,
+        record: SandboxRecord,
+        layout: SandboxLayout,
+        image: Image,
+        checkpoint: CheckpointImage,
+        transfer: Transfer | None = None,
+    ) -> int:
+        if transfer is not None:
+            raise FailedPrecondition("the docker backend restores memory eagerly only")
+        container = self.docker.create_container(record, image)
+        overlay.import_layer(checkpoint.layer, Path(container.attrs["GraphDriver"]["Data"]["UpperDir"]))
+        self._start_from(record, container, checkpoint.criu_dir)
+        return self.docker.status(record, layout)[1]
+
+    def _start_from(self, record: SandboxRecord, container: Container, images_dir: Path) -> None:
+        target = self._checkpoints_dir(container) / CHECKPOINT_NAME
+        shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(images_dir, target)
+        # Docker uploads the images to containerd as one tar, and refuses ("already exists") when
+        # containerd still holds the same tar from the dump; a file CRIU ignores makes each unique.
+        (target / "stasis-restore").write_text(uuid.uuid4().hex)
+        api = self.docker.client.api
+        with _translated(f"CRIU restore of sandbox {record.id}"):
+            res = api._post(
+                api._url("/containers/{0}/start", container.id), params={"checkpoint": CHECKPOINT_NAME}
+            )
+            api._raise_for_status(res)
+
+    def dump_and_stop(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> float | None:
+        self.docker.freeze(record, layout)
+        try:
+            self.dump(record, layout, images_dir)
+        except BaseException:
+            self.docker.thaw(record, layout)
+            raise
+        self.docker.stop(record, layout)
+        return None
+
+    def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
+        self._start_from(record, self.docker.container(record), images_dir)

@@ -22,7 +22,7 @@ from protos.shared.status import guarded, snapshot_status
 from protos.shared.tls import ORCHESTRATOR, TlsFiles, bind, peer_identity
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
-from sandbox_agent.checkpoint import Checkpoint
+from sandbox_agent.checkpoint import CheckpointImage
 from sandbox_agent.errors import (
     AgentError,
     AlreadyExists,
@@ -86,7 +86,7 @@ def sandbox_to_pb(status: SandboxStatus) -> pb.Sandbox:
     )  # fmt: skip
 
 
-def checkpoint_to_pb(c: Checkpoint, manifest: Manifest | None = None) -> pb.CheckpointResult:
+def checkpoint_to_pb(c: CheckpointImage, manifest: Manifest | None = None) -> pb.CheckpointResult:
     """A checkpoint left in its directory, or (with its manifest) one put in the snapshot store."""
     stored: dict[str, Any] = {}
     if manifest is not None:

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from sandbox_agent import AgentSettings, Node, PhaseHooks
+from sandbox_agent.node.backends import make_backend
+from sandbox_agent.runtime.backend import Backend
+from snapshots import SnapshotStore
 
 NodeFactory = Callable[..., Node]
 
@@ -34,8 +37,16 @@ def make_node(tmp_path: Path, image_cache: Path, request: pytest.FixtureRequest)
     nodes: list[Node] = []
 
     def factory(
-        name: str, backend: str = "runc", hooks: PhaseHooks | None = None, **overrides: object
+        name: str,
+        backend: str = "runc",
+        hooks: PhaseHooks | None = None,
+        *,
+        runtime: Callable[[Backend], Backend] | None = None,
+        store: Callable[[SnapshotStore], object] | None = None,
+        **overrides: object,
     ) -> Node:
+        """`runtime` and `store` wrap the node's real runtime and snapshot store: the seams a
+        test injects faults through."""
         docker_url = (
             request.getfixturevalue("dockerd") if backend == "docker" else "unix:///var/run/docker.sock"
         )
@@ -46,7 +57,14 @@ def make_node(tmp_path: Path, image_cache: Path, request: pytest.FixtureRequest)
             docker_url=docker_url,
             **{"image_cache": image_cache, **overrides},  # type: ignore[arg-type]
         )
-        node = Node(settings, hooks=hooks)
+        if runtime:
+            settings.root.mkdir(parents=True, exist_ok=True)  # where the runtime keeps its files
+        node = Node(
+            settings,
+            hooks=hooks,
+            backend=runtime(make_backend(settings)) if runtime else None,
+            store=store(SnapshotStore.open(settings.snapshot_store)) if store else None,  # type: ignore[arg-type]
+        )
         nodes.append(node)
         return node
 

@@ -1,5 +1,7 @@
 """Harness stand-ins that run inside sandboxes and report what they see to their log."""
 
+import re
+
 MEMORY = r"""
 import hashlib, random, sys, time
 size = int(sys.argv[1]) << 20
@@ -82,3 +84,9 @@ while True:
         sock = None
     time.sleep(0.1)
 """
+
+
+def last_sha_counter(log: str) -> tuple[str, int]:
+    """The last checksum and counter a MEMORY program logged."""
+    sha, counter = re.findall(r"sha (\w+) counter (\d+)", log)[-1]
+    return sha, int(counter)

@@ -14,7 +14,6 @@ from sandbox_agent import Node, SandboxSpec, SandboxState
 from sandbox_agent.criu import swrk
 from sandbox_agent.errors import CommandFailed
 from sandbox_agent.host import cgroups
-from sandbox_agent.runtime.runc import RuncBackend
 from sandbox_agent.spec import Resources
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
@@ -50,8 +49,8 @@ def test_a_restored_sandbox_has_the_cgroups_runc_gives_a_started_one(
     wait_for_log(a, "s", lambda t: "sha " in t)
     a.checkpoint("s", tmp_path / "ck", leave_running=True)
     b.restore("s", tmp_path / "ck")
-    assert isinstance(b.backend, RuncBackend)
-    assert not (b.backend.state_root / "s").exists(), "runc was not asked to restore"
+    assert b.backend.name == "runc"
+    assert not (b.settings.root / "runc" / "s").exists(), "runc was not asked to restore"
     started, restored = _cgroup_view(a, "s"), _cgroup_view(b, "s")
     assert restored == started
     assert restored[0]["memory/memory.limit_in_bytes"].strip() == str(700 << 20)

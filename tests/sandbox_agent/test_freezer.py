@@ -10,7 +10,7 @@ import pytest
 from sandbox_agent import SandboxSpec, SandboxState
 from sandbox_agent.errors import FailedPrecondition
 from sandbox_agent.host import freezer
-from sandbox_agent.runtime.runc import RuncBackend
+from sandbox_agent.runtime import bundle
 from tests.sandbox_agent.conftest import NodeFactory, wait_for_log
 
 COUNTER = "import time\ni = 0\nwhile True:\n    i += 1\n    print(i, flush=True)\n    time.sleep(0.01)"
@@ -26,8 +26,7 @@ def test_a_frozen_sandbox_stops_and_runc_sees_it_paused(make_node: NodeFactory) 
     node.create("counter", SandboxSpec(image="base", command=("python3", "-c", COUNTER)))
     wait_for_log(node, "counter", lambda text: text.count("\n") > 3)
     record = node.get("counter").record
-    assert isinstance(node.backend, RuncBackend)
-    cgroup = node.backend._cgroups_path(record.id)
+    cgroup = bundle.cgroups_path(node.host_key, record.id)
 
     freezer.freeze(cgroup)
     try:

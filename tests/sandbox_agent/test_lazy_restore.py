@@ -1,6 +1,9 @@
 """Lazy restore for real (runc, CRIU's lazy-pages daemon, the snapshot store): the sandbox runs
 before its memory is on the node, and a fault while pages are still being served fails that
-restore, removes the sandbox and leaves the snapshot intact for another try."""
+restore, removes the sandbox and leaves the snapshot intact for another try.
+
+Faults come in through the node's seams (`faults`): a slow or failing snapshot store around the
+real one, and a runtime whose restore fails at a chosen step around the real runc."""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ import re
 import signal
 import struct
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -20,12 +22,10 @@ import pytest
 
 from sandbox_agent import Node, SandboxSpec
 from sandbox_agent.criu import images as criu_images
-from sandbox_agent.criu import lazy
+from sandbox_agent.criu import lazy, pagemap
 from sandbox_agent.errors import CommandFailed
-from sandbox_agent.host import overlay
 from sandbox_agent.node import SnapshotTarget
-from sandbox_agent.runtime.runc import RuncBackend
-from snapshots import Alignment, Segment, SnapshotStore, StoredFile, StoreUnavailable
+from snapshots import Alignment, Segment, SnapshotStore, StoreUnavailable
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import (
     NodeFactory,
@@ -35,13 +35,14 @@ from tests.sandbox_agent.conftest import (
     staged,
     wait_for_log,
 )
+from tests.sandbox_agent.faults import RestoreFaults, StoreFaults
 
 MIB = 64
 
 
 def _snapshot(make_node: NodeFactory, tmp_path: Path, **b_settings: object) -> tuple[Node, str]:
     """A MEMORY program's snapshot in a fresh store, its node gone; the node to restore on, and
-    the checksum of the memory it had."""
+    the checksum of the memory it had. `b_settings` may give that node's seams too (`faults`)."""
     store = f"file://{tmp_path}/store"
     a, b = make_node("node-a", snapshot_store=store), make_node("node-b", snapshot_store=store, **b_settings)
     a.create("mem", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, str(MIB))))
@@ -67,17 +68,10 @@ def _intact(node: Node, sandbox_id: str, sha: str) -> None:
     assert after.count("start") == 1, "the process started over"
 
 
-def _slow_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[StoredFile, int, int], list[memoryview]]:
-    """Slow every read the page server makes of the store, so that a transfer is still going
-    when the test strikes; returns the real read, to put back."""
-    read = StoredFile.read_views
-
-    def slow(self: StoredFile, offset: int, length: int) -> list[memoryview]:
-        time.sleep(0.05)
-        return read(self, offset, length)
-
-    monkeypatch.setattr(StoredFile, "read_views", slow)
-    return read
+def _slow_store(tmp_path: Path) -> StoreFaults:
+    """A store that serves every page the page server reads 50 ms late, so that a transfer is
+    still going when the test strikes; set its `page_delay_s` to 0 to speed it up again."""
+    return StoreFaults(f"file://{tmp_path}/store", page_delay_s=0.05)
 
 
 def _gone(node: Node, sandbox_id: str, timeout: float = 30) -> None:
@@ -105,20 +99,10 @@ def test_the_sandbox_runs_before_its_memory_arrives(make_node: NodeFactory, tmp_
 
 @pytest.mark.timeout(180)
 def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snapshot(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory, tmp_path: Path
 ) -> None:
-    b, sha = _snapshot(make_node, tmp_path)
-    read = StoredFile.read_views
-    reads = {"n": 0}
-
-    def flaky(self: StoredFile, offset: int, length: int) -> list[memoryview]:
-        if threading.current_thread().name == "lazy-pages":  # the page server, not the eager pages
-            reads["n"] += 1
-            if reads["n"] > 5:
-                raise StoreUnavailable(f"file://{tmp_path}/store", None, "the store went away (injected)")
-        return read(self, offset, length)
-
-    monkeypatch.setattr(StoredFile, "read_views", flaky)
+    faults = StoreFaults(f"file://{tmp_path}/store", pages_before_failure=5)
+    b, sha = _snapshot(make_node, tmp_path, store=faults.store)
     try:
         b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
     except StoreUnavailable as exc:  # it failed while the restore was still finishing
@@ -126,37 +110,23 @@ def test_a_store_error_while_pages_arrive_fails_the_restore_and_spares_the_snaps
     _gone(b, "first")
     assert not staged(b)
 
-    monkeypatch.setattr(StoredFile, "read_views", read)
+    faults.pages_before_failure = None
     b.restore_from_store("second", "mem-s1", recorded(b, "mem-s1"))
     _resident(b, "second")
     _intact(b, "second", sha)
 
 
-def _fail_fetch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    read = StoredFile.read
-
-    def failing(self: StoredFile, offset: int, length: int) -> bytes:
-        if threading.current_thread().name.startswith("fetch-"):
-            raise StoreUnavailable(f"file://{tmp_path}/store", None, "the store went away (injected)")
-        return read(self, offset, length)
-
-    monkeypatch.setattr(StoredFile, "read", failing)
+def _fail_fetch(store: StoreFaults, runtime: RestoreFaults) -> None:
+    store.fetch_fails = True
 
 
-def _fail_layer_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def failing(*_: object) -> None:
-        raise OSError("no room for the layer's disk (injected)")
-
-    monkeypatch.setattr(RuncBackend, "prepare_restore", failing)
+def _fail_layer_disk(store: StoreFaults, runtime: RestoreFaults) -> None:
+    runtime.step = "layer disk"
 
 
-def _fail_layer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """After the lazy-pages daemon has started."""
-
-    def failing(*_: object) -> None:
-        raise OSError("the layer cannot be unpacked (injected)")
-
-    monkeypatch.setattr(overlay, "import_layer", failing)
+def _fail_layer(store: StoreFaults, runtime: RestoreFaults) -> None:
+    """After the lazy-pages daemon has started, where the layer is unpacked."""
+    runtime.step = "after daemon"
 
 
 @pytest.mark.timeout(180)
@@ -164,16 +134,16 @@ def _fail_layer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_a_restore_that_fails_while_the_sandbox_is_built_leaves_nothing(
     make_node: NodeFactory,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    fault: Callable[[pytest.MonkeyPatch, Path], None],
+    fault: Callable[[StoreFaults, RestoreFaults], None],
 ) -> None:
     """The fetch, the network and the layer's disk run side by side, and CRIU's daemon starts
     before the layer is made: whichever fails, the rest is undone and the snapshot stays."""
-    b, sha = _snapshot(make_node, tmp_path)
-    with monkeypatch.context() as patched:
-        fault(patched, tmp_path)
-        with pytest.raises((StoreUnavailable, OSError), match="injected"):
-            b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
+    store, runtime = StoreFaults(f"file://{tmp_path}/store"), RestoreFaults()
+    b, sha = _snapshot(make_node, tmp_path, store=store.store, runtime=runtime.runtime)
+    fault(store, runtime)
+    with pytest.raises((StoreUnavailable, OSError), match="injected"):
+        b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
+    store.fetch_fails, runtime.step = False, ""
     assert b.list() == []
     assert not staged(b)
     assert not list((b.settings.root / "sandboxes").iterdir())
@@ -205,7 +175,7 @@ def test_a_stopped_daemon_takes_what_it_forked_with_it(tmp_path: Path) -> None:
     criu.write_text(f"#!/bin/sh\nsh -c 'echo $$ > {probe}; kill -STOP $$' &\nexec sleep 600\n")
     criu.chmod(0o755)
     work.mkdir()
-    memory: Future[dict[int, lazy.Memory]] = Future()
+    memory: Future[dict[int, pagemap.Memory]] = Future()
     server = lazy.PageServer(memory, lambda name: None, lambda message: None)  # type: ignore[arg-type,return-value]
     daemon = lazy.Daemon(str(criu), tmp_path, work, server)
     pid = 0
@@ -239,8 +209,7 @@ def test_a_restore_that_hangs_is_killed_and_leaves_nothing(make_node: NodeFactor
     criu.write_text(HANGING_CRIU)
     criu.chmod(0o755)
     b, sha = _snapshot(make_node, tmp_path, criu=str(criu))
-    assert isinstance(b.backend, RuncBackend)
-    b.backend.restore_timeout_s = 5
+    b.backend.checkpoints.restore_timeout_s = 5
     with pytest.raises(
         CommandFailed, match=r"CRIU restore of sandbox hung failed \(killed, timed out after 5 s\)"
     ):
@@ -267,13 +236,13 @@ def _cpu_s(pid: int) -> float:
 
 @pytest.mark.timeout(180)
 def test_the_lazy_pages_daemon_waits_for_the_page_server_without_spinning(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory, tmp_path: Path
 ) -> None:
     """While the page server is slow to answer, CRIU's daemon sleeps until it does (the patch
     `scripts/criu-patches/lazy-pages-wait.patch`); unpatched, it polled for the answer on a whole
     CPU for as long as the memory took to arrive."""
-    b, sha = _snapshot(make_node, tmp_path)
-    read = _slow_reads(monkeypatch)
+    slow = _slow_store(tmp_path)
+    b, sha = _snapshot(make_node, tmp_path, store=slow.store)
     assert b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1")).busy
     (daemon,) = lazy_daemons(b)
     before, started = _cpu_s(daemon), time.monotonic()
@@ -281,7 +250,7 @@ def test_the_lazy_pages_daemon_waits_for_the_page_server_without_spinning(
     used, elapsed = _cpu_s(daemon) - before, time.monotonic() - started
     assert b.get("first").busy, "the memory was still arriving throughout"
     assert used < 0.2 * elapsed, f"the daemon used {used:.2f} s of CPU in {elapsed:.2f} s of waiting"
-    monkeypatch.setattr(StoredFile, "read_views", read)
+    slow.page_delay_s = 0
     _resident(b, "first")
     _intact(b, "first", sha)
 
@@ -289,10 +258,10 @@ def test_the_lazy_pages_daemon_waits_for_the_page_server_without_spinning(
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("memory_dir", [Path("/dev/shm"), None], ids=["staged-in-memory", "staged-on-disk"])
 def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_dir: Path | None
+    make_node: NodeFactory, tmp_path: Path, memory_dir: Path | None
 ) -> None:
-    b, sha = _snapshot(make_node, tmp_path, memory_dir=memory_dir)
-    read = _slow_reads(monkeypatch)
+    slow = _slow_store(tmp_path)
+    b, sha = _snapshot(make_node, tmp_path, memory_dir=memory_dir, store=slow.store)
     restored = b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1"))
     assert restored.busy
     daemons = lazy_daemons(b)
@@ -300,7 +269,7 @@ def test_a_killed_lazy_pages_daemon_removes_the_sandbox(
     os.kill(daemons[0], signal.SIGKILL)
     _gone(b, "first")
 
-    monkeypatch.setattr(StoredFile, "read_views", read)
+    slow.page_delay_s = 0
     b.restore_from_store("second", "mem-s1", recorded(b, "mem-s1"))
     _resident(b, "second")
     _intact(b, "second", sha)
@@ -313,14 +282,14 @@ def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
     from sandbox_agent.criu import lazy
 
     stopped: list[str] = []
-    memory: Future[dict[int, lazy.Memory]] = Future()
-    memory.set_result({7: lazy.Memory("pages-1.img", [lazy.Run(0x10000, 2, 0, True)])})
+    memory: Future[dict[int, pagemap.Memory]] = Future()
+    memory.set_result({7: pagemap.Memory("pages-1.img", [pagemap.Run(0x10000, 2, 0, True)])})
 
     class Pages:
-        size = 2 * lazy.PAGE
+        size = 2 * pagemap.PAGE
 
         def read(self, offset: int, length: int) -> bytes:
-            return bytes([offset // lazy.PAGE + 1]) * length
+            return bytes([offset // pagemap.PAGE + 1]) * length
 
         def read_views(self, offset: int, length: int) -> list[memoryview]:
             return [memoryview(self.read(offset, length))]
@@ -332,9 +301,9 @@ def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
     cmd, pages, vaddr, _ = lazy.HEADER.unpack(header)
     assert (cmd & 0xFFFF, pages, vaddr) == (lazy.PS_IOV_ADD_F, 1, 0x11000), "only the page the run has"
     body = b""
-    while len(body) < lazy.PAGE:
-        body += daemon.recv(lazy.PAGE)
-    assert body == b"\x02" * lazy.PAGE
+    while len(body) < pagemap.PAGE:
+        body += daemon.recv(pagemap.PAGE)
+    assert body == b"\x02" * pagemap.PAGE
     daemon.sendall(lazy.HEADER.pack(lazy.PS_IOV_GET, 1, 0x90000, 7))
     assert server.done.wait(10)
     assert "process 7 has no pages at 0x90000" in server.error
@@ -344,12 +313,11 @@ def test_a_request_the_snapshot_cannot_answer_stops_the_sandbox_first() -> None:
 
 @pytest.mark.timeout(180)
 def test_an_agent_restarted_while_memory_arrives_removes_the_sandbox(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory, tmp_path: Path
 ) -> None:
     """The pages still to come were the old agent's to serve: the new one cannot vouch for the
     sandbox's memory, so it removes it, and the control plane restores it again."""
-    b, _ = _snapshot(make_node, tmp_path)
-    _slow_reads(monkeypatch)
+    b, _ = _snapshot(make_node, tmp_path, store=_slow_store(tmp_path).store)
     assert b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1")).busy
     restarted = Node(b.settings)
     assert restarted.list() == []
@@ -357,12 +325,11 @@ def test_an_agent_restarted_while_memory_arrives_removes_the_sandbox(
 
 @pytest.mark.timeout(180)
 def test_an_agent_that_stops_while_memory_arrives_removes_the_sandbox_and_its_daemon(
-    make_node: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory, tmp_path: Path
 ) -> None:
     """Its pages would read as zeros without this agent: once `close` has waited its time, the
     sandbox goes, and CRIU's daemon and the page server with it."""
-    b, _ = _snapshot(make_node, tmp_path)
-    _slow_reads(monkeypatch)
+    b, _ = _snapshot(make_node, tmp_path, store=_slow_store(tmp_path).store)
     assert b.restore_from_store("first", "mem-s1", recorded(b, "mem-s1")).busy
     assert len(lazy_daemons(b)) == 1
     b.close(timeout_s=0)
@@ -387,12 +354,12 @@ def _fields(**numbered: int) -> bytes:
 
 def _pagemap(*messages: bytes) -> bytes:
     framed = b"".join(struct.pack("<I", len(m)) + m for m in messages)
-    return struct.pack("<II", criu_images.IMG_COMMON_MAGIC, lazy.PAGEMAP_MAGIC) + framed
+    return struct.pack("<II", criu_images.IMG_COMMON_MAGIC, pagemap.PAGEMAP_MAGIC) + framed
 
 
 @pytest.mark.timeout(30)
 def test_pagemap_images_read_as_criu_writes_them(tmp_path: Path) -> None:
-    present, lazy_flag = lazy.PE_PRESENT, lazy.PE_LAZY
+    present, lazy_flag = pagemap.PE_PRESENT, pagemap.PE_LAZY
     (tmp_path / "pagemap-42.img").write_bytes(
         _pagemap(
             _fields(f1=3),  # the head: pages-3.img
@@ -403,34 +370,34 @@ def test_pagemap_images_read_as_criu_writes_them(tmp_path: Path) -> None:
         )
     )
     (tmp_path / "pagemap-shmem-7.img").write_bytes(_pagemap(_fields(f1=9)))
-    tasks, others = lazy.memories(tmp_path)
+    tasks, others = pagemap.memories(tmp_path)
     assert others == {"pages-9.img"}
     memory = tasks[42]
     assert memory.pages_file == "pages-3.img"
     assert [(r.vaddr, r.pages, r.offset, r.lazy) for r in memory.runs] == [
         (0x400000, 2, 0, False),
-        (0x7F0000000000, 1 << 20, 2 * lazy.PAGE, True),
-        (0x7F1000000000, 4, (2 + (1 << 20)) * lazy.PAGE, False),
+        (0x7F0000000000, 1 << 20, 2 * pagemap.PAGE, True),
+        (0x7F1000000000, 4, (2 + (1 << 20)) * pagemap.PAGE, False),
     ]
     (tmp_path / "pagemap-42.img").write_bytes(_pagemap(_fields(f1=3), _fields(f1=1, f5=2))[:-1])
     with pytest.raises(ValueError, match=r"pagemap-42\.img is damaged"):
-        lazy.memories(tmp_path)
+        pagemap.memories(tmp_path)
     (tmp_path / "pagemap-42.img").write_bytes(b"not an image")
     with pytest.raises(ValueError, match=r"pagemap-42\.img is not the CRIU image its name says"):
-        lazy.memories(tmp_path)
+        pagemap.memories(tmp_path)
 
 
 @pytest.mark.timeout(30)
 def test_pages_are_aligned_with_the_parents_by_address(tmp_path: Path) -> None:
     """A mapping new since the parent moves every page after it in the pages file; the store is
     told where each page sat, so that it is stored against its own earlier bytes."""
-    page, present = lazy.PAGE, lazy.PE_PRESENT | lazy.PE_LAZY
+    page, present = pagemap.PAGE, pagemap.PE_PRESENT | pagemap.PE_LAZY
     a, b, new, stack = 0x400000, 0x7F0000000000, 0x100000, 0x7FFF00000000
     parent = _pagemap(
         _fields(f1=1),
         _fields(f1=a, f4=present, f5=4),
         _fields(f1=b, f4=present, f5=8),
-        _fields(f1=stack, f4=lazy.PE_PRESENT, f5=2),  # eager: CRIU restores it itself
+        _fields(f1=stack, f4=pagemap.PE_PRESENT, f5=2),  # eager: CRIU restores it itself
     )
     (tmp_path / "criu").mkdir()
     (tmp_path / "criu" / "pagemap-1.img").write_bytes(
@@ -439,7 +406,7 @@ def test_pages_are_aligned_with_the_parents_by_address(tmp_path: Path) -> None:
             _fields(f1=new, f4=present, f5=2),
             _fields(f1=a, f4=present, f5=4),
             _fields(f1=b - 2 * page, f4=present, f5=10),  # grew downwards by two pages
-            _fields(f1=stack, f4=lazy.PE_PRESENT, f5=2),  # eager
+            _fields(f1=stack, f4=pagemap.PE_PRESENT, f5=2),  # eager
         )
     )
     (tmp_path / "criu" / "pagemap-7.img").write_bytes(
@@ -451,7 +418,7 @@ def test_pages_are_aligned_with_the_parents_by_address(tmp_path: Path) -> None:
         asked.append(path)
         return parent if path == "criu/pagemap-1.img" else None  # process 7 is new
 
-    assert lazy.align_memory(tmp_path, read) == {
+    assert pagemap.align_memory(tmp_path, read) == {
         "criu/pages-2.img": Alignment(
             "criu/pages-1.img",
             [
@@ -463,7 +430,7 @@ def test_pages_are_aligned_with_the_parents_by_address(tmp_path: Path) -> None:
     }
     assert sorted(asked) == ["criu/pagemap-1.img", "criu/pagemap-7.img"]
     with pytest.raises(ValueError, match=r"the parent's criu/pagemap-1\.img is damaged"):
-        lazy.align_memory(tmp_path, lambda path: parent[:-1])
+        pagemap.align_memory(tmp_path, lambda path: parent[:-1])
 
 
 def test_what_a_restore_reads_itself_is_read_in_bounded_pieces() -> None:

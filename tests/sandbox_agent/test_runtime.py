@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,23 +19,6 @@ from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.runtime.runc import ended
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, recorded, remove_node_dirs, wait_for_log
-
-# An agent process that dies the instant a stopping checkpoint starts on the layer: after the
-# kill, before the commit, with no cleanup of its own.
-_DIES_AFTER_THE_KILL = """
-import os, sys
-from pathlib import Path
-from sandbox_agent import AgentSettings, Node, Phase, PhaseHooks
-node, root, images, sandbox, dest = sys.argv[1:]
-
-def die(phase, sandbox_id):
-    if phase == Phase.LAYER:
-        os._exit(17)
-
-agent = Node(AgentSettings(node=node, root=Path(root), image_cache=Path(images)), hooks=PhaseHooks(before=die))
-agent.checkpoint(sandbox, Path(dest), leave_running=False)
-"""
-
 
 MOVES = pytest.mark.parametrize(
     ("backend", "route"),
@@ -75,11 +55,6 @@ def _move(a: Node, b: Node, sandbox_id: str, new_id: str, route: str, tmp_path: 
     return restored
 
 
-def _last_sha_counter(log: str) -> tuple[str, int]:
-    sha, counter = re.findall(r"sha (\w+) counter (\d+)", log)[-1]
-    return sha, int(counter)
-
-
 @pytest.mark.timeout(180)
 @MOVES
 def test_memory_survives_move_to_another_node(
@@ -89,7 +64,7 @@ def test_memory_survives_move_to_another_node(
     spec = SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "64"), address="10.201.0.2")
     a.create("mem", spec)
     log = wait_for_log(a, "mem", lambda t: t.count("sha ") >= 2)
-    sha_before, _ = _last_sha_counter(log)
+    sha_before, _ = programs.last_sha_counter(log)
 
     if route == "directory":
         checkpoint = a.checkpoint("mem", tmp_path / "ck", leave_running=False)
@@ -109,12 +84,12 @@ def test_memory_survives_move_to_another_node(
     assert restored.record.node == "node-b"
     before = log.count("sha ")
     after = wait_for_log(b, "mem-restored", lambda t: t.count("sha ") >= before + 2)
-    sha_after, counter_after = _last_sha_counter(after)
+    sha_after, counter_after = programs.last_sha_counter(after)
     assert sha_after == sha_before
     assert after.count("start") == 1, "the process started over instead of continuing"
     counters = [int(c) for c in re.findall(r"counter (\d+)", after)]
     assert counters == sorted(counters) and len(set(counters)) == len(counters)
-    assert counter_after > _last_sha_counter(log)[1]
+    assert counter_after > programs.last_sha_counter(log)[1]
 
 
 @pytest.mark.timeout(180)
@@ -266,82 +241,6 @@ def test_two_nodes_on_one_host_do_not_interfere(make_node: NodeFactory, tmp_path
     a2 = make_node("node-a-again")
     assert a2.backend.remove_leftovers(set()) == []
     assert b.get("same-id").state == SandboxState.RUNNING
-
-
-@pytest.mark.timeout(60)
-def test_exit_code_and_log(make_node: NodeFactory) -> None:
-    node = make_node("node-a")
-    node.create("short", SandboxSpec(image="base", command=("sh", "-c", "echo out; echo err >&2; exit 7")))
-    wait_for_log(node, "short", lambda t: "err" in t)
-    deadline = time.monotonic() + 10
-    while node.get("short").exit_code is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    status = node.get("short")
-    assert status.state == SandboxState.EXITED
-    assert status.exit_code == 7
-    assert node.harness_log("short") == b"out\nerr\n"
-
-
-@pytest.mark.timeout(60)
-def test_files_from_the_spec_and_delete_leaves_nothing(make_node: NodeFactory) -> None:
-    node = make_node("node-a")
-    node.create(
-        "cat",
-        SandboxSpec(
-            image="base", command=("sh", "-c", "cat /task/prompt.txt; sleep 600"), address="10.201.0.4"
-        ),
-        files={"/task/prompt.txt": b"solve it\n"},
-    )
-    wait_for_log(node, "cat", lambda t: "solve it" in t)
-    node.delete("cat")
-    assert node.list() == []
-    assert not (node.settings.root / "sandboxes" / "cat").exists()
-    assert not Path("/sys/class/net").joinpath("stx").exists()
-    assert shutil.which("runc")
-
-
-@pytest.mark.timeout(60)
-def test_restarted_agent_thaws_a_sandbox_an_interrupted_checkpoint_froze(make_node: NodeFactory) -> None:
-    node = make_node("node-a")
-    node.create("frozen", SandboxSpec(image="base", command=("sleep", "600")))
-    record = node.get("frozen").record
-    layout = node.sandboxes.layout("frozen")
-    node.backend.freeze(record, layout)
-    # It died inside a stopping dump: the sandbox is marked as stopped, but CRIU never got to
-    # kill it. Reviving it from images that were never finished would lose it.
-    layout.stopped.write_text(str(layout.dir / "never-written"))
-    assert node.get("frozen").state == SandboxState.PAUSED
-    restarted = make_node("node-a")  # the same node root: the agent came back
-    status = restarted.get("frozen")
-    assert status.state == SandboxState.RUNNING and status.pid == node.get("frozen").pid
-    assert not layout.stopped.exists()
-
-
-@pytest.mark.timeout(120)
-def test_an_agent_that_dies_between_the_kill_and_the_commit_revives_the_sandbox_on_restart(
-    make_node: NodeFactory, tmp_path: Path
-) -> None:
-    a = make_node("node-a")
-    a.create("crashy", SandboxSpec(image="base", command=("python3", "-c", programs.MEMORY, "8")))
-    log = wait_for_log(a, "crashy", lambda t: t.count("sha ") >= 2)
-    sha_before, _ = _last_sha_counter(log)
-    settings = a.settings
-    assert settings.image_cache is not None
-    died = subprocess.run(
-        [sys.executable, "-c", _DIES_AFTER_THE_KILL, settings.node, str(settings.root),
-         str(settings.image_cache), "crashy", str(tmp_path / "ck")],
-        capture_output=True, timeout=60,
-    )  # fmt: skip
-    assert died.returncode == 17, died.stderr.decode()
-    assert a.get("crashy").state == SandboxState.EXITED, "killed, and its snapshot never committed"
-    logged = a.harness_log("crashy").count(b"sha ")
-
-    restarted = make_node("node-a")
-    assert restarted.get("crashy").state == SandboxState.RUNNING
-    after = wait_for_log(restarted, "crashy", lambda t: t.count("sha ") > logged + 1)
-    sha_after, _ = _last_sha_counter(after)
-    assert sha_after == sha_before and after.count("start") == 1, "revived with its memory, not restarted"
-    assert not (tmp_path / "ck").exists() and not list(tmp_path.glob(".crashy.partial-*"))
 
 
 @pytest.mark.timeout(10)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_agent.criu.lazy import UNPRIVILEGED_USERFAULTFD, UserfaultfdGrant
+from sandbox_agent.criu.userfaultfd import UNPRIVILEGED_USERFAULTFD, UserfaultfdGrant
 
 
 def grant(tmp_path: Path) -> UserfaultfdGrant:
@@ -38,7 +38,7 @@ def test_an_agent_that_died_holding_it_does_not_make_1_the_hosts_value(tmp_path:
     sysctl = tmp_path / "sysctl"
     sysctl.write_text("0\n")
     died = (
-        "import sys; from pathlib import Path; from sandbox_agent.criu.lazy import UserfaultfdGrant; "
+        "import sys; from pathlib import Path; from sandbox_agent.criu.userfaultfd import UserfaultfdGrant; "
         "d = Path(sys.argv[1]); assert UserfaultfdGrant(d / 'sysctl', d / 'lock', d / 'prior').acquire() == ''"
     )
     subprocess.run([sys.executable, "-c", died, str(tmp_path)], check=True)  # exits without release
