@@ -21,9 +21,11 @@ from orchestrator.trajectory.exports import (
     call_records,
     tree_samples,
 )
-from orchestrator.trajectory.ledger import Branch, Ledger, Lineage, Sampling, Turn, Verification
+from orchestrator.trajectory.ledger import Ledger
 from orchestrator.trajectory.policy import PolicyVersions, PublishedPolicy
 from orchestrator.trajectory.samples import Sample, samples
+from orchestrator.trajectory.turns import Branch, Lineage, Sampling, Turn
+from orchestrator.trajectory.verifications import Verification
 
 __all__ = [
     "Branch",
