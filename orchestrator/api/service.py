@@ -451,7 +451,7 @@ class StasisService(pb_grpc.StasisServicer):
         branches = self.ledger.branches(episode.id)
         main = next((b for b in branches if b.id == 0), None)
         turns = [t for b in branches for t in b.turns]
-        verification = self.ledger.verification(episode.id)
+        verification = self.ledger.verifications.get(episode.id)
         return wire.encode(
             episode, pb.Trajectory,
             episode_id=episode.id,

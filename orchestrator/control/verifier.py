@@ -58,7 +58,7 @@ class Verifier:
                 problem = ""
             except ValueError as exc:
                 problem = str(exc)
-        self.ledger.record_verification(
+        self.ledger.verifications.record(
             e.id, Verification(reward, outcome.exit_code, outcome.timed_out, tail, outcome.duration_ms)
         )
         if reward is None:

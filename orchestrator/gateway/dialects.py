@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.gateway.generation import UpstreamFault, check_sampled
-from orchestrator.trajectory.ledger import Sampling
+from orchestrator.trajectory.turns import Sampling
 
 
 @dataclass

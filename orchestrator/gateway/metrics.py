@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from orchestrator.trajectory.ledger import Turn
+from orchestrator.trajectory.turns import Turn
 
 _HELP = {
     "turns": "Model turns sampled and recorded, by mode (tokens: prompts built as token ids; text: rendered upstream).",

@@ -21,7 +21,7 @@ from orchestrator.gateway.generation import UpstreamFault
 from orchestrator.gateway.readers import loads
 from orchestrator.gateway.rendering import ChatRenderer
 from orchestrator.gateway.upstream import Upstream, UpstreamUnreachable
-from orchestrator.trajectory.ledger import Sampling
+from orchestrator.trajectory.turns import Sampling
 
 log = logging.getLogger(__name__)
 RETRY_S = 60.0

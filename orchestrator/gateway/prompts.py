@@ -18,7 +18,7 @@ from typing import Any
 
 from orchestrator.gateway.protocols import Request
 from orchestrator.gateway.rendering import ChatRenderer
-from orchestrator.trajectory.ledger import Lineage, Turn, extension
+from orchestrator.trajectory.turns import Lineage, Turn, extension
 
 
 @dataclass(frozen=True)

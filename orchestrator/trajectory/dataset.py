@@ -17,7 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.trajectory.exports import ExportSettings, ExportTurn, atif, call_records, tree_samples
+from orchestrator.trajectory.exports import ExportSettings, ExportTurn, call_records
+from orchestrator.trajectory.interchange import atif
+from orchestrator.trajectory.trees import tree_samples
 
 _DEFAULTS = ExportSettings()
 

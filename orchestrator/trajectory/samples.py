@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.trajectory.ledger import Sampling, Turn
 from orchestrator.trajectory.policy import staleness
+from orchestrator.trajectory.turns import Sampling, Turn
 
 
 @dataclass

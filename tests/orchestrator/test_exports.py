@@ -37,7 +37,7 @@ from orchestrator.trajectory import (
 )
 from orchestrator.trajectory.canonical import canonical_message
 from orchestrator.trajectory.dataset import SCHEMAS, rows, write
-from orchestrator.trajectory.ledger import extension
+from orchestrator.trajectory.turns import extension
 from protos.shared import wire
 from protos.stasis.v1 import stasis_pb2 as pb
 

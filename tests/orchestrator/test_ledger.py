@@ -87,10 +87,12 @@ def test_a_turn_its_deliveries_and_a_reward_round_trip_exactly(ledger: Ledger) -
     (again,) = ledger.turns("ep-1")
     assert (again.replays, again.delivered_run, again.delivered_at) == (2, 3, 1300.5)
 
-    assert ledger.verification("ep-1") is None
-    ledger.record_verification("ep-1", Verification(None, None, True, b"", 1.0))
-    ledger.record_verification("ep-1", Verification(0.75, 3, False, BYTES, 812.25))
-    assert ledger.verification("ep-1") == Verification(0.75, 3, False, BYTES, 812.25), "the last one stands"
+    assert ledger.verifications.get("ep-1") is None
+    ledger.verifications.record("ep-1", Verification(None, None, True, b"", 1.0))
+    ledger.verifications.record("ep-1", Verification(0.75, 3, False, BYTES, 812.25))
+    assert ledger.verifications.get("ep-1") == Verification(0.75, 3, False, BYTES, 812.25), (
+        "the last one stands"
+    )
 
 
 @pytest.mark.timeout(30)
@@ -283,13 +285,13 @@ def test_a_ledger_opened_again_finds_every_turn(open_ledger: OpenLedger) -> None
     a = _record(first, _chat("hi"), "a")
     b = _record(first, _chat("hi", "a", "more"), "b")
     first.delivered(a.id, 10.0)
-    first.record_verification("ep-1", Verification(1.0, 0, False, b"ok", 5.0))
+    first.verifications.record("ep-1", Verification(1.0, 0, False, b"ok", 5.0))
     recorded, cursor = first.turns("ep-1"), first.cursor("ep-1")
     first.close()
 
     again = open_ledger()
     assert again.turns("ep-1") == recorded and again.cursor("ep-1") == cursor
-    assert again.verification("ep-1") == Verification(1.0, 0, False, b"ok", 5.0)
+    assert again.verifications.get("ep-1") == Verification(1.0, 0, False, b"ok", 5.0)
     replayed = again.replay("ep-1", 2, _chat("hi", "a", "more"))
     assert replayed is not None and replayed.id == b.id and replayed.delivered == b.delivered
     c = _record(again, _chat("hi", "a", "more", "b", "go on"), "c")

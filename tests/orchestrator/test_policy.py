@@ -21,8 +21,8 @@ from orchestrator.api import Orchestrator, OrchestratorSettings
 from orchestrator.cli import main
 from orchestrator.domain import NodeRecord, NodeState
 from orchestrator.trajectory import CanonicalRequest, Ledger, Turn, samples
-from orchestrator.trajectory.ledger import extension
 from orchestrator.trajectory.policy import oldest_staleness, staleness
+from orchestrator.trajectory.turns import extension
 from protos.stasis.v1 import stasis_pb2 as pb
 from protos.stasis.v1 import stasis_pb2_grpc as pb_grpc
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener

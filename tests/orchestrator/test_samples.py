@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from orchestrator.trajectory import Lineage, Sampling, Turn, samples
-from orchestrator.trajectory.ledger import ROOT, common_prefix, extension
+from orchestrator.trajectory.turns import ROOT, common_prefix, extension
 
 
 def _turn(

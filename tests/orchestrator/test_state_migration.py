@@ -47,7 +47,7 @@ def _fill(state_db: Path) -> None:
     ledger = Ledger.sqlite(state_db)
     _record(ledger, _chat("hi"), "hello", episode_id=first.id)
     _record(ledger, _chat("hi", "hello", "more"), "done", episode_id=first.id)
-    ledger.record_verification(first.id, Verification(0.75, 3, False, BYTES, 812.25))
+    ledger.verifications.record(first.id, Verification(0.75, 3, False, BYTES, 812.25))
     ledger.policy.publish(2)
     ledger.policy.publish(5)
     ledger.close()
@@ -64,7 +64,7 @@ def _state(store: StateStore, ledger: Ledger) -> dict[str, object]:
         "logs": [store.log(e.id) for e in episodes],
         "request": store.known_request("op-1", "CancelEpisode", {"id": episodes[1].id}),
         "turns": [ledger.turns(e.id) for e in episodes],
-        "verifications": [ledger.verification(e.id) for e in episodes],
+        "verifications": [ledger.verifications.get(e.id) for e in episodes],
         "policy": ledger.policy.current(),
     }
 

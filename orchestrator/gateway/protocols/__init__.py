@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.gateway.generation import Generation
 from orchestrator.trajectory.canonical import CanonicalRequest
-from orchestrator.trajectory.ledger import Sampling
+from orchestrator.trajectory.turns import Sampling
 
 
 class GatewayError(Exception):
