@@ -7,9 +7,11 @@ Imports the trajectory room, the state room's databases and the domain; never th
 or the API.
 """
 
+from orchestrator.gateway.authentication import Peer, live_peer
 from orchestrator.gateway.protocols import GatewayError
 from orchestrator.gateway.rendering import ChatRenderer, RendererUnavailable
-from orchestrator.gateway.server import PROTOCOLS, Gateway, Peer, live_peer
+from orchestrator.gateway.routes import PROTOCOLS
+from orchestrator.gateway.server import Gateway
 from orchestrator.gateway.settings import GATEWAY_IP, GatewaySettings
 from orchestrator.gateway.upstream import Upstream
 
