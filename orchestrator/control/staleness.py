@@ -2,11 +2,12 @@
 versions"): a running member whose next turn, sampled under the published version, would hold
 tokens more than `max_staleness` versions older runs again from the start under that version.
 
-The gateway refuses such a turn before it is sampled (`Gateway._within_bound`), so none is ever
-sampled past the bound; this part ends the wait: it stops the member's sandbox, abandons every
-turn the member recorded (`Ledger.start_over`), so the new run's requests are sampled afresh
-rather than replayed, and queues it for a fresh start. A snapshot would bring back a harness whose
-context holds the stale tokens, so none is restored. No reward is given for the run cut short.
+The gateway refuses such a turn before it is sampled (`Answers._within_bound` in
+`gateway/answering.py`), so none is ever sampled past the bound; this part ends the wait: it stops
+the member's sandbox, abandons every turn the member recorded (`Ledger.start_over`), so the new
+run's requests are sampled afresh rather than replayed, and queues it for a fresh start. A snapshot
+would bring back a harness whose context holds the stale tokens, so none is restored. No reward is
+given for the run cut short.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import struct
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from orchestrator.cli.pki import ClusterPki
 from orchestrator.domain import Episode, EpisodeSpec, EpisodeState
 from orchestrator.gateway import Gateway, GatewaySettings, live_peer
 from orchestrator.gateway.protocols.openai import ChatCompletions
-from orchestrator.gateway.server import INLINE_BODY_BYTES
+from orchestrator.gateway.routes import INLINE_BODY_BYTES
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from orchestrator.trajectory import CanonicalRequest, Ledger, Lineage
 from orchestrator.trajectory.samples import samples
@@ -107,7 +107,12 @@ NODES = {"node-1": "127.0.0.1:7071", "node-2": "127.0.0.2:7071"}
 
 
 def _world(
-    tmp_path: Path, upstream: str, model: ReferenceModelServer, ledger: Ledger | None = None, **settings: Any
+    tmp_path: Path,
+    upstream: str,
+    model: ReferenceModelServer,
+    ledger: Ledger | None = None,
+    max_staleness: Callable[[Episode], int | None] | None = None,
+    **settings: Any,
 ) -> World:
     ledger = ledger or Ledger.sqlite(tmp_path / "ledger.db")
     episodes = {
@@ -122,6 +127,7 @@ def _world(
         lambda e: resumed.get(e.id, 0.0),
         lambda e, peer: live_peer(e, peer, NODES.get(e.node, "")),
         live_run=lambda db, episode_id: _live_run(episodes[episode_id]),
+        max_staleness=max_staleness,
     ).start()
     return World(gateway, ledger, model, episodes, resumed)
 
@@ -385,7 +391,7 @@ def test_a_turn_without_a_version_header_records_the_version_published_when_its_
                    metrics_listen="127.0.0.1:0")  # fmt: skip
     try:
         policy, metrics = world.ledger.policy, world.gateway.metrics
-        with caplog.at_level("WARNING", logger="orchestrator.gateway.server"):
+        with caplog.at_level("WARNING", logger="orchestrator.gateway.recording"):
             assert world.post(_chat(USER, seed=1))[0] == 200
             assert world.post(_chat(USER, seed=2, stream=True))[0] == 200
         first, second = world.ledger.turns("ep-1")
@@ -426,8 +432,8 @@ def test_a_members_turn_past_its_groups_max_staleness_is_held_back_unsampled_and
 ) -> None:
     """ep-1 is member 0 of a group with max_staleness 1; its turns record the published version."""
     model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
-    world = _world(tmp_path, model.url, model, open_ledger(), policy_version_header="x-not-sent")
-    world.gateway.max_staleness = lambda e: 1 if e.group_id == "g-1" else None
+    world = _world(tmp_path, model.url, model, open_ledger(), policy_version_header="x-not-sent",
+                   max_staleness=lambda e: 1 if e.group_id == "g-1" else None)  # fmt: skip
     world.episodes["ep-1"] = replace(world.episodes["ep-1"], group_id="g-1", group_index=0)
     anthropic_body = {"model": "reference", "max_tokens": 20, "messages": [USER]}
     try:
