@@ -208,3 +208,60 @@ def test_a_bare_option_a_command_without_examples_and_a_false_example_are_each_n
         "tiny go: target has no help",
         "tiny go: no examples",
     ]
+
+
+DOCS = ROOT / "docs" / "cli.md"
+BEGIN = "<!-- generated from --help: REGENERATE_CLI_DOCS=1 pytest tests/orchestrator/test_cli_help.py -->"
+END = "<!-- end of generated options -->"
+
+
+def _invocation(action: argparse.Action) -> str:
+    if action.nargs == 0:
+        value = ""
+    elif action.metavar is not None:
+        value = str(action.metavar)
+    elif action.choices is not None:
+        value = "{" + ",".join(map(str, action.choices)) + "}"
+    else:
+        value = action.dest.upper() if action.option_strings else action.dest
+    return " ".join(part for part in (", ".join(action.option_strings), value) if part)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
+
+
+def reference(name: str) -> str:
+    """A program's commands as docs/cli.md gives them: description, options as --help words them
+    (a command's copies of the connection flags once, at the top), and examples."""
+    program = PROGRAMS[name]
+    out = []
+    for path, p in walk(program.parser()):
+        out += [f"### `{' '.join((*program.invocations[0], *path))}`", ""]
+        out += ["\n\n".join(" ".join(part.split()) for part in (p.description or "").split("\n\n")), ""]
+        formatter = p._get_formatter()
+        rows = [
+            f"| `{_invocation(a)}` | {_cell(formatter._expand_help(a))} |"
+            for a in p._actions
+            if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)
+            and not (path and a.default == argparse.SUPPRESS)
+        ]
+        if rows:
+            out += ["| option | meaning |", "|---|---|", *rows, ""]
+        _, _, section = (p.epilog or "").partition("Examples:\n")
+        out += ["```", *(line.strip() for line in section.splitlines()), "```", ""]
+    return "\n".join(out)
+
+
+def test_docs_cli_md_gives_every_option_in_the_words_of_its_help(request: pytest.FixtureRequest) -> None:
+    text = DOCS.read_text()
+    before, begin, rest = text.partition(BEGIN + "\n")
+    _, end, after = rest.partition(END)
+    assert begin and end, f"{DOCS} lost its markers {BEGIN} ... {END}"
+    generated = "\n" + "\n".join(reference(name) for name in ("stasis", "stasis-agent"))
+    if os.environ.get("REGENERATE_CLI_DOCS") and rest.partition(END)[0] != generated:
+        DOCS.write_text(before + begin + generated + end + after)
+        pytest.fail(f"{DOCS} rewritten from --help: review and commit it")
+    assert rest.partition(END)[0] == generated, (
+        f"{DOCS} does not say what --help says: REGENERATE_CLI_DOCS=1 pytest {request.node.nodeid}"
+    )
