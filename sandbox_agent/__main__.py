@@ -60,6 +60,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stack",
         default=env("STASIS_STACK", ""),
+        metavar="NAME",
         help="the stack this node belongs to where several share a host (keys its cgroups, netns, "
         "veths and gateway allowances); [a-z0-9-], empty for the host's only stack (default: $STASIS_STACK)",
     )

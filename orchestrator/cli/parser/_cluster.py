@@ -24,7 +24,7 @@ def add_cluster_commands(sub: Subparsers) -> None:
             "stasis drain node-1 --wait --timeout 300",
         ),
     )
-    d.add_argument("node", help="the node's name")
+    d.add_argument("node", metavar="NODE", help="the node's name")
     d.add_argument("--wait", action="store_true", help="wait until every episode has moved off it")
     d.add_argument(
         "--timeout",
@@ -39,7 +39,7 @@ def add_cluster_commands(sub: Subparsers) -> None:
         "let a drained node take episodes again",
         ("Let node-1 take episodes again", "stasis uncordon node-1"),
     )
-    u.add_argument("node", help="the node's name")
+    u.add_argument("node", metavar="NODE", help="the node's name")
 
     im = command(
         sub,
@@ -58,9 +58,10 @@ def add_cluster_commands(sub: Subparsers) -> None:
         ("Import from a registry", "stasis image import python registry.example:5000/python:3.12"),
         about="Prints NAME DIGEST SIZE on NODES; progress goes to stderr: the push, then each node's pull.",
     )
-    imp.add_argument("name", help="the name episode specs give as `image:`")
+    imp.add_argument("name", metavar="NAME", help="the name episode specs give as `image:`")
     imp.add_argument(
         "source",
+        metavar="SOURCE",
         help="a directory (a root filesystem or an OCI layout), an OCI-layout or docker-archive "
         "tarball, docker://IMAGE from the local Docker engine, or a registry reference host/repo:tag",
     )
@@ -78,7 +79,7 @@ def add_cluster_commands(sub: Subparsers) -> None:
         "remove an image name (episodes that use it keep their bytes)",
         ("Remove the name `agent`", "stasis image rm agent"),
     )
-    rm.add_argument("name", help="the image's name")
+    rm.add_argument("name", metavar="NAME", help="the image's name")
 
     tk = command(
         sub,
@@ -100,7 +101,9 @@ def add_cluster_commands(sub: Subparsers) -> None:
         ),
         about="Only the token's digest is kept; a running server takes it at once.",
     )
-    tc.add_argument("name", help="who holds it; events of the changes it asks for record this name")
+    tc.add_argument(
+        "name", metavar="NAME", help="who holds it; events of the changes it asks for record this name"
+    )
     tc.add_argument(
         "--role",
         required=True,
@@ -138,7 +141,7 @@ def add_cluster_commands(sub: Subparsers) -> None:
             "--tls-server-name stasis.example",
         ),
     )
-    sc.add_argument("name", help="the context's name")
+    sc.add_argument("name", metavar="NAME", help="the context's name")
     sc.add_argument("--server", required=True, metavar="HOST:PORT", help="the orchestrator's public API")
     sc.add_argument(
         "--certificate-authority",

@@ -36,10 +36,16 @@ def add_episode_commands(sub: Subparsers) -> None:
         "give a namespace as --namespace)",
     )  # fmt: skip
     s.add_argument(
-        "--group", default="", help="submit the N episodes as the members of this GRPO group; empty: no group"
+        "--group",
+        default="",
+        metavar="GROUP",
+        help="submit the N episodes as the members of this GRPO group; empty: no group",
     )
     s.add_argument(
-        "--task", default="", help="the group's task id (default: the spec file's name without extension)"
+        "--task",
+        default="",
+        metavar="TASK",
+        help="the group's task id (default: the spec file's name without extension)",
     )
     s.add_argument(
         "--max-staleness",
@@ -56,7 +62,7 @@ def add_episode_commands(sub: Subparsers) -> None:
         ("List every group, oldest first", "stasis groups"),
         ("Show one group as JSON", "stasis groups g-17 -o json"),
     )
-    gr.add_argument("id", nargs="?", default="", help="a GRPO group id; omitted: every group")
+    gr.add_argument("id", nargs="?", metavar="ID", default="", help="a GRPO group id; omitted: every group")
     output(gr)
 
     g = command(
@@ -74,14 +80,15 @@ def add_episode_commands(sub: Subparsers) -> None:
             "kubectl stasis get -l team=rl -n rl",
         ),
     )
-    g.add_argument("id", nargs="?", help="an episode id; omitted: list episodes")
+    g.add_argument("id", nargs="?", metavar="ID", help="an episode id; omitted: list episodes")
     output(g, "table", "wide", "json", "yaml")
     g.add_argument(
         "--state",
+        metavar="STATE",
         action="append",
         help="only episodes in this state (PENDING, RUNNING, PREEMPTED, SUCCEEDED, ...); repeatable",
     )
-    g.add_argument("--node", help="only episodes on this node")
+    g.add_argument("--node", metavar="NODE", help="only episodes on this node")
     g.add_argument(
         "-l",
         "--selector",
@@ -100,7 +107,7 @@ def add_episode_commands(sub: Subparsers) -> None:
         about="Prints each state change on stderr and the state reached on stdout; fails at once if "
         "the episode ends in another state.",
     )
-    w.add_argument("id", help="the episode's id")
+    w.add_argument("id", metavar="ID", help="the episode's id")
     w.add_argument(
         "--for",
         dest="for_state",
@@ -143,14 +150,17 @@ def add_episode_commands(sub: Subparsers) -> None:
         ),
     ):
         c = command(sub, name, text, *cases)
-        c.add_argument("id", help="the episode's id")
+        c.add_argument("id", metavar="ID", help="the episode's id")
         if name == "preempt":
             c.add_argument(
                 "--reason", default="", help="why, recorded in the episode's events; empty: none given"
             )
         else:
             c.add_argument(
-                "--node", default="", help="restore on this node; empty: wherever the scheduler finds room"
+                "--node",
+                default="",
+                metavar="NODE",
+                help="restore on this node; empty: wherever the scheduler finds room",
             )
         c.add_argument("--wait", action="store_true", help=f"wait until it is {state}")
         c.add_argument(
@@ -167,7 +177,7 @@ def add_episode_commands(sub: Subparsers) -> None:
         "cancel an episode; its sandbox is removed",
         ("Cancel an episode", f"stasis cancel {EP}"),
     )
-    c.add_argument("id", help="the episode's id")
+    c.add_argument("id", metavar="ID", help="the episode's id")
 
     for name, text, example in (
         (
@@ -184,7 +194,7 @@ def add_episode_commands(sub: Subparsers) -> None:
             (example, f"stasis {name} {EP}"),
             ("The same as JSON", f"stasis {name} {EP} -o json"),
         )
-        c.add_argument("id", help="the episode's id")
+        c.add_argument("id", metavar="ID", help="the episode's id")
         output(c)
 
     x = command(
@@ -193,7 +203,11 @@ def add_episode_commands(sub: Subparsers) -> None:
         "write a snapshot as a container checkpoint archive (checkpointctl reads it)",
         ("Write an episode's second snapshot to a file", f"stasis export {EP}-s2 -o checkpoint.tar"),
     )
-    x.add_argument("snapshot_id", help=f"the snapshot's id ({EP}-s2), as `stasis snapshots` lists it")
+    x.add_argument(
+        "snapshot_id",
+        metavar="SNAPSHOT_ID",
+        help=f"the snapshot's id ({EP}-s2), as `stasis snapshots` lists it",
+    )
     x.add_argument("-o", "--output", required=True, metavar="FILE", help="archive file to write")
 
     t = command(
@@ -203,7 +217,7 @@ def add_episode_commands(sub: Subparsers) -> None:
         ("Show an episode's turns as a tree", f"stasis trajectory {EP}"),
         ("Every turn with its token ids and log-probs, as JSON", f"stasis trajectory {EP} -o json"),
     )
-    t.add_argument("id", help="the episode's id")
+    t.add_argument("id", metavar="ID", help="the episode's id")
     output(t)
 
     ts = command(
@@ -246,7 +260,10 @@ def add_episode_commands(sub: Subparsers) -> None:
         help="only episodes finished before TIME (as --since; default: any)",
     )
     tx.add_argument(
-        "--group", default="", help="only the members of this GRPO group, in index order; empty: any episode"
+        "--group",
+        default="",
+        metavar="GROUP",
+        help="only the members of this GRPO group, in index order; empty: any episode",
     )
     tx.add_argument(
         "--max-paths", type=int, default=5, help="streams kept per tree (tree records; default %(default)s)"
@@ -267,7 +284,9 @@ def add_episode_commands(sub: Subparsers) -> None:
         "from then on; versions only go up",
         ("After a weight update, make 7 the current policy version", "stasis policy publish 7"),
     )
-    pp.add_argument("version", type=int, help="a positive integer above the version published now")
+    pp.add_argument(
+        "version", type=int, metavar="VERSION", help="a positive integer above the version published now"
+    )
 
     lg = command(
         sub,
@@ -277,7 +296,7 @@ def add_episode_commands(sub: Subparsers) -> None:
         ("Follow it until the episode ends", f"stasis logs {EP} -f"),
         ("Only its second run (its first restore)", f"stasis logs {EP} --run 2"),
     )
-    lg.add_argument("id", help="the episode's id")
+    lg.add_argument("id", metavar="ID", help="the episode's id")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the episode ends")
     lg.add_argument(
         "--run",
