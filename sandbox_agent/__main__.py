@@ -24,78 +24,186 @@ from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR, AgentSettings, JoinSe
 from snapshots import set_aside_startup_objects
 
 
-def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
+def parser() -> argparse.ArgumentParser:
+    """The agent's flags, each defaulting to its $STASIS_* variable where it has one."""
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="stasis-agent", description="Stasis node agent")
-    p.add_argument("--node", default=env("STASIS_NODE", ""), required=not env("STASIS_NODE"))
-    p.add_argument("--root", type=Path, default=Path(env("STASIS_AGENT_ROOT", "/var/lib/stasis/agent")))
+    p = argparse.ArgumentParser(
+        prog="stasis-agent",
+        description="The Stasis node agent: runs, checkpoints and restores the sandboxes the "
+        "orchestrator places on this node.\n\nGive it this node's certificate from the cluster CA "
+        "(--tls-ca, --tls-cert, --tls-key), --join to get one, or --insecure.",
+        epilog="""Examples:
+  # A node of a development cluster, registering with an orchestrator on this host
+  stasis-agent --node node-1 --insecure --orchestrator 127.0.0.1:7070 --gateway-forward 127.0.0.1:8080
+
+  # A node with its certificate, two orchestrator replicas and a shared snapshot store
+  stasis-agent --node node-1 --tls-ca ca.crt --tls-cert node-1.crt --tls-key node-1.key --orchestrator stasis-a:7071,stasis-b:7071 --snapshot-store s3://rollouts/snapshots --advertise 10.0.0.11:7443 --listen 0.0.0.0:7443
+
+  # A node in Kubernetes that proves which node it is to get its certificate
+  stasis-agent --node node-1 --tls-ca /etc/stasis/ca.crt --join stasis.stasis.svc:7070 --join-token-file /var/run/secrets/stasis/token --orchestrator stasis.stasis.svc:7071""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--node",
+        default=env("STASIS_NODE", ""),
+        required=not env("STASIS_NODE"),
+        metavar="NAME",
+        help="this node's name, unique in the cluster (default: $STASIS_NODE; required without it)",
+    )
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=Path(env("STASIS_AGENT_ROOT", "/var/lib/stasis/agent")),
+        metavar="DIR",
+        help="the agent's own state: image cache, sandboxes, staging; two agents never share one "
+        "(default %(default)s; $STASIS_AGENT_ROOT sets it)",
+    )
     p.add_argument(
         "--stack",
         default=env("STASIS_STACK", ""),
+        metavar="NAME",
         help="the stack this node belongs to where several share a host (keys its cgroups, netns, "
-        "veths and gateway allowances); [a-z0-9-], empty for the host's only stack",
+        "veths and gateway allowances); [a-z0-9-], empty for the host's only stack (default: $STASIS_STACK)",
     )
-    p.add_argument("--image-cache", type=Path, default=None, help="image cache dir (default ROOT/images)")
-    p.add_argument("--backend", choices=("runc", "docker"), default=env("STASIS_BACKEND", "runc"))
-    p.add_argument("--listen", default=env("STASIS_AGENT_LISTEN", "127.0.0.1:0"))
     p.add_argument(
-        "--base-image-tar", type=Path, default=Path(env("STASIS_BASE_IMAGE_TAR", str(DEFAULT_BASE_IMAGE_TAR)))
+        "--image-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="read-only image trees, by digest; nodes on one machine may share one (default: ROOT/images)",
     )
-    p.add_argument("--criu", default=env("STASIS_CRIU", "criu"))
+    p.add_argument(
+        "--backend",
+        choices=("runc", "docker"),
+        default=env("STASIS_BACKEND", "runc"),
+        help="runc (no daemon in the checkpoint path) or docker (the Docker Engine on this node) "
+        "(default %(default)s; $STASIS_BACKEND sets it)",
+    )
+    p.add_argument(
+        "--listen",
+        default=env("STASIS_AGENT_LISTEN", "127.0.0.1:0"),
+        metavar="HOST:PORT",
+        help="the agent's gRPC API; port 0 picks a free one, which it prints "
+        "(default %(default)s; $STASIS_AGENT_LISTEN sets it)",
+    )
+    p.add_argument(
+        "--base-image-tar",
+        type=Path,
+        default=Path(env("STASIS_BASE_IMAGE_TAR", str(DEFAULT_BASE_IMAGE_TAR))),
+        metavar="FILE",
+        help="root filesystem tarball imported as image `base` at start if the cache lacks it "
+        "(default %(default)s; $STASIS_BASE_IMAGE_TAR sets it)",
+    )
+    p.add_argument(
+        "--criu",
+        default=env("STASIS_CRIU", "criu"),
+        metavar="PATH",
+        help="the CRIU binary; 4.2 or newer on kernels 6.16 and later (default %(default)s; $STASIS_CRIU sets it)",
+    )
     p.add_argument(
         "--eager-restore",
         action="store_true",
         default=bool(env("STASIS_EAGER_RESTORE")),
-        help="fetch a snapshot's whole memory before restoring it (default: lazily, as the sandbox touches it)",
+        help="fetch a snapshot's whole memory before restoring it (default: lazily, as the sandbox "
+        "touches it; $STASIS_EAGER_RESTORE turns it on)",
     )
     p.add_argument(
         "--run-dir",
         type=Path,
         default=Path(env("STASIS_RUN_DIR", "/run/stasis")),
-        help="where sandboxes' root filesystems are mounted; every directory on the way searchable",
+        metavar="DIR",
+        help="where sandboxes' root filesystems are mounted; every directory on the way searchable "
+        "(default %(default)s; $STASIS_RUN_DIR sets it)",
     )
     p.add_argument(
         "--memory-dir",
         type=_path,
         default=_path(env("STASIS_MEMORY_DIR", "/dev/shm")),
-        help="a tmpfs where lazy restores stage the snapshot's small files (empty: on disk)",
+        metavar="DIR",
+        help="a tmpfs where lazy restores stage the snapshot's small files; empty: on disk "
+        "(default %(default)s; $STASIS_MEMORY_DIR sets it)",
     )
     p.add_argument(
         "--userns-base",
         type=int,
         default=int(env("STASIS_USERNS_BASE", "100000")),
-        help="host uid/gid of a sandbox's root (its 65536 ids follow); the same on every node; 0: none",
+        metavar="ID",
+        help="host uid/gid of a sandbox's root (its 65536 ids follow); the same on every node; 0: no "
+        "user namespace (default %(default)s; $STASIS_USERNS_BASE sets it)",
     )
     p.add_argument(
         "--allow-port",
         type=int,
         action="append",
         default=[],
-        help="TCP port on 169.254.1.1 sandboxes may reach",
+        metavar="PORT",
+        help="a TCP port on 169.254.1.1 sandboxes may reach; repeatable (default: none but --gateway-port, "
+        "with --gateway-forward)",
     )
-    p.add_argument("--slots", type=int, default=int(env("STASIS_SLOTS", "4")))
-    p.add_argument("--memory-mb", type=int, default=int(env("STASIS_MEMORY_MB", "16384")))
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=int(env("STASIS_SLOTS", "4")),
+        metavar="N",
+        help="sandboxes this node runs at once (default %(default)s; $STASIS_SLOTS sets it)",
+    )
+    p.add_argument(
+        "--memory-mb",
+        type=int,
+        default=int(env("STASIS_MEMORY_MB", "16384")),
+        metavar="MIB",
+        help="memory the node offers its sandboxes, in MiB (default %(default)s; $STASIS_MEMORY_MB sets it)",
+    )
     p.add_argument(
         "--disk-mb",
         type=int,
         default=int(env("STASIS_DISK_MB", "0")),
-        help="disk the node offers its sandboxes' layers and checkpoints, in MiB; 0: 90%% of what is free at start",
+        metavar="MIB",
+        help="disk the node offers its sandboxes' layers and checkpoints, in MiB; 0: 90%% of what is "
+        "free at start (default %(default)s; $STASIS_DISK_MB sets it)",
     )
-    p.add_argument("--label", action="append", default=[], help="KEY=VALUE")
     p.add_argument(
-        "--snapshot-store", default=env("STASIS_SNAPSHOT_STORE", ""), help="file:///dir or s3://bucket/prefix"
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of this node; repeatable (default: none)",
+    )
+    p.add_argument(
+        "--snapshot-store",
+        default=env("STASIS_SNAPSHOT_STORE", ""),
+        metavar="URL",
+        help="snapshot store shared with the orchestrator and every node, file:///DIR or "
+        "s3://BUCKET/PREFIX (default: $STASIS_SNAPSHOT_STORE)",
     )
     p.add_argument(
         "--orchestrator",
         default=env("STASIS_ORCHESTRATOR", ""),
-        help="HOST:PORT to register with; several, comma-separated, for orchestrator replicas (the leader answers)",
+        metavar="HOST:PORT[,...]",
+        help="the orchestrator's node registry to register with; several, comma-separated, for "
+        "replicas (the leader answers); empty: standalone (default: $STASIS_ORCHESTRATOR)",
     )
     p.add_argument(
-        "--advertise", default=env("STASIS_ADVERTISE", ""), help="HOST:PORT the orchestrator dials"
+        "--advertise",
+        default=env("STASIS_ADVERTISE", ""),
+        metavar="HOST:PORT",
+        help="the address the orchestrator dials for this agent; empty: the bound --listen address "
+        "(default: $STASIS_ADVERTISE)",
     )
-    p.add_argument("--heartbeat", type=float, default=float(env("STASIS_HEARTBEAT_S", "1.0")))
     p.add_argument(
-        "--gateway-forward", default=env("STASIS_GATEWAY_FORWARD", ""), help="HOST:PORT of the gateway"
+        "--heartbeat",
+        type=float,
+        default=float(env("STASIS_HEARTBEAT_S", "1.0")),
+        metavar="SECONDS",
+        help="heartbeat period; the orchestrator declares a node lost after several missed ones "
+        "(default %(default)s; $STASIS_HEARTBEAT_S sets it)",
+    )
+    p.add_argument(
+        "--gateway-forward",
+        default=env("STASIS_GATEWAY_FORWARD", ""),
+        metavar="HOST:PORT",
+        help="the orchestrator's gateway: relay 169.254.1.1:GATEWAY_PORT to it, over TLS with this "
+        "node's certificate; empty: the gateway listens on 169.254.1.1 itself (default: $STASIS_GATEWAY_FORWARD)",
     )
     p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process dies")
     p.add_argument(
@@ -103,51 +211,88 @@ def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
         type=float,
         default=float(env("STASIS_DRAIN_ON_STOP_S", "0")),
         metavar="SECONDS",
-        help="on SIGTERM, have the orchestrator drain this node and wait up to SECONDS for its sandboxes to move",
+        help="on SIGTERM, have the orchestrator drain this node and wait up to SECONDS for its sandboxes "
+        "to move; 0: stop at once, leaving them running (default %(default)s; $STASIS_DRAIN_ON_STOP_S sets it)",
     )
-    p.add_argument("--gateway-port", type=int, default=int(env("STASIS_GATEWAY_PORT", "8080")))
+    p.add_argument(
+        "--gateway-port",
+        type=int,
+        default=int(env("STASIS_GATEWAY_PORT", "8080")),
+        metavar="PORT",
+        help="port on 169.254.1.1 where sandboxes find the gateway (default %(default)s; "
+        "$STASIS_GATEWAY_PORT sets it)",
+    )
     p.add_argument(
         "--registry-auth-file",
         type=Path,
         default=_path(env("STASIS_REGISTRY_AUTH_FILE", "")),
-        help="docker config.json with registry credentials",
+        metavar="FILE",
+        help="docker config.json with registry credentials; empty: none (default: $STASIS_REGISTRY_AUTH_FILE)",
     )
     p.add_argument(
         "--registry-certs",
         type=Path,
         default=_path(env("STASIS_REGISTRY_CERTS", "")),
-        help="dir of <host[:port]>/ca.crt for registries with private CAs",
+        metavar="DIR",
+        help="dir of <host[:port]>/ca.crt for registries with private CAs; empty: none "
+        "(default: $STASIS_REGISTRY_CERTS)",
     )
     p.add_argument(
         "--insecure-registry",
         action="append",
         default=[r for r in env("STASIS_INSECURE_REGISTRIES", "").split(",") if r],
-        help="host[:port] reached over plain HTTP (repeatable; loopback ones always are)",
+        metavar="HOST[:PORT]",
+        help="a registry reached over plain HTTP; repeatable, loopback ones always are "
+        "(default: $STASIS_INSECURE_REGISTRIES, comma-separated)",
     )
     p.add_argument(
-        "--tls-ca", type=Path, default=_path(env("STASIS_TLS_CA", "")), help="cluster CA certificate"
+        "--tls-ca",
+        type=Path,
+        default=_path(env("STASIS_TLS_CA", "")),
+        metavar="FILE",
+        help="cluster CA certificate (default: $STASIS_TLS_CA)",
     )
     p.add_argument(
-        "--tls-cert", type=Path, default=_path(env("STASIS_TLS_CERT", "")), help="this node's certificate"
+        "--tls-cert",
+        type=Path,
+        default=_path(env("STASIS_TLS_CERT", "")),
+        metavar="FILE",
+        help="this node's certificate from the cluster CA (default: $STASIS_TLS_CERT)",
     )
-    p.add_argument("--tls-key", type=Path, default=_path(env("STASIS_TLS_KEY", "")), help="its private key")
+    p.add_argument(
+        "--tls-key",
+        type=Path,
+        default=_path(env("STASIS_TLS_KEY", "")),
+        metavar="FILE",
+        help="its private key (default: $STASIS_TLS_KEY)",
+    )
     p.add_argument(
         "--join",
         default=env("STASIS_JOIN", ""),
-        help="HOST:PORT of the orchestrator's public API: get this node's certificate there (with --tls-ca and --join-token-file)",
+        metavar="HOST:PORT",
+        help="the orchestrator's public API: get this node's certificate there (with --tls-ca and "
+        "--join-token-file); empty: no joining (default: $STASIS_JOIN)",
     )
     p.add_argument(
         "--join-token-file",
         type=Path,
         default=_path(env("STASIS_JOIN_TOKEN_FILE", "")),
-        help="this pod's Kubernetes service-account token (audience stasis), proving which node it is",
+        metavar="FILE",
+        help="this pod's Kubernetes service-account token (audience stasis), proving which node it is "
+        "(default: $STASIS_JOIN_TOKEN_FILE)",
     )
     p.add_argument(
         "--insecure",
         action="store_true",
         default=bool(env("STASIS_INSECURE")),
-        help="serve plaintext gRPC to anyone who reaches --listen (development only)",
+        help="serve plaintext gRPC to anyone who reaches --listen (development only; default: on if "
+        "$STASIS_INSECURE is set)",
     )
+    return p
+
+
+def settings_from_args(argv: list[str] | None = None) -> AgentSettings:
+    p = parser()
     a = p.parse_args(argv)
     tls_files = (a.tls_ca, a.tls_cert, a.tls_key)
     if a.join:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.cli.commands import Commands
+from orchestrator.cli.commands import Subcommands
 from orchestrator.cli.parser import PROG, parser
 from orchestrator.domain import StasisError, TemporaryError
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None, out: Any = sys.stdout, err: Any = sys.st
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.command in ("up", "server") else logging.WARNING
     )
-    handler: Callable[[], int] = getattr(Commands(args, out, err), args.command)
+    handler: Callable[[], int] = getattr(Subcommands(args, out, err), args.command)
     try:
         return handler()
     except TemporaryError as exc:

@@ -121,7 +121,9 @@ def _reward(e: EpisodeInfo) -> str:
     return "-" if e.reward is None else f"{e.reward:g}"
 
 
-class Commands:
+class Subcommands:
+    """One method per `stasis` subcommand, named as it is; each returns the exit status."""
+
     def __init__(self, args: argparse.Namespace, out: Any = sys.stdout, err: Any = sys.stderr) -> None:
         self.args = args
         self.out = out

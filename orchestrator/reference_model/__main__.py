@@ -12,11 +12,18 @@ from types import FrameType
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     defaults = ReferenceModelSettings()
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.reference_model",
         description="Serve the Stasis reference model (an exact seeded sampler) over the OpenAI API.",
+        epilog="""Examples:
+  # Serve it on port 8000 of every address
+  python -m orchestrator.reference_model --host 0.0.0.0 --port 8000
+
+  # Another seed, raw log-probs as vLLM's --logprobs-mode raw, every request logged
+  python -m orchestrator.reference_model --seed 7 --logprobs-mode raw --access-log""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--host", default=defaults.host, help="address to bind (default %(default)s)")
     parser.add_argument(
@@ -68,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until SIGTERM or SIGINT."""
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         settings = ReferenceModelSettings(
             host=args.host,
