@@ -114,20 +114,20 @@ class Control:
     def tick(self) -> None:
         now = time.time()
         for name in self.members.lost_nodes(now):
-            for e in self.store.on_nodes(name):
+            for e in self.store.episodes.on_nodes(name):
                 if e.state in ON_NODE and e.id not in self.work.busy():
                     self.outcomes.recover(e, f"node {name} was lost")
-        nodes = {n.name: n for n in self.store.nodes()}
+        nodes = {n.name: n for n in self.store.nodes.all()}
         # The queue is read apart, by the scheduler, as far as it can place or preempt: a tick's
         # work grows with the cluster, not with how many episodes wait.
-        episodes = self.store.on_nodes()
+        episodes = self.store.episodes.on_nodes()
         recovered = False
         for e in episodes:
             if e.id not in self.work.busy():
                 recovered |= self._observe(e, nodes, now)
         if recovered:  # read again what the recoveries moved; what began meanwhile is busy
-            episodes = self.store.on_nodes()
-        queue = self.store.queue(now)
+            episodes = self.store.episodes.on_nodes()
+        queue = self.store.episodes.queue(now)
         for decision in scheduler.plan(episodes, nodes.values(), now, self.work.busy(), queue=queue):
             self._apply(decision)
         if now - self._last_gc >= self.settings.gc_interval_s:

@@ -124,7 +124,7 @@ def plan(
     queue: Iterable[Episode] = (),
 ) -> list[Decision]:
     """Decide what to start, restore and checkpoint now. `busy` episodes have an operation in
-    flight. `queue` holds more waiting episodes, in `order` (`StateStore.queue`); it is read only
+    flight. `queue` holds more waiting episodes, in `order` (`Episodes.queue`); it is read only
     as far as a decision can still come of it: placements while a node has a free slot, then
     preemptions while a running episode has a lower priority than the next in line, then time
     slices while a sliced run is left."""

@@ -38,7 +38,7 @@ class StalenessBound:
         may, or is in no group with a bound."""
         if self.ledger is None or not e.group_id:
             return ""
-        bound = self.store.group(e.group_id).max_staleness
+        bound = self.store.groups.get(e.group_id).max_staleness
         if bound is None:
             return ""
         published = self.ledger.policy.published()
@@ -50,7 +50,7 @@ class StalenessBound:
         first: from then on the old sandbox is no live run, and the gateway hears it no more."""
         assert self.ledger is not None
         try:
-            self.store.transition(
+            self.store.episodes.transition(
                 e.id, S.PENDING, f"{why}; group {e.group_id}'s member {e.group_index} runs again from the start "
                 "under the published version", expect=(S.RUNNING,), node="", sandbox_id="", last_snapshot_id="",
                 restored_from="", pending_snapshot_id="", pending_reason="", attempts=0, not_before=0.0,
