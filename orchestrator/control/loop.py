@@ -172,14 +172,14 @@ class Control:
 
     def _apply(self, decision: scheduler.Decision) -> None:
         e = decision.episode
-        if isinstance(decision, scheduler.Checkpoint):
+        if isinstance(decision, scheduler.CheckpointDecision):
             try:
                 self.operations.begin_checkpoint(
                     e.id, decision.reason, decision.why, leave_running=decision.leave_running
                 )
             except FailedPrecondition as exc:  # it moved on since the tick read it
                 log.info("not checkpointing %s: %s", e.id, exc)
-        elif isinstance(decision, scheduler.Restore):
+        elif isinstance(decision, scheduler.RestoreDecision):
             self.operations.begin_restore(e, decision.node, decision.why)
         else:
             self.operations.begin_start(e, decision.node, decision.why)
