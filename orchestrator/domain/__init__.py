@@ -1,12 +1,13 @@
 """The control plane's domain: episodes and their specs, states and events, nodes, snapshot
 records, images, roles and callers, ids, errors, and the plain-data codec for them.
 
-Owns the words every other room speaks. Imports nothing else of Stasis: no protobuf, no gRPC,
-no storage.
+Owns the words every other room speaks. Imports nothing else of Stasis but the snapshot store's
+`Reason` (why a snapshot is taken, one set of words on both sides): no protobuf, no gRPC, no
+storage.
 """
 
 from orchestrator.domain.access import Caller, Role, acting_for, current_caller, may_read_hidden
-from orchestrator.domain.episode import ALLOWED, TERMINAL, Episode, EpisodeState, Event, Reason
+from orchestrator.domain.episode import ALLOWED, TERMINAL, Episode, EpisodeState, Event
 from orchestrator.domain.errors import (
     Conflict,
     FailedPrecondition,
@@ -22,7 +23,7 @@ from orchestrator.domain.errors import (
 from orchestrator.domain.group import MAX_GROUP_SIZE, Group, GroupMember, GroupOutcome
 from orchestrator.domain.image import ImageRecord, PullStatus, check_name, is_pinned, is_reference
 from orchestrator.domain.node import NodeRecord, NodeState
-from orchestrator.domain.snapshot import SnapshotRecord
+from orchestrator.domain.snapshot import Reason, SnapshotRecord
 from orchestrator.domain.spec import EpisodeSpec, Limits, Preemption, Resources, RewardSpec
 
 __all__ = [
