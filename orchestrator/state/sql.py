@@ -31,6 +31,21 @@ class Connection(Protocol):
     def execute(self, statement: str, args: Sequence[Any] = ..., /) -> Rows: ...
 
 
+class SqlDatabase(Protocol):
+    """A database as the trajectory ledger keeps its tables in it: the SQLite `Database` or the
+    PostgreSQL store's `PostgresDatabase`, which both nest transactions and let a transaction
+    read its own writes."""
+
+    def tx(self) -> AbstractContextManager[Connection]:
+        """One write transaction; inside this thread's own, a savepoint whose failure is undone
+        alone."""
+
+    def read(self) -> AbstractContextManager[Connection]:
+        """A connection for reads; inside this thread's write transaction, that transaction's."""
+
+    def close(self) -> None: ...
+
+
 OpenConnection = Callable[[], AbstractContextManager[Connection]]
 """Lends a connection for a `with` block: a write transaction's, or one to read on."""
 Grouped = Callable[[Callable[[Any], list[Episode]]], list[Episode]]

@@ -23,36 +23,21 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import zstandard
 
 from orchestrator.domain import Conflict, FailedPrecondition
 from orchestrator.state.database import Database
 from orchestrator.state.postgres_database import PostgresDatabase
-from orchestrator.state.sql import Connection
+from orchestrator.state.sql import Connection, SqlDatabase
 from orchestrator.trajectory import edges, schema
 from orchestrator.trajectory.canonical import CanonicalRequest
 from orchestrator.trajectory.policy import PolicyVersions
 
 T = TypeVar("T")
-
-
-class SqlDatabase(Protocol):
-    """Where the ledger keeps its tables: the SQLite `Database` or the PostgreSQL store's
-    `PostgresDatabase`, which both nest transactions and let a transaction read its own writes."""
-
-    def tx(self) -> AbstractContextManager[Connection]:
-        """One write transaction; inside this thread's own, a savepoint whose failure is undone
-        alone."""
-
-    def read(self) -> AbstractContextManager[Connection]:
-        """A connection for reads; inside this thread's write transaction, that transaction's."""
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
