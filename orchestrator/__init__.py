@@ -6,8 +6,9 @@ Rooms, from the top (import-linter checks that each imports only those below it)
     cli/              the `stasis` command and `stasis up`, the local stack
     api/ | client/    the gRPC services and process wiring | the typed client and spec files
     control/          the control loop: scheduling, operations on nodes, settling, retention
-    gateway/          the inference gateway and the trajectory ledger
-    state/            durable state: the state store and its SQLite implementation
+    gateway/          the inference gateway
+    trajectory/       the trajectory ledger, its exports and the published policy versions
+    state/            durable state, one aggregate a module, in SQLite or PostgreSQL
     wire              protobuf <-> domain records, by field name
     domain/           episodes, specs, nodes, snapshots, ids, errors
 
