@@ -65,8 +65,8 @@ def test_placement_fills_the_freest_node_that_has_the_image() -> None:
     nodes = [node("a", slots=2), node("b", slots=3), node("c", slots=5, images=())]
     decisions = scheduler.plan([episode("e1"), episode("e2")], nodes, NOW)
     assert [(type(d).__name__, d.episode.id, getattr(d, "node", "")) for d in decisions] == [
-        ("Start", "e1", "b"),
-        ("Start", "e2", "a"),
+        ("StartDecision", "e1", "b"),
+        ("StartDecision", "e2", "a"),
     ]
 
 
@@ -207,7 +207,10 @@ def test_a_long_queue_is_read_only_as_far_as_a_decision_can_come_of_it() -> None
 
     # Two free slots: two are placed, and the third is read to learn that it must wait.
     decisions = scheduler.plan([], [node("a", slots=2)], NOW, queue=queue(10_000))
-    assert [(type(d).__name__, d.episode.id) for d in decisions] == [("Start", "q00000"), ("Start", "q00001")]
+    assert [(type(d).__name__, d.episode.id) for d in decisions] == [
+        ("StartDecision", "q00000"),
+        ("StartDecision", "q00001"),
+    ]
     assert len(read) == 3
     # Full, and nobody running has a lower priority or a slice to give up: the head only.
     read.clear()
