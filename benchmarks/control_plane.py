@@ -36,7 +36,7 @@ EPISODE = EpisodeSpec(image="base", command=("sleep", "3600"), resources=Resourc
 def _fill(store: SqliteStateStore, count: int, pool: str) -> None:
     """Submit `count` more EPISODEs to `store`, a thousand to a commit."""
     for start in range(0, count, 1000):
-        store.submit_many([(EPISODE, "")] * min(1000, count - start), ids.address_pool(pool))
+        store.episodes.submit_many([(EPISODE, "")] * min(1000, count - start), ids.address_pool(pool))
 
 
 def submit_throughput(root: Path, submits: int, threads: int, batch: int = 1, waiting: int = 0) -> float:
@@ -122,24 +122,28 @@ def tick_cost(root: Path, queued: list[int], repeats: int = 5) -> list[tuple[int
         NodeRecord(name, "", NodeState.READY, "runc", 4, 8192, {"sha256:b": ["base"]}, {}, 0.0)
         for name in ("node-1", "node-2")
     ]
-    for i, e in enumerate(store.submit_many([(EPISODE, "")] * 8, ids.address_pool(pool))):
-        store.transition(
+    for i, e in enumerate(store.episodes.submit_many([(EPISODE, "")] * 8, ids.address_pool(pool))):
+        store.episodes.transition(
             e.id, EpisodeState.RUNNING, "started", node=nodes[i % 2].name, run_started_at=time.time()
         )
     rows = []
     try:
         for total in queued:
-            _fill(store, total - len(store.query(states=[EpisodeState.PENDING])), pool)
+            _fill(store, total - len(store.episodes.query(states=[EpisodeState.PENDING])), pool)
             before, now_ms, decisions = [], [], 0
             for _ in range(repeats):
                 started = time.perf_counter()
                 scheduler.plan(
-                    store.query(states=[s for s in EpisodeState if not s.terminal]), nodes, time.time()
+                    store.episodes.query(states=[s for s in EpisodeState if not s.terminal]),
+                    nodes,
+                    time.time(),
                 )
                 before.append((time.perf_counter() - started) * 1000)
                 started = time.perf_counter()
-                placed = store.on_nodes()
-                decisions = len(scheduler.plan(placed, nodes, time.time(), queue=store.queue(time.time())))
+                placed = store.episodes.on_nodes()
+                decisions = len(
+                    scheduler.plan(placed, nodes, time.time(), queue=store.episodes.queue(time.time()))
+                )
                 now_ms.append((time.perf_counter() - started) * 1000)
             rows.append((total, statistics.median(before), statistics.median(now_ms), decisions))
     finally:

@@ -37,8 +37,14 @@ from orchestrator.api.streams import API_WORKERS
 from orchestrator.control import AgentPool, Control, Verifier
 from orchestrator.domain import Episode, FailedPrecondition, InvalidArgument, NotFound
 from orchestrator.gateway import ChatRenderer, Gateway, GatewaySettings, Peer, RendererUnavailable, live_peer
-from orchestrator.state import PostgresStateStore, SqliteStateStore, StateDirLock, StateStore, standing_by
-from orchestrator.state.sql import live_run
+from orchestrator.state import (
+    PostgresStateStore,
+    SqliteStateStore,
+    StateDirLock,
+    StateStore,
+    live_run,
+    standing_by,
+)
 from orchestrator.trajectory import Ledger
 from protos.shared import pki
 from protos.shared.address import host_of, join_host_port
@@ -170,13 +176,13 @@ class Orchestrator:
         started afresh. Turns delivered before then are part of the restored harness's past."""
         if not e.restored_from:
             return 0.0
-        record = next((r for r in self.store.snapshots(e.id) if r.id == e.restored_from), None)
+        record = next((r for r in self.store.snapshots.of(e.id) if r.id == e.restored_from), None)
         return record.created_at if record is not None else 0.0
 
     def live_from(self, e: Episode, peer: Peer) -> bool:
         """Whether a gateway connection from `peer` can be the episode's current run."""
         try:
-            node_address = self.store.node(e.node).address if e.node else ""
+            node_address = self.store.nodes.get(e.node).address if e.node else ""
         except NotFound:
             node_address = ""
         return live_peer(e, peer, node_address)
@@ -227,7 +233,7 @@ class Orchestrator:
 
     def _max_staleness(self, e: Episode) -> int | None:
         """The bound of the episode's GRPO group; None for none, or no group."""
-        return self.store.group(e.group_id).max_staleness if e.group_id else None
+        return self.store.groups.get(e.group_id).max_staleness if e.group_id else None
 
     def _must_lead(self) -> None:
         """Refuse what only the leader may do (the node registry's calls) on a standby."""
@@ -240,7 +246,7 @@ class Orchestrator:
         if not g.upstream:
             raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
         self.gateway = Gateway(
-            g, self.ledger, self.store.by_token, self.resumed_at, self.live_from, renderer=self.renderer,
+            g, self.ledger, self.store.episodes.by_token, self.resumed_at, self.live_from, renderer=self.renderer,
             live_run=live_run, max_staleness=self._max_staleness,
         ).start()  # fmt: skip
         log.info(

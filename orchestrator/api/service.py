@@ -151,11 +151,11 @@ class StasisService(pb_grpc.StasisServicer):
         self.ledger = ledger
 
     def _episode(self, episode_id: str) -> pb.Episode:
-        return episode_to_pb(self.store.get(required("episode_id", episode_id)), time.time())
+        return episode_to_pb(self.store.episodes.get(required("episode_id", episode_id)), time.time())
 
     @rpc
     def SubmitEpisode(self, request: pb.SubmitEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
-        episode = self.store.submit(
+        episode = self.store.episodes.submit(
             self._accepted(request, {}), request.request_id, self.control.pool_of_addresses
         )
         self.control.wake()
@@ -176,7 +176,7 @@ class StasisService(pb_grpc.StasisServicer):
                 specs.append((self._accepted(submit, pinned), submit.request_id))
             except InvalidArgument as exc:
                 raise InvalidArgument(f"submits[{i}].{exc.field}", exc.problem) from None
-        episodes = self.store.submit_many(specs, self.control.pool_of_addresses, group)
+        episodes = self.store.episodes.submit_many(specs, self.control.pool_of_addresses, group)
         self.control.wake()
         now = time.time()
         return pb.SubmitEpisodesResponse(episodes=[episode_to_pb(e, now) for e in episodes])
@@ -248,12 +248,12 @@ class StasisService(pb_grpc.StasisServicer):
         size, labels = min(request.page_size, MAX_PAGE), dict(request.labels)
         after = _page_start(request.page_token) if request.page_token else None
         if not size:
-            page = self.store.query(states=states, node=request.node, labels=labels, after=after)
+            page = self.store.episodes.query(states=states, node=request.node, labels=labels, after=after)
         else:
             # The labels are matched here, so that the next page starts after the last episode read.
             page, more = [], True
             while more and len(page) < size:
-                read = self.store.query(states=states, node=request.node, after=after, limit=size)
+                read = self.store.episodes.query(states=states, node=request.node, after=after, limit=size)
                 more = len(read) == size
                 for e in read:
                     after = (e.submitted_at, e.id)
@@ -273,17 +273,17 @@ class StasisService(pb_grpc.StasisServicer):
         self, request: pb.WatchEpisodesRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.EpisodeEvent]:
         for episode_id in request.episode_ids:
-            self.store.get(episode_id)
+            self.store.episodes.get(episode_id)
         since = request.since_seq
         while context.is_active() and not self.store.closed:
-            events = self.store.events(since, request.episode_ids)
+            events = self.store.events.read(since, request.episode_ids)
             for ev in events:
                 yield wire.encode(ev, pb.EpisodeEvent)
                 since = ev.seq
             if not events:
                 # The store notifies on every commit; the timeout only bounds how long a cancelled
                 # stream lingers.
-                self.store.wait_for_events(since, timeout=1.0)
+                self.store.events.wait(since, timeout=1.0)
 
     @rpc
     def ListEvents(
@@ -295,8 +295,8 @@ class StasisService(pb_grpc.StasisServicer):
             )
         ids = [request.episode_id] if request.episode_id else []
         for episode_id in ids:
-            self.store.get(episode_id)
-        events = self.store.events(request.since_seq, ids, request.limit or DEFAULT_EVENTS)
+            self.store.episodes.get(episode_id)
+        events = self.store.events.read(request.since_seq, ids, request.limit or DEFAULT_EVENTS)
         return pb.ListEventsResponse(events=[wire.encode(e, pb.EpisodeEvent) for e in events])
 
     def _idempotent(
@@ -308,18 +308,18 @@ class StasisService(pb_grpc.StasisServicer):
         if not request_id:
             return action()
         with self._claims:
-            if self.store.known_request(request_id, method, payload) is not None:
+            if self.store.requests.known(request_id, method, payload) is not None:
                 return None
             result = action()
-            self.store.remember_request(request_id, method, payload, next(iter(payload.values())))
+            self.store.requests.remember(request_id, method, payload, next(iter(payload.values())))
             return result
 
     def _episode_change(
         self, request_id: str, method: str, payload: dict[str, str], action: Callable[[], Episode]
     ) -> pb.Episode:
         episode_id = required("episode_id", payload["id"])
-        self.store.get(episode_id)
-        episode = self._idempotent(request_id, method, payload, action) or self.store.get(episode_id)
+        self.store.episodes.get(episode_id)
+        episode = self._idempotent(request_id, method, payload, action) or self.store.episodes.get(episode_id)
         return episode_to_pb(episode, time.time())
 
     @rpc
@@ -356,19 +356,19 @@ class StasisService(pb_grpc.StasisServicer):
     def ListSnapshots(
         self, request: pb.ListSnapshotsRequest, context: grpc.ServicerContext
     ) -> pb.ListSnapshotsResponse:
-        self.store.get(required("episode_id", request.episode_id))
-        records = self.store.snapshots(request.episode_id)
+        self.store.episodes.get(required("episode_id", request.episode_id))
+        records = self.store.snapshots.of(request.episode_id)
         return pb.ListSnapshotsResponse(
             snapshots=[snapshot_to_pb(r, self.snapshots.exists(r.id)) for r in records]
         )
 
     def _node(self, node: NodeRecord) -> pb.Node:
-        on_node = self.store.on_nodes(node.name)
+        on_node = self.store.episodes.on_nodes(node.name)
         return node_to_pb(node, on_node, self.control.members.last_heartbeat(node.name))
 
     @rpc
     def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext) -> pb.ListNodesResponse:
-        return pb.ListNodesResponse(nodes=[self._node(n) for n in self.store.nodes()])
+        return pb.ListNodesResponse(nodes=[self._node(n) for n in self.store.nodes.all()])
 
     def _named_image(self, image: ImageRecord) -> pb.NamedImage:
         return wire.encode(image, pb.NamedImage, nodes=self.control.images.caching(image))
@@ -392,7 +392,8 @@ class StasisService(pb_grpc.StasisServicer):
         self, request: pb.ListImagesRequest, context: grpc.ServicerContext
     ) -> pb.ListImagesResponse:
         return pb.ListImagesResponse(
-            images=[self._named_image(i) for i in self.store.images()], import_registry=self.import_registry
+            images=[self._named_image(i) for i in self.store.images.all()],
+            import_registry=self.import_registry,
         )
 
     @rpc
@@ -414,7 +415,7 @@ class StasisService(pb_grpc.StasisServicer):
             raise NotFound(f"snapshot {snapshot_id!r} does not exist (or retention has collected it)")
         # An archive is restored elsewhere as it is: only the manifest recorded is exported.
         parsed = ids.SnapshotId.parse(snapshot_id)
-        recorded = {r.id: r for r in self.store.snapshots(parsed.episode_id)} if parsed else {}
+        recorded = {r.id: r for r in self.store.snapshots.of(parsed.episode_id)} if parsed else {}
         digest = recorded[snapshot_id].manifest_digest if snapshot_id in recorded else ""
         if not digest:
             raise FailedPrecondition(
@@ -431,10 +432,10 @@ class StasisService(pb_grpc.StasisServicer):
         self, request_id: str, method: str, name: str, action: Callable[[str], NodeRecord]
     ) -> pb.Node:
         required("node", name)
-        self.store.node(name)
-        node = self._idempotent(request_id, method, {"node": name}, lambda: action(name)) or self.store.node(
-            name
-        )
+        self.store.nodes.get(name)
+        node = self._idempotent(
+            request_id, method, {"node": name}, lambda: action(name)
+        ) or self.store.nodes.get(name)
         return self._node(node)
 
     @rpc
@@ -466,7 +467,7 @@ class StasisService(pb_grpc.StasisServicer):
 
     @rpc
     def GetTrajectory(self, request: pb.GetTrajectoryRequest, context: grpc.ServicerContext) -> pb.Trajectory:
-        episode = self.store.get(required("episode_id", request.episode_id))
+        episode = self.store.episodes.get(required("episode_id", request.episode_id))
         return self._trajectory(episode, request.include_branches)
 
     @rpc
@@ -490,12 +491,12 @@ class StasisService(pb_grpc.StasisServicer):
         labels = dict(request.labels)
         since = request.since_seq
         while context.is_active() and not self.store.closed:
-            events = self.store.events(since)
+            events = self.store.events.read(since)
             for ev in events:
                 since = ev.seq
                 if ev.kind != "transition" or ev.to_state not in TERMINAL:
                     continue
-                episode = self.store.get(ev.episode_id)
+                episode = self.store.episodes.get(ev.episode_id)
                 if all(episode.spec.labels.get(k) == v for k, v in labels.items()):
                     yield self._trajectory(episode, request.include_branches, ev.seq)
                     if request.include_groups and episode.group_id:
@@ -503,13 +504,13 @@ class StasisService(pb_grpc.StasisServicer):
                         if decided is not None:
                             yield pb.Trajectory(seq=ev.seq, group=group_to_pb(decided))
             if not events:
-                self.store.wait_for_events(since, timeout=1.0)
+                self.store.events.wait(since, timeout=1.0)
 
     def _group_decided_by(self, episode: Episode) -> GroupOutcome | None:
         """The group of `episode` if its end decided the group's outcome (`decided_by`). Each
         member ends once, so a stream yields each group's item once, whenever it began reading."""
-        group = self.store.group(episode.group_id)
-        outcome = GroupOutcome.of(group, self.store.members(group.id))
+        group = self.store.groups.get(episode.group_id)
+        outcome = GroupOutcome.of(group, self.store.groups.members(group.id))
         decided = outcome.decided_by
         return outcome if decided is not None and decided.episode_id == episode.id else None
 
@@ -517,7 +518,7 @@ class StasisService(pb_grpc.StasisServicer):
     def ListGroups(
         self, request: pb.ListGroupsRequest, context: grpc.ServicerContext
     ) -> pb.ListGroupsResponse:
-        groups = [self.store.group(request.group_id)] if request.group_id else self.store.groups()
+        groups = [self.store.groups.get(request.group_id)] if request.group_id else self.store.groups.all()
         return pb.ListGroupsResponse(
-            groups=[group_to_pb(GroupOutcome.of(g, self.store.members(g.id))) for g in groups]
+            groups=[group_to_pb(GroupOutcome.of(g, self.store.groups.members(g.id))) for g in groups]
         )

@@ -43,26 +43,26 @@ class Commands:
         return self.operations.begin_checkpoint(episode_id, Reason.MANUAL, why)
 
     def cancel(self, episode_id: str) -> Episode:
-        e = self.store.get(episode_id)
+        e = self.store.episodes.get(episode_id)
         if e.state in TERMINAL:
             raise FailedPrecondition(f"episode {episode_id} already ended as {e.state}")
-        e = self.store.transition(episode_id, EpisodeState.CANCELLED, "cancelled by user")
+        e = self.store.episodes.transition(episode_id, EpisodeState.CANCELLED, "cancelled by user")
         if e.node and e.sandbox_id:
             self.work.background(self.members.delete_quietly, e.node, e.sandbox_id)
         self._wake()
         return e
 
     def resume(self, episode_id: str, node: str = "") -> Episode:
-        e = self.store.get(episode_id)
+        e = self.store.episodes.get(episode_id)
         if e.state != EpisodeState.PREEMPTED:
             raise FailedPrecondition(
                 f"episode {episode_id} is {e.state}; only PREEMPTED episodes can be resumed"
             )
         if node:
-            target = self.store.node(node)
+            target = self.store.nodes.get(node)
             if target.state != NodeState.READY:
                 raise FailedPrecondition(f"node {node} is {target.state}; resume on a READY node")
-        e = self.store.update(
+        e = self.store.episodes.update(
             episode_id, held=False, pinned_node=node, not_before=0.0, attempts=0,
             decision=f"resume requested{f' on node {node}' if node else ''}",
             expect=(EpisodeState.PREEMPTED,),  # a cancel or restore since the check above wins
@@ -71,11 +71,11 @@ class Commands:
         return e
 
     def drain(self, name: str, reason: str = "drain requested") -> NodeRecord:
-        node = self.store.set_node_state(name, NodeState.DRAINING, reason)
+        node = self.store.nodes.set_state(name, NodeState.DRAINING, reason)
         self._wake()
         return node
 
     def uncordon(self, name: str) -> NodeRecord:
-        node = self.store.set_node_state(name, NodeState.READY, "uncordoned")
+        node = self.store.nodes.set_state(name, NodeState.READY, "uncordoned")
         self._wake()
         return node

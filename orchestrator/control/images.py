@@ -36,14 +36,14 @@ class Images:
         self.agents = agents
 
     def _ready(self) -> list[NodeRecord]:
-        return [n for n in self.store.nodes() if n.state == NodeState.READY]
+        return [n for n in self.store.nodes.all() if n.state == NodeState.READY]
 
     def pin(self, image: str, field: str) -> str:
         """The image as an episode records it; raises InvalidArgument naming `field`."""
-        imported = self.store.image(image)
+        imported = self.store.images.get(image)
         if imported is not None:
             return imported.reference
-        nodes = [n for n in self.store.nodes() if n.state != NodeState.LOST]
+        nodes = [n for n in self.store.nodes.all() if n.state != NodeState.LOST]
         if not is_reference(image):
             if nodes and not any(n.has_image(image) for n in nodes):
                 known = sorted(
@@ -54,7 +54,7 @@ class Images:
                         for name in names
                         if not is_reference(name)
                     }
-                    | {r.name for r in self.store.images()}
+                    | {r.name for r in self.store.images.all()}
                 )
                 raise InvalidArgument(
                     field,
@@ -116,19 +116,19 @@ class Images:
             name=name, reference=pinned, digest=views[0].digest, size_bytes=views[0].size_bytes,
             source=source or reference, created_at=time.time(),
         )  # fmt: skip
-        self.store.put_image(record)
+        self.store.images.put(record)
         for node, view in zip(nodes, views, strict=True):
-            images = dict(self.store.node(node.name).images)
+            images = dict(self.store.nodes.get(node.name).images)
             images[view.digest] = sorted(set(images.get(view.digest, [])) | set(view.names))
-            self.store.update_node_images(node.name, images)
+            self.store.nodes.set_images(node.name, images)
         return record
 
     def remove(self, name: str) -> ImageRecord:
         """Take a name out of the catalogue. Episodes that already pinned it keep their bytes."""
-        return self.store.delete_image(name)
+        return self.store.images.delete(name)
 
     def caching(self, image: ImageRecord) -> list[str]:
         """The nodes whose cache holds the image."""
         return [
-            n.name for n in self.store.nodes() if image.digest in n.images or n.has_image(image.reference)
+            n.name for n in self.store.nodes.all() if image.digest in n.images or n.has_image(image.reference)
         ]

@@ -8,14 +8,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Collection
 from typing import Any, Protocol
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from orchestrator.domain import Event, NodeState, NotFound, PermissionDenied, TemporaryError, Unauthenticated
+from orchestrator.domain import NodeState, NotFound, PermissionDenied, TemporaryError, Unauthenticated
+from orchestrator.state import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +49,6 @@ class NodeControl(Protocol):
     def uncordon(self, name: str) -> Any: ...
 
 
-class NodeStates(Protocol):
-    def nodes(self) -> list[Any]: ...
-    def events(
-        self, since_seq: int = 0, episode_ids: Collection[str] = (), limit: int = 1000
-    ) -> list[Event]: ...
-
-
 def reclaim_reason(node: Any) -> str:
     """Why Kubernetes is taking this node away, or "" if it is not."""
     spec = node.spec
@@ -76,7 +69,7 @@ class NodeWatcher:
     def __init__(
         self,
         control: NodeControl,
-        states: NodeStates,
+        states: StateStore,
         api: NodeApi | None = None,
         period_s: float = 5.0,
         namespace: str | None = None,
@@ -96,10 +89,10 @@ class NodeWatcher:
 
     def _recall(self) -> set[str]:
         """The draining nodes whose drain this watcher asked for, before a restart or now."""
-        draining = {n.name for n in self.states.nodes() if n.state == NodeState.DRAINING}
+        draining = {n.name for n in self.states.nodes.all() if n.state == NodeState.DRAINING}
         why: dict[str, str] = {}
         seq = 0
-        while batch := self.states.events(since_seq=seq, episode_ids=("",), limit=1000):
+        while batch := self.states.events.read(since_seq=seq, episode_ids=("",), limit=1000):
             for event in batch:
                 if event.kind == "node" and event.node in draining:
                     why[event.node] = event.reason
@@ -128,7 +121,7 @@ class NodeWatcher:
 
     def sync(self) -> list[str]:
         """One pass; returns what it did, for logs and tests."""
-        stasis = {n.name: n.state for n in self.states.nodes()}
+        stasis = {n.name: n.state for n in self.states.nodes.all()}
         reasons = {}
         for node in self.api.list_node().items:
             if node.metadata is not None and node.metadata.name in stasis:

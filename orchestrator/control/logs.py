@@ -41,7 +41,7 @@ class Logs:
 
     def page(self, episode_id: str, run: int = 0, offset: int = 0) -> LogPage:
         """Output from `offset` on: of run `run`, or of every run when 0."""
-        e = self.store.get(episode_id)
+        e = self.store.episodes.get(episode_id)
         if offset < 0:
             raise InvalidArgument("offset", f"{offset} must be >= 0")
         if not 0 <= run <= e.runs:
@@ -74,12 +74,12 @@ class Logs:
                 return content, size, True
             except (StasisError, NotFound):
                 pass  # moved on meanwhile: read what it left
-        kept = self.store.log(e.id)
+        kept = self.store.logs.get(e.id)
         if kept is not None:
             first, content = kept
             return content[max(0, position - first) :], first + len(content), False
         if e.last_snapshot_id:
-            for node in self.store.nodes():
+            for node in self.store.nodes.all():
                 if node.state != NodeState.READY:
                     continue
                 try:

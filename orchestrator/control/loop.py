@@ -115,20 +115,20 @@ class Control:
         now = time.time()
         self.staleness.new_tick()
         for name in self.members.lost_nodes(now):
-            for e in self.store.on_nodes(name):
+            for e in self.store.episodes.on_nodes(name):
                 if e.state in ON_NODE and e.id not in self.work.busy():
                     self.outcomes.recover(e, f"node {name} was lost")
-        nodes = {n.name: n for n in self.store.nodes()}
+        nodes = {n.name: n for n in self.store.nodes.all()}
         # The queue is read apart, by the scheduler, as far as it can place or preempt: a tick's
         # work grows with the cluster, not with how many episodes wait.
-        episodes = self.store.on_nodes()
+        episodes = self.store.episodes.on_nodes()
         recovered = False
         for e in episodes:
             if e.id not in self.work.busy():
                 recovered |= self._observe(e, nodes, now)
         if recovered:  # read again what the recoveries moved; what began meanwhile is busy
-            episodes = self.store.on_nodes()
-        queue = self.store.queue(now)
+            episodes = self.store.episodes.on_nodes()
+        queue = self.store.episodes.queue(now)
         for decision in scheduler.plan(episodes, nodes.values(), now, self.work.busy(), queue=queue):
             self._apply(decision)
         if now - self._last_gc >= self.settings.gc_interval_s:
@@ -173,14 +173,14 @@ class Control:
 
     def _apply(self, decision: scheduler.Decision) -> None:
         e = decision.episode
-        if isinstance(decision, scheduler.Checkpoint):
+        if isinstance(decision, scheduler.CheckpointDecision):
             try:
                 self.operations.begin_checkpoint(
                     e.id, decision.reason, decision.why, leave_running=decision.leave_running
                 )
             except FailedPrecondition as exc:  # it moved on since the tick read it
                 log.info("not checkpointing %s: %s", e.id, exc)
-        elif isinstance(decision, scheduler.Restore):
+        elif isinstance(decision, scheduler.RestoreDecision):
             self.operations.begin_restore(e, decision.node, decision.why)
         else:
             self.operations.begin_start(e, decision.node, decision.why)

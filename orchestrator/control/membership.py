@@ -45,15 +45,15 @@ class Membership:
         can be declared lost, and what it reported to anyone else is forgotten."""
         with self._lock:
             self._reports.clear()
-            for n in self.store.nodes():
+            for n in self.store.nodes.all():
                 self._heartbeats[n.name] = now
                 self.agents.set(n.name, n.address)
 
     def registered(self, node: NodeRecord, sandboxes: list[SandboxView]) -> NodeRecord:
         node.last_heartbeat = time.time()
-        saved = self.store.upsert_node(node)
+        saved = self.store.nodes.upsert(node)
         if saved.state == NodeState.LOST:
-            saved = self.store.set_node_state(node.name, NodeState.READY, "node is back")
+            saved = self.store.nodes.set_state(node.name, NodeState.READY, "node is back")
         self.agents.set(node.name, node.address)
         self.heartbeat(node.name, sandboxes, node.images)
         return saved
@@ -61,7 +61,7 @@ class Membership:
     def heartbeat(self, name: str, sandboxes: list[SandboxView], images: dict[str, list[str]]) -> bool:
         """Note a node's report; False if the node is unknown and must register again."""
         try:
-            node = self.store.node(name)
+            node = self.store.nodes.get(name)
         except NotFound:
             return False
         now = time.time()
@@ -69,9 +69,9 @@ class Membership:
             self._heartbeats[name] = now
             self._reports[name] = (now, {s.id: s for s in sandboxes})
         if node.state == NodeState.LOST:
-            self.store.set_node_state(name, NodeState.READY, "heartbeats resumed")
+            self.store.nodes.set_state(name, NodeState.READY, "heartbeats resumed")
         if images != node.images:
-            self.store.update_node_images(name, images)
+            self.store.nodes.set_images(name, images)
         self._fence(name, sandboxes)
         self._wake()
         return True
@@ -88,20 +88,20 @@ class Membership:
     def lost_nodes(self, now: float) -> list[str]:
         """Declare LOST every node silent for too long; returns the ones newly lost."""
         lost = []
-        for node in self.store.nodes():
+        for node in self.store.nodes.all():
             if node.state == NodeState.LOST:
                 continue
             with self._lock:
                 last = self._heartbeats.setdefault(node.name, now)
             if now - last > self.settings.node_lost_after_s:
-                self.store.set_node_state(node.name, NodeState.LOST, f"no heartbeat for {now - last:.0f}s")
+                self.store.nodes.set_state(node.name, NodeState.LOST, f"no heartbeat for {now - last:.0f}s")
                 lost.append(node.name)
         return lost
 
     def _fence(self, node: str, sandboxes: list[SandboxView]) -> None:
         """Delete sandboxes of episodes that moved on (e.g. after this node was lost)."""
         busy = self.work.busy()
-        expected = {e.sandbox_id for e in self.store.on_nodes(node)}
+        expected = {e.sandbox_id for e in self.store.episodes.on_nodes(node)}
         for s in sandboxes:
             name = SandboxId.parse(s.id)
             if name is None or s.id in expected or name.episode_id in busy or s.busy:

@@ -111,7 +111,7 @@ class Operations:
         run = e.runs + 1
         try:
             with self.work.claim(e.id):
-                self.store.update(
+                self.store.episodes.update(
                     e.id, node=node, sandbox_id=ids.sandbox_id(e.id, run), runs=run, restored_from="",
                     decision=why,
                 )  # fmt: skip
@@ -143,14 +143,14 @@ class Operations:
 
     def begin_restore(self, e: Episode, node: str, why: str) -> None:
         if not e.last_snapshot_id:
-            self.store.transition(
+            self.store.episodes.transition(
                 e.id, S.PENDING, "no snapshot to resume from; starting over", queued_at=time.time()
             )
             return
         run = e.runs + 1
         try:
             with self.work.claim(e.id):
-                self.store.transition(
+                self.store.episodes.transition(
                     e.id, S.RESTORING, why, expect=(S.PREEMPTED,), node=node,
                     sandbox_id=ids.sandbox_id(e.id, run), runs=run, restored_from=e.last_snapshot_id,
                 )  # fmt: skip
@@ -192,13 +192,13 @@ class Operations:
 
     def _recorded_digests(self, e: Episode) -> dict[str, str]:
         """The manifest digest recorded of each of the episode's snapshots, by id."""
-        return {r.id: r.manifest_digest for r in self.store.snapshots(e.id)}
+        return {r.id: r.manifest_digest for r in self.store.snapshots.of(e.id)}
 
     def _fall_back(self, e: Episode, problem: str) -> bool:
         """A snapshot that cannot be restored never ends an episode that has a good one: resume
         from the newest snapshot before it that was recorded with its manifest's digest and that
         the store still holds. Only the record's lineage is followed, never a manifest's."""
-        records = {r.id: r for r in self.store.snapshots(e.id)}
+        records = {r.id: r for r in self.store.snapshots.of(e.id)}
         at = records.get(e.last_snapshot_id)
         parent = at.parent_id if at is not None else ""
         while parent and not (
@@ -219,9 +219,9 @@ class Operations:
         self, episode_id: str, reason: Reason, why: str, *, leave_running: bool = False
     ) -> Episode:
         """Commit the intent to checkpoint and start it; returns the episode as it is now."""
-        _require_running(self.store.get(episode_id))  # a clear answer before a "busy" one
+        _require_running(self.store.episodes.get(episode_id))  # a clear answer before a "busy" one
         with self.work.claim(episode_id):
-            e = self.store.get(episode_id)
+            e = self.store.episodes.get(episode_id)
             _require_running(e)
             sequence = e.snapshots + 1
             while self.snapshots.exists(
@@ -230,11 +230,11 @@ class Operations:
                 sequence += 1
             snapshot_id = ids.snapshot_id(e.id, sequence)
             if leave_running:
-                e = self.store.update(
+                e = self.store.episodes.update(
                     e.id, pending_snapshot_id=snapshot_id, pending_reason=str(reason), decision=why
                 )
             else:
-                e = self.store.transition(
+                e = self.store.episodes.transition(
                     e.id, S.CHECKPOINTING, f"{reason}: {why}", expect=(S.RUNNING,),
                     pending_snapshot_id=snapshot_id, pending_reason=str(reason),
                 )  # fmt: skip
@@ -314,7 +314,7 @@ class Operations:
         except StasisError as exc:
             log.warning("the log of %s is lost with its sandbox: %s", e.id, exc)
             return
-        self.store.put_log(e.id, size - len(content), content)
+        self.store.logs.put(e.id, size - len(content), content)
 
     def fail_run(self, e: Episode, reason: str) -> None:
         self.outcomes.transition_or_cleanup(e, S.FAILED, reason, expect=(S.RUNNING,))

@@ -65,7 +65,7 @@ class Outcomes:
     ) -> None:
         """Commit the outcome; if the episode moved on meanwhile (cancelled), remove its sandbox."""
         try:
-            self.store.transition(e.id, to, reason, expect=expect, **changes)
+            self.store.episodes.transition(e.id, to, reason, expect=expect, **changes)
         except FailedPrecondition as exc:
             log.info("episode %s moved on during an operation (%s); removing its sandbox", e.id, exc)
             if e.node and e.sandbox_id:
@@ -83,7 +83,7 @@ class Outcomes:
         if final:
             self.transition_or_cleanup(e, S.FAILED, f"could not start: {problem}", node="", sandbox_id="")
         else:
-            self.store.update(
+            self.store.episodes.update(
                 e.id, node="", sandbox_id="", attempts=e.attempts + 1, not_before=self.retry_at(e, exc),
                 decision=f"start on {e.node} failed, will retry: {problem}",
             )  # fmt: skip
@@ -106,13 +106,13 @@ class Outcomes:
         """Send an episode back to its last snapshot, or to the start if it has none."""
         try:
             if e.last_snapshot_id:
-                self.store.transition(
+                self.store.episodes.transition(
                     e.id, S.PREEMPTED, f"{why}; resuming from snapshot {e.last_snapshot_id}", node="",
                     sandbox_id="", pending_snapshot_id="", pending_reason="", queued_at=time.time(), held=False,
                     pinned_node="",
                 )  # fmt: skip
             else:
-                self.store.transition(
+                self.store.episodes.transition(
                     e.id, S.PENDING, f"{why}; no snapshot yet, starting over", node="", sandbox_id="",
                     pending_snapshot_id="", pending_reason="", queued_at=time.time(),
                 )  # fmt: skip
@@ -122,7 +122,7 @@ class Outcomes:
     def autosave_failed(self, e: Episode, problem: str) -> None:
         # The next autosave waits half a period, so an unreachable node is not asked every tick.
         retry_at = time.time() + max(self.settings.retry_backoff_s, e.spec.preemption.autosave_s / 2)
-        self.store.update(
+        self.store.episodes.update(
             e.id,
             pending_snapshot_id="",
             pending_reason="",
@@ -133,19 +133,19 @@ class Outcomes:
     def snapshot_committed(self, e: Episode, record: SnapshotRecord, leave_running: bool) -> None:
         """Record a committed snapshot and finish the checkpoint's transition."""
         if leave_running:
-            self.store.add_snapshot(
+            self.store.snapshots.add(
                 record, pending_snapshot_id="", pending_reason="", last_autosave_at=time.time()
             )
             return
         held = e.pending_reason == Reason.MANUAL
         try:
-            self.store.transition(
+            self.store.episodes.transition(
                 e.id, S.PREEMPTED, f"{e.pending_reason}: snapshot {record.id} stored{_moments(record)}" + ("; held until resumed" if held else ""),
                 expect=(S.CHECKPOINTING,), snapshot=record, node="", sandbox_id="", pending_snapshot_id="",
                 pending_reason="", held=held, queued_at=time.time(), pinned_node="",
             )  # fmt: skip
         except FailedPrecondition:
-            self.store.add_snapshot(record, pending_snapshot_id="", pending_reason="")
+            self.store.snapshots.add(record, pending_snapshot_id="", pending_reason="")
         # The agent stops the sandbox after committing; make sure nothing is left if it could not.
         if e.node and e.sandbox_id:
             self.members.delete_quietly(e.node, e.sandbox_id)

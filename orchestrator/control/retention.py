@@ -18,8 +18,8 @@ def collect_snapshots(
     settings: ControlSettings, store: StateStore, snapshots: SnapshotStore
 ) -> GcReport | None:
     """One retention pass; None if the snapshot store could not run it (it runs again later)."""
-    ended = store.ended_before(time.time() - settings.gc_grace_s)
-    resume_points, pending = store.snapshot_anchors()
+    ended = store.episodes.ended_before(time.time() - settings.gc_grace_s)
+    resume_points, pending = store.snapshots.anchors()
     try:
         report = snapshots.gc(
             RetentionPolicy(keep_last=settings.gc_keep_last),

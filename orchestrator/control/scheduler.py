@@ -23,28 +23,35 @@ from orchestrator.domain import Episode, EpisodeState, NodeRecord, NodeState, Re
 
 
 @dataclass(frozen=True)
-class Start:
+class StartDecision:
+    """Start a waiting episode that has never run on `node`."""
+
     episode: Episode
     node: str
     why: str
 
 
 @dataclass(frozen=True)
-class Restore:
+class RestoreDecision:
+    """Resume a preempted episode on `node` from its last snapshot."""
+
     episode: Episode
     node: str
     why: str
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class CheckpointDecision:
+    """Snapshot a running episode and take it off its node; with `leave_running`, an autosave
+    that leaves it running."""
+
     episode: Episode
     reason: Reason
     why: str
     leave_running: bool = False
 
 
-Decision = Start | Restore | Checkpoint
+Decision = StartDecision | RestoreDecision | CheckpointDecision
 
 
 def staging_mb(e: Episode) -> int:
@@ -124,7 +131,7 @@ def plan(
     queue: Iterable[Episode] = (),
 ) -> list[Decision]:
     """Decide what to start, restore and checkpoint now. `busy` episodes have an operation in
-    flight. `queue` holds more waiting episodes, in `order` (`StateStore.queue`); it is read only
+    flight. `queue` holds more waiting episodes, in `order` (`Episodes.queue`); it is read only
     as far as a decision can still come of it: placements while a node has a free slot, then
     preemptions while a running episode has a lower priority than the next in line, then time
     slices while a sliced run is left."""
@@ -148,7 +155,9 @@ def plan(
     draining = [e for e in running if (r := rooms.get(e.node)) and r.node.state == NodeState.DRAINING]
     for e in sorted(draining, key=lambda e: (-e.unsaved_s(now), e.id)):
         unsaved = e.unsaved_s(now)
-        decisions.append(Checkpoint(e, Reason.DRAIN, f"node {e.node} is draining ({unsaved:.0f}s unsaved)"))
+        decisions.append(
+            CheckpointDecision(e, Reason.DRAIN, f"node {e.node} is draining ({unsaved:.0f}s unsaved)")
+        )
         chosen.add(e.id)
 
     ready = [r for r in rooms.values() if r.node.state == NodeState.READY]
@@ -172,11 +181,11 @@ def plan(
         waited = now - e.queued_at
         if e.state == EpisodeState.PREEMPTED:
             decisions.append(
-                Restore(e, best.node.name, f"resumed on {best.node.name} after waiting {waited:.0f}s")
+                RestoreDecision(e, best.node.name, f"resumed on {best.node.name} after waiting {waited:.0f}s")
             )
         else:
             decisions.append(
-                Start(e, best.node.name, f"placed on {best.node.name} ({best.slots} slots left)")
+                StartDecision(e, best.node.name, f"placed on {best.node.name} ({best.slots} slots left)")
             )
 
     def freed_room_fits(waiter: Episode, victim: Episode) -> bool:
@@ -196,7 +205,7 @@ def plan(
             victim = min(victims, key=lambda v: (v.priority, -v.current_run_s(now), v.id))
             chosen.add(victim.id)
             decisions.append(
-                Checkpoint(
+                CheckpointDecision(
                     victim,
                     Reason.PRIORITY,
                     f"episode {e.id} (priority {e.priority}) needs the slot of priority {victim.priority}",
@@ -226,7 +235,7 @@ def plan(
         chosen.add(sliced_victim.id)
         run_s, slice_s = sliced_victim.current_run_s(now), sliced_victim.spec.preemption.time_slice_s
         decisions.append(
-            Checkpoint(
+            CheckpointDecision(
                 sliced_victim,
                 Reason.TIME_SLICE,
                 f"ran {run_s:.0f}s past its {slice_s:.0f}s slice while {e.id} waits",
@@ -239,6 +248,6 @@ def plan(
             continue
         if now - max(e.last_autosave_at, e.run_started_at) >= period:
             decisions.append(
-                Checkpoint(e, Reason.AUTOSAVE, f"autosave every {period:.0f}s", leave_running=True)
+                CheckpointDecision(e, Reason.AUTOSAVE, f"autosave every {period:.0f}s", leave_running=True)
             )
     return decisions

@@ -67,7 +67,9 @@ class Settlement:
         elif e.state == S.RESTORING:
             self.outcomes.restore_failed(e, f"restore on {e.node} did not complete", final=False)
         else:
-            self.store.update(e.id, node="", sandbox_id="", decision=f"start on {e.node} did not complete")
+            self.store.episodes.update(
+                e.id, node="", sandbox_id="", decision=f"start on {e.node} did not complete"
+            )
 
     def missing(self, e: Episode) -> None:
         """A RUNNING episode whose node stopped reporting its sandbox."""

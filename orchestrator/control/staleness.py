@@ -48,7 +48,7 @@ class StalenessBound:
         if self.ledger is None or not e.group_id:
             return ""
         if e.group_id not in self._bounds:
-            self._bounds[e.group_id] = self.store.group(e.group_id).max_staleness
+            self._bounds[e.group_id] = self.store.groups.get(e.group_id).max_staleness
         bound = self._bounds[e.group_id]
         if bound is None:
             return ""
@@ -63,7 +63,7 @@ class StalenessBound:
         first: from then on the old sandbox is no live run, and the gateway hears it no more."""
         assert self.ledger is not None
         try:
-            self.store.transition(
+            self.store.episodes.transition(
                 e.id, S.PENDING, f"{why}; group {e.group_id}'s member {e.group_index} runs again from the start "
                 "under the published version", expect=(S.RUNNING,), node="", sandbox_id="", last_snapshot_id="",
                 restored_from="", pending_snapshot_id="", pending_reason="", attempts=0, not_before=0.0,

@@ -74,7 +74,7 @@ class Work:
 
     def _guarded(self, episode_id: str, operation: Callable[..., None], *args: Any) -> None:
         try:
-            operation(self.store.get(episode_id), *args)
+            operation(self.store.episodes.get(episode_id), *args)
         except Exception:
             log.exception("operation %s on episode %s failed", operation.__name__, episode_id)
         finally:

@@ -2,12 +2,13 @@
 records, images, roles and callers, ids, errors, and the plain-data codec for them.
 
 Owns the words every other room speaks. Imports nothing else of Stasis but the shared room's
-bounds of a sandbox's resources (`protos.shared.resources`, the node agent's too): no protobuf,
+bounds of a sandbox's resources (`protos.shared.resources`, the node agent's too) and the
+snapshot store's `Reason` (why a snapshot is taken, one set of words on both sides): no protobuf,
 no gRPC, no storage.
 """
 
 from orchestrator.domain.access import Caller, Role, acting_for, current_caller, may_read_hidden
-from orchestrator.domain.episode import ALLOWED, TERMINAL, Episode, EpisodeState, Event, Reason
+from orchestrator.domain.episode import ALLOWED, TERMINAL, Episode, EpisodeState, Event
 from orchestrator.domain.errors import (
     Conflict,
     FailedPrecondition,
@@ -23,7 +24,7 @@ from orchestrator.domain.errors import (
 from orchestrator.domain.group import MAX_GROUP_SIZE, Group, GroupMember, GroupOutcome
 from orchestrator.domain.image import ImageRecord, PullStatus, check_name, is_pinned, is_reference
 from orchestrator.domain.node import NodeRecord, NodeState
-from orchestrator.domain.snapshot import SnapshotRecord
+from orchestrator.domain.snapshot import Reason, SnapshotRecord
 from orchestrator.domain.spec import EpisodeSpec, Limits, Preemption, Resources, RewardSpec
 
 __all__ = [

@@ -46,16 +46,6 @@ for _state in EpisodeState:
         ALLOWED[_state] = ALLOWED[_state] | {EpisodeState.FAILED, EpisodeState.CANCELLED}
 
 
-class Reason(enum.StrEnum):
-    """Why a snapshot was taken; the snapshot store records the same words."""
-
-    MANUAL = "manual"
-    TIME_SLICE = "time-slice"
-    PRIORITY = "priority"
-    DRAIN = "drain"
-    AUTOSAVE = "autosave"
-
-
 @dataclass
 class Episode:
     id: str

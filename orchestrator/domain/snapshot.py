@@ -1,9 +1,14 @@
-"""The control plane's record of a committed snapshot."""
+"""The control plane's record of a committed snapshot, and why a snapshot is taken (`Reason`,
+the snapshot store's own words, which the control plane records as they are)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from snapshots import Reason
+
+__all__ = ["Reason", "SnapshotRecord"]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ a commit syncs, few enough that SQLite's per-connection memory stays small."""
 
 
 class Database:
-    def __init__(self, path: Path, schema: str, on_commit: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, path: Path, schema: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.db = self._connect()
@@ -37,7 +37,8 @@ class Database:
         for reader in self._all_readers:
             self._readers.put(reader)
         self._group = GroupCommit(self.tx, lambda: self._writer == threading.get_ident())
-        self._on_commit = on_commit
+        self._changed = threading.Condition(self.lock)
+        """Notified on every commit of this connection and when the database closes."""
         self.closed = False
 
     def _connect(self, *, query_only: bool = False) -> sqlite3.Connection:
@@ -53,6 +54,7 @@ class Database:
             self.db.close()
             for reader in self._all_readers:
                 reader.close()
+            self._changed.notify_all()
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
@@ -102,7 +104,13 @@ class Database:
                 self._depth = 0
                 self._writer = 0
             self.db.execute("COMMIT")
-            self._on_commit()
+            self._changed.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until `predicate` holds, the database closes, or `timeout` passes; `predicate`
+        is asked again after every commit of this connection."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.closed or predicate(), timeout=timeout)
 
     def grouped(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run `work` in a write transaction that it may share with other callers' work: one

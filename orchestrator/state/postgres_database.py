@@ -62,8 +62,8 @@ RELISTEN_S = 1.0
 
 class Connection:
     """A connection of the pool that takes statements with `?` placeholders, as SQLite does, so
-    the state store's statements (`sql.py`) and the trajectory ledger's are written once for both
-    databases. Each `?` becomes psycopg's `%s`: none of those statements has a `?` or `%` of its
+    the state store's statements (its aggregates') and the trajectory ledger's are written once
+    for both databases. Each `?` becomes psycopg's `%s`: none of those statements has a `?` or `%` of its
     own (no string literals, LIKE patterns or jsonb `?` operators)."""
 
     def __init__(self, db: _Pooled) -> None:

@@ -1,5 +1,6 @@
 """What both state stores agree on: how domain records are kept as rows, how a request is
-fingerprinted, and what a transition changes. The statements over them are in `sql.py`."""
+fingerprinted, and what a transition changes. The statements over them are in the aggregates'
+modules (`episodes.py`, `nodes.py`, ...)."""
 
 from __future__ import annotations
 

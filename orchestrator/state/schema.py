@@ -4,11 +4,11 @@ the priority and labels it is queried by."""
 QUEUED_SQL = "NOT held AND (state = 'PREEMPTED' OR (state = 'PENDING' AND node = ''))"
 """The episodes that wait for a slot and may have one (`Episode.queued`, and not held): the rows
 of the index `episodes_queue`, in the scheduler's order. A query reads that index only if its
-condition holds this text as it is (`SqlStateStore.queue`)."""
+condition holds this text as it is (`episodes.SqlEpisodes.queue`)."""
 
 ON_NODE_SQL = "finished_at = 0 AND node != ''"
 """The live episodes on a node: the rows of the index `episodes_on_node`, which a query reads
-only if its condition holds this text as it is (`SqlStateStore.on_nodes`)."""
+only if its condition holds this text as it is (`episodes.SqlEpisodes.on_nodes`)."""
 
 GROUP_MEMBERS_INDEX = (
     "CREATE INDEX IF NOT EXISTS episodes_group ON episodes(group_id, group_index) WHERE group_id != ''"

@@ -1,5 +1,4 @@
-"""The embedded state store: episodes, their events, snapshots, nodes and request ids in one
-SQLite file (WAL, synchronous=FULL), by the logic of `sql.py`.
+"""The embedded state store: every aggregate in one SQLite file (WAL, synchronous=FULL).
 
 Concurrent submits share one commit, and so one fsync (group commit, `grouping.GroupCommit`, as
 on PostgreSQL). What is SQLite's own: watchers wake on every commit.
@@ -7,49 +6,26 @@ on PostgreSQL). What is SQLite's own: watchers wake on every commit.
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 from pathlib import Path
 
-from orchestrator.domain import Episode
-from orchestrator.state import records
 from orchestrator.state.database import Database
 from orchestrator.state.lease import SoleLease
 from orchestrator.state.schema import GROUP_MEMBERS_INDEX, SCHEMA
-from orchestrator.state.sql import SqlStateStore
+from orchestrator.state.sql import Dialect, Sql
+from orchestrator.state.store import SqlStateStore
 
 
 class SqliteStateStore(SqlStateStore):
     """The embedded store: one SQLite file in WAL mode, fsync on every commit."""
 
-    INSERT_SNAPSHOT = "INSERT OR IGNORE INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
-    REPLACE_NODE = "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?)"
-    REPLACE_IMAGE = "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?)"
-    REPLACE_LOG = "INSERT OR REPLACE INTO logs VALUES (?,?,?)"
-    # Without statistics (nothing runs ANALYZE), SQLite's planner picks the state index instead,
-    # and sorts the whole queue for each page: 20 ms a page at 50,000 waiting, against 1 ms.
-    QUEUE_TABLE = "episodes INDEXED BY episodes_queue"
-
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._database = Database(path, SCHEMA, on_commit=lambda: self._changed.notify_all())
-        super().__init__(self._database.tx, self._database.read, self._database.grouped)
-        self._db = self._database.db
-        self._changed = threading.Condition(self._database.lock)
-        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(events)")}
-        if "actor" not in columns:  # a state directory from before events recorded who asked
-            self._db.execute("ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
-        if "disk_mb" not in {r["name"] for r in self._db.execute("PRAGMA table_info(nodes)")}:
-            # a state directory from before nodes offered their disk
-            self._db.execute("ALTER TABLE nodes ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0")
-        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(snapshots)")}
-        if "manifest_digest" not in columns:  # from before manifests were digested: never restored
-            self._db.execute("ALTER TABLE snapshots ADD COLUMN manifest_digest TEXT NOT NULL DEFAULT ''")
-        if "group_id" not in {r["name"] for r in self._db.execute("PRAGMA table_info(episodes)")}:
-            # from before GRPO groups: its episodes are in none
-            self._db.execute("ALTER TABLE episodes ADD COLUMN group_id TEXT NOT NULL DEFAULT ''")
-            self._db.execute("ALTER TABLE episodes ADD COLUMN group_index INTEGER NOT NULL DEFAULT 0")
-        self._db.execute(GROUP_MEMBERS_INDEX)
+        self._database = Database(path, SCHEMA)
+        super().__init__(
+            Sql(self._database.tx, self._database.read, self._database.grouped, Dialect()),
+            self._database.wait_for,
+        )
+        _migrate(self._database)
 
     @property
     def closed(self) -> bool:
@@ -61,19 +37,22 @@ class SqliteStateStore(SqlStateStore):
 
     def close(self) -> None:
         self._database.close()
-        with self._changed:
-            self._changed.notify_all()
 
-    def _episode_from_row(self, row: sqlite3.Row) -> Episode:
-        return records.episode_from_row(dict(zip(row.keys(), row, strict=True)))  # quicker than row[name]
 
-    def wait_for_events(self, since_seq: int, timeout: float) -> bool:
-        """Block until an event newer than since_seq exists, the store closes, or timeout passes."""
-        with self._changed:
-            return self._changed.wait_for(
-                lambda: (
-                    self.closed
-                    or (self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0) > since_seq
-                ),
-                timeout=timeout,
-            )
+def _migrate(database: Database) -> None:
+    """Give a state file from an older orchestrator the columns it lacks."""
+    db = database.db
+    if "actor" not in {r["name"] for r in db.execute("PRAGMA table_info(events)")}:
+        # a state directory from before events recorded who asked
+        db.execute("ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
+    if "disk_mb" not in {r["name"] for r in db.execute("PRAGMA table_info(nodes)")}:
+        # a state directory from before nodes offered their disk
+        db.execute("ALTER TABLE nodes ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0")
+    if "manifest_digest" not in {r["name"] for r in db.execute("PRAGMA table_info(snapshots)")}:
+        # from before manifests were digested: never restored
+        db.execute("ALTER TABLE snapshots ADD COLUMN manifest_digest TEXT NOT NULL DEFAULT ''")
+    if "group_id" not in {r["name"] for r in db.execute("PRAGMA table_info(episodes)")}:
+        # from before GRPO groups: its episodes are in none
+        db.execute("ALTER TABLE episodes ADD COLUMN group_id TEXT NOT NULL DEFAULT ''")
+        db.execute("ALTER TABLE episodes ADD COLUMN group_index INTEGER NOT NULL DEFAULT 0")
+    db.execute(GROUP_MEMBERS_INDEX)

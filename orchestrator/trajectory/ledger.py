@@ -26,14 +26,13 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from orchestrator.domain import Conflict, FailedPrecondition
 from orchestrator.state.database import Database
 from orchestrator.state.postgres_database import PostgresDatabase
-from orchestrator.state.sql import Connection
+from orchestrator.state.sql import Connection, SqlDatabase
 from orchestrator.trajectory import _tree, schema
 from orchestrator.trajectory._rows import BUT_BODIES, TurnRows, packed
 from orchestrator.trajectory.canonical import CanonicalRequest
@@ -43,20 +42,6 @@ from orchestrator.trajectory.turns import PLAIN, Branch, Lineage, Sampling, Turn
 from orchestrator.trajectory.verifications import Verifications
 
 T = TypeVar("T")
-
-
-class SqlDatabase(Protocol):
-    """Where the ledger keeps its tables: the SQLite `Database` or the PostgreSQL store's
-    `PostgresDatabase`, which both nest transactions and let a transaction read its own writes."""
-
-    def tx(self) -> AbstractContextManager[Connection]:
-        """One write transaction; inside this thread's own, a savepoint whose failure is undone
-        alone."""
-
-    def read(self) -> AbstractContextManager[Connection]:
-        """A connection for reads; inside this thread's write transaction, that transaction's."""
-
-    def close(self) -> None: ...
 
 
 class Ledger:

@@ -12,16 +12,9 @@ given `group_max_attempts` such re-runs (`Outages.rerun` counts them).
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
 
-from orchestrator.state.sql import Connection
-
-
-class _Database(Protocol):
-    def tx(self) -> AbstractContextManager[Connection]: ...
-    def read(self) -> AbstractContextManager[Connection]: ...
+from orchestrator.state.sql import SqlDatabase
 
 
 @dataclass(frozen=True)
@@ -39,7 +32,7 @@ class Outages:
     """The upstream failures of each episode's runs, in the ledger's database (`upstream_failures`
     in `schema`): the last one per run, and whether the control loop re-ran the episode over it."""
 
-    def __init__(self, database: _Database) -> None:
+    def __init__(self, database: SqlDatabase) -> None:
         self._tx = database.tx
         self._read = database.read
 

@@ -19,19 +19,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
 
 from orchestrator.domain import InvalidArgument
-from orchestrator.state.sql import Connection
-
-
-class _Database(Protocol):
-    """The ledger's database (`ledger.SqlDatabase`): SQLite's `Database` or `PostgresDatabase`."""
-
-    def tx(self) -> AbstractContextManager[Connection]: ...
-    def read(self) -> AbstractContextManager[Connection]: ...
+from orchestrator.state.sql import Connection, SqlDatabase
 
 
 @dataclass(frozen=True)
@@ -51,7 +42,7 @@ class PolicyVersions:
     table of `schema`): every orchestrator on a PostgreSQL store, and one restarted on its
     SQLite file, reads the same current version."""
 
-    def __init__(self, database: _Database) -> None:
+    def __init__(self, database: SqlDatabase) -> None:
         self._tx = database.tx
         self._read = database.read
 

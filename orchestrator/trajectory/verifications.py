@@ -6,16 +6,9 @@ it (`Verifications.record`) when the verifier exits; the API reads it with the t
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
 
-from orchestrator.state.sql import Connection
-
-
-class _Database(Protocol):
-    def tx(self) -> AbstractContextManager[Connection]: ...
-    def read(self) -> AbstractContextManager[Connection]: ...
+from orchestrator.state.sql import SqlDatabase
 
 
 @dataclass
@@ -30,7 +23,7 @@ class Verification:
 class Verifications:
     """The verifier's findings per episode, durable in the ledger's database."""
 
-    def __init__(self, database: _Database) -> None:
+    def __init__(self, database: SqlDatabase) -> None:
         self._tx = database.tx
         self._read = database.read
 

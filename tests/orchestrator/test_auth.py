@@ -146,11 +146,11 @@ def test_the_node_registry_takes_only_each_nodes_own_certificate(secured: Secure
                     method(request, timeout=10)
                 assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert "not node 'node-2'" in err.value.details()
-    assert secured.orchestrator.store.nodes() == []
+    assert secured.orchestrator.store.nodes.all() == []
     with secured.registry(secured.pki.node("node-2")) as channel:
         reply = pb_grpc.NodeRegistryStub(channel).RegisterNode(hijack, timeout=10)
     assert reply.heartbeat_interval_s > 0
-    assert [n.name for n in secured.orchestrator.store.nodes()] == ["node-2"]
+    assert [n.name for n in secured.orchestrator.store.nodes.all()] == ["node-2"]
 
 
 @pytest.mark.timeout(60)

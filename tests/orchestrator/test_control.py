@@ -90,13 +90,13 @@ class Loop:
             time.sleep(0.02)
             if not self.control.work.busy() and predicate():
                 return
-        raise AssertionError(f"timed out waiting for {what}; episodes: {self.store.query()}")
+        raise AssertionError(f"timed out waiting for {what}; episodes: {self.store.episodes.query()}")
 
     def state(self, episode_id: str) -> EpisodeState:
-        return self.store.get(episode_id).state
+        return self.store.episodes.get(episode_id).state
 
     def running(self, spec: EpisodeSpec = SPEC) -> str:
-        e = self.store.submit(spec, "", self.control.pool_of_addresses)
+        e = self.store.episodes.submit(spec, "", self.control.pool_of_addresses)
         self.until("RUNNING", lambda: self.state(e.id) == S.RUNNING)
         return e.id
 
@@ -118,32 +118,32 @@ def loop(tmp_path: Path) -> Iterator[Loop]:
 @pytest.mark.timeout(30)
 def test_an_episode_starts_with_its_env_and_succeeds_when_the_harness_exits(loop: Loop) -> None:
     episode_id = loop.running()
-    e = loop.store.get(episode_id)
+    e = loop.store.episodes.get(episode_id)
     assert e.runs == 1 and e.sandbox_id == ids.sandbox_id(episode_id, 1)
     agent = loop.node(e.node)
     assert agent.env[e.sandbox_id]["STASIS_EPISODE_ID"] == episode_id
     agent.exit(e.sandbox_id, 0)
     loop.until("SUCCEEDED", lambda: loop.state(episode_id) == S.SUCCEEDED)
     assert ("delete", e.sandbox_id) in agent.calls
-    assert loop.store.get(episode_id).exit_code == 0
+    assert loop.store.episodes.get(episode_id).exit_code == 0
 
 
 @pytest.mark.timeout(30)
 def test_preempt_records_the_agents_snapshot_and_resume_restores_it_elsewhere(loop: Loop) -> None:
     episode_id = loop.running()
-    first = loop.store.get(episode_id)
+    first = loop.store.episodes.get(episode_id)
     loop.control.commands.preempt(episode_id, "by hand")
     loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
-    held = loop.store.get(episode_id)
+    held = loop.store.episodes.get(episode_id)
     assert held.held and held.node == "" and held.last_snapshot_id == ids.snapshot_id(episode_id, 1)
-    (record,) = loop.store.snapshots(episode_id)
+    (record,) = loop.store.snapshots.of(episode_id)
     assert record.timings_ms == {"dump_ms": 12.5, "put_ms": 3.0}, "the agent's own figures"
     assert record.reason == "manual" and record.node == first.node and record.stored_bytes > 0
 
     other = "node-2" if first.node == "node-1" else "node-1"
     loop.control.commands.resume(episode_id, other)
     loop.until("RUNNING again", lambda: loop.state(episode_id) == S.RUNNING)
-    e = loop.store.get(episode_id)
+    e = loop.store.episodes.get(episode_id)
     assert (e.node, e.runs, e.restored_from) == (other, 2, record.id)
     assert e.pinned_node == "", (
         "the pin ends with its placement: were that node lost, any other may resume it"
@@ -157,22 +157,22 @@ def test_a_snapshot_is_dated_by_the_orchestrators_clock_whatever_the_nodes_says(
     """When a snapshot froze its sandbox is compared with when turns were delivered, which the
     orchestrator's clock stamps: a node whose clock is an hour ahead must not move the freeze."""
     episode_id = loop.running()
-    loop.node(loop.store.get(episode_id).node).clock_skew_s = 3600.0
+    loop.node(loop.store.episodes.get(episode_id).node).clock_skew_s = 3600.0
     asked = time.time()
     loop.control.commands.preempt(episode_id, "by hand")
     loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
-    (record,) = loop.store.snapshots(episode_id)
+    (record,) = loop.store.snapshots.of(episode_id)
     assert asked - 1 <= record.created_at <= time.time(), record.created_at - asked
 
 
 @pytest.mark.timeout(30)
 def test_a_lost_checkpoint_reply_is_settled_from_the_snapshot_store(loop: Loop) -> None:
     episode_id = loop.running()
-    agent = loop.node(loop.store.get(episode_id).node)
+    agent = loop.node(loop.store.episodes.get(episode_id).node)
     agent.commit_then_fail = AgentUnavailable("reply lost", delay=0.1)
     loop.control.commands.preempt(episode_id, "reply will be lost")
     loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
-    (record,) = loop.store.snapshots(episode_id)
+    (record,) = loop.store.snapshots.of(episode_id)
     assert record.timings_ms["dump_ms"] == 12.5, "read back from the committed manifest"
 
 
@@ -180,17 +180,17 @@ def test_a_lost_checkpoint_reply_is_settled_from_the_snapshot_store(loop: Loop) 
 def test_a_corrupt_snapshot_falls_back_to_its_parent(loop: Loop) -> None:
     episode_id = loop.running()
     loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, "save", leave_running=True)
-    loop.until("an autosave", lambda: loop.store.get(episode_id).snapshots == 1)
+    loop.until("an autosave", lambda: loop.store.episodes.get(episode_id).snapshots == 1)
     loop.control.commands.preempt(episode_id, "move")
     loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
-    parent, latest = (r.id for r in loop.store.snapshots(episode_id))
+    parent, latest = (r.id for r in loop.store.snapshots.of(episode_id))
     for agent in loop.agents.agents.values():
         agent.corrupt.add(latest)
     loop.control.commands.resume(episode_id)
     loop.until("RUNNING from the parent", lambda: loop.state(episode_id) == S.RUNNING)
-    e = loop.store.get(episode_id)
+    e = loop.store.episodes.get(episode_id)
     assert e.restored_from == parent and e.last_snapshot_id == parent
-    reasons = [ev.reason for ev in loop.store.events(0, [episode_id])]
+    reasons = [ev.reason for ev in loop.store.events.read(0, [episode_id])]
     assert any(f"snapshot {latest} is corrupt" in r and f"falling back to {parent}" in r for r in reasons)
 
 
@@ -198,17 +198,17 @@ def test_a_corrupt_snapshot_falls_back_to_its_parent(loop: Loop) -> None:
 def test_a_refused_spec_fails_at_once_and_an_unreachable_node_is_retried_after_its_delay(loop: Loop) -> None:
     for agent in loop.agents.agents.values():
         agent.fail["create"] = SpecRefused(agent.node, "spec.image: no such image")
-    refused = loop.store.submit(SPEC, "", loop.control.pool_of_addresses)
+    refused = loop.store.episodes.submit(SPEC, "", loop.control.pool_of_addresses)
     loop.until("FAILED", lambda: loop.state(refused.id) == S.FAILED)
-    assert "no such image" in loop.store.get(refused.id).reason
-    assert loop.store.get(refused.id).attempts == 0, "not retried"
+    assert "no such image" in loop.store.episodes.get(refused.id).reason
+    assert loop.store.episodes.get(refused.id).attempts == 0, "not retried"
 
     for agent in loop.agents.agents.values():
         agent.fail["create"] = AgentUnavailable("agent restarting", delay=60)
     asked_at = time.time()
-    waiting = loop.store.submit(SPEC, "", loop.control.pool_of_addresses)
-    loop.until("a failed attempt", lambda: loop.store.get(waiting.id).attempts == 1)
-    e = loop.store.get(waiting.id)
+    waiting = loop.store.episodes.submit(SPEC, "", loop.control.pool_of_addresses)
+    loop.until("a failed attempt", lambda: loop.store.episodes.get(waiting.id).attempts == 1)
+    e = loop.store.episodes.get(waiting.id)
     assert e.state == S.PENDING and e.node == ""
     assert e.not_before >= asked_at + 60, "the backoff honours the agent's delay"
 
@@ -216,7 +216,7 @@ def test_a_refused_spec_fails_at_once_and_an_unreachable_node_is_retried_after_i
 @pytest.mark.timeout(30)
 def test_fencing_deletes_sandboxes_of_episodes_that_moved_on(loop: Loop) -> None:
     episode_id = loop.running()
-    e = loop.store.get(episode_id)
+    e = loop.store.episodes.get(episode_id)
     other = loop.node("node-2" if e.node == "node-1" else "node-1")
     stale = ids.sandbox_id(episode_id, 7)
     other.create(stale, SPEC, address=e.address, hostname=episode_id, env={})
@@ -233,17 +233,17 @@ def test_a_silent_node_is_lost_and_its_episodes_go_back_to_their_last_snapshot(t
         loop.register("node-1")
         with_snapshot = loop.running(EpisodeSpec(image="base", command=("a",), preemption=Preemption()))
         loop.control.operations.begin_checkpoint(with_snapshot, Reason.AUTOSAVE, "save", leave_running=True)
-        loop.until("an autosave", lambda: loop.store.get(with_snapshot).snapshots == 1)
+        loop.until("an autosave", lambda: loop.store.episodes.get(with_snapshot).snapshots == 1)
         fresh = loop.running()
         loop.silent.add("node-1")
-        loop.until("node lost", lambda: loop.store.node("node-1").state == NodeState.LOST)
+        loop.until("node lost", lambda: loop.store.nodes.get("node-1").state == NodeState.LOST)
         assert loop.state(with_snapshot) == S.PREEMPTED
         assert loop.state(fresh) == S.PENDING
         loop.silent.clear()
         loop.until(
             "both running again", lambda: {loop.state(with_snapshot), loop.state(fresh)} == {S.RUNNING}
         )
-        assert loop.store.get(with_snapshot).restored_from == ids.snapshot_id(with_snapshot, 1)
+        assert loop.store.episodes.get(with_snapshot).restored_from == ids.snapshot_id(with_snapshot, 1)
     finally:
         loop.close()
 
@@ -253,12 +253,12 @@ def test_a_checkpoint_intent_left_by_a_crash_is_carried_out_by_the_next_orchestr
     first = Loop(tmp_path)
     first.register("node-1")
     episode_id = first.running()
-    node = first.store.get(episode_id).node
+    node = first.store.episodes.get(episode_id).node
     agents = first.agents
     # The node drains; the intent commits, and the orchestrator dies before the request leaves.
     # (Draining, the node cannot take the episode back, so it stays PREEMPTED for the check.)
-    first.store.set_node_state(node, NodeState.DRAINING, "drain")
-    first.store.transition(
+    first.store.nodes.set_state(node, NodeState.DRAINING, "drain")
+    first.store.episodes.transition(
         episode_id, S.CHECKPOINTING, "drain: node is draining", expect=(S.RUNNING,),
         pending_snapshot_id=ids.snapshot_id(episode_id, 1), pending_reason="drain",
     )  # fmt: skip
@@ -269,7 +269,7 @@ def test_a_checkpoint_intent_left_by_a_crash_is_carried_out_by_the_next_orchestr
     try:
         second.until("PREEMPTED", lambda: second.state(episode_id) == S.PREEMPTED)
         assert ("checkpoint", ids.sandbox_id(episode_id, 1)) in agents.get(node).calls
-        assert [r.reason for r in second.store.snapshots(episode_id)] == ["drain"]
+        assert [r.reason for r in second.store.snapshots.of(episode_id)] == ["drain"]
     finally:
         second.close()
         first.snapshots.close()
@@ -280,17 +280,17 @@ def test_retention_keeps_the_last_snapshots_of_a_live_episode(loop: Loop) -> Non
     episode_id = loop.running()
     for n in range(1, 6):
         loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, f"save {n}", leave_running=True)
-        loop.until(f"snapshot {n}", lambda n=n: loop.store.get(episode_id).snapshots == n)
+        loop.until(f"snapshot {n}", lambda n=n: loop.store.episodes.get(episode_id).snapshots == n)
     report = collect_snapshots(replace(SETTINGS, gc_keep_last=2), loop.store, loop.snapshots)
     assert report is not None
-    kept = [r.id for r in loop.store.snapshots(episode_id) if loop.snapshots.exists(r.id)]
+    kept = [r.id for r in loop.store.snapshots.of(episode_id) if loop.snapshots.exists(r.id)]
     assert kept == [ids.snapshot_id(episode_id, 4), ids.snapshot_id(episode_id, 5)]
-    assert len(loop.store.snapshots(episode_id)) == 5, "records stay as history"
+    assert len(loop.store.snapshots.of(episode_id)) == 5, "records stay as history"
     # Ended: its snapshots stay for the grace period, then go.
-    loop.store.transition(episode_id, S.CANCELLED, "by hand")
+    loop.store.episodes.transition(episode_id, S.CANCELLED, "by hand")
     collect_snapshots(replace(SETTINGS, gc_grace_s=600), loop.store, loop.snapshots)
     assert all(loop.snapshots.exists(sid) for sid in kept)
-    loop.store.update(episode_id, finished_at=time.time() - 601)
+    loop.store.episodes.update(episode_id, finished_at=time.time() - 601)
     collect_snapshots(replace(SETTINGS, gc_grace_s=600), loop.store, loop.snapshots)
     assert not any(loop.snapshots.exists(sid) for sid in kept)
 
@@ -303,10 +303,10 @@ def test_a_tag_is_pinned_once_at_submit_and_a_node_without_the_image_pulls_it(lo
     pinned = loop.control.images.pin(tag, "spec.image")
     assert pinned == f"127.0.0.1:5000/team/harness@{digest}"
     episode_id = loop.running(replace(SPEC, image=pinned))
-    e = loop.store.get(episode_id)
+    e = loop.store.episodes.get(episode_id)
     assert loop.node(e.node).specs[e.sandbox_id].image == pinned, "the node is asked for the pinned bytes"
     loop.node("node-1").registry[tag] = "sha256:" + "e" * 64  # the tag moves on: the episode does not
-    assert loop.store.get(episode_id).spec.image == pinned
+    assert loop.store.episodes.get(episode_id).spec.image == pinned
 
     with pytest.raises(InvalidArgument) as err:
         loop.control.images.pin("127.0.0.1:5000/team/nothing:v1", "spec.image")
@@ -362,7 +362,7 @@ def test_an_imported_image_is_pulled_on_every_node_and_its_name_pins_it(loop: Lo
     loop.node("node-2").fail["pull_image"] = SpecRefused("node-2", f"image {tag!r}: unauthorized")
     with pytest.raises(InvalidArgument, match=r"unauthorized"):
         loop.control.images.import_image("other", tag, "")
-    assert [i.name for i in loop.store.images()] == ["tools"], "a failed import catalogues nothing"
+    assert [i.name for i in loop.store.images.all()] == ["tools"], "a failed import catalogues nothing"
     loop.control.images.remove("tools")
     with pytest.raises(NotFound, match=r"image 'tools' was not imported"):
         loop.control.images.remove("tools")
@@ -371,7 +371,7 @@ def test_an_imported_image_is_pulled_on_every_node_and_its_name_pins_it(loop: Lo
 @pytest.mark.timeout(30)
 def test_logs_read_each_run_in_order_from_wherever_the_log_is_now(loop: Loop) -> None:
     episode_id = loop.running()
-    first = loop.store.get(episode_id)
+    first = loop.store.episodes.get(episode_id)
     loop.agents.logs[first.sandbox_id] = b"run one\n"
     assert loop.control.logs.page(episode_id).content == b"run one\n", "read from the live sandbox"
     loop.control.commands.preempt(episode_id, "by hand")
@@ -380,7 +380,7 @@ def test_logs_read_each_run_in_order_from_wherever_the_log_is_now(loop: Loop) ->
     assert (page.content, page.complete) == (b"run one\n", False), "read from the snapshot; more will come"
     loop.control.commands.resume(episode_id, "")
     loop.until("RUNNING again", lambda: loop.state(episode_id) == S.RUNNING)
-    second = loop.store.get(episode_id)
+    second = loop.store.episodes.get(episode_id)
     assert second.log_offsets == (0, len(b"run one\n"))
     loop.agents.logs[second.sandbox_id] += b"run two\n"
     loop.node(second.node).exit(second.sandbox_id, 0)
@@ -415,7 +415,7 @@ def test_a_reward_that_is_not_a_finite_number_is_refused(log: bytes, words: str)
 def _orphan(loop: Loop, episode_id: str, sequence: int, parent: str) -> str:
     """A snapshot the agent published and the record never learned of (an autosave whose reply
     was lost and that was given up before it landed)."""
-    e = loop.store.get(episode_id)
+    e = loop.store.episodes.get(episode_id)
     snapshot = SnapshotTarget(
         snapshot_id=ids.snapshot_id(episode_id, sequence), episode_id=episode_id, sequence=sequence,
         parent_id=parent, reason="autosave", trajectory_cursor=None,
@@ -431,8 +431,8 @@ def test_retention_keeps_the_resume_point_however_many_snapshots_came_after_it(l
     episode_id = loop.running()
     for n in (1, 2):
         loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, f"save {n}", leave_running=True)
-        loop.until(f"snapshot {n}", lambda n=n: loop.store.get(episode_id).snapshots == n)
-    resume = loop.store.get(episode_id).last_snapshot_id
+        loop.until(f"snapshot {n}", lambda n=n: loop.store.episodes.get(episode_id).snapshots == n)
+    resume = loop.store.episodes.get(episode_id).last_snapshot_id
     orphans = [_orphan(loop, episode_id, n, resume) for n in (3, 4, 5)]
     collect_snapshots(replace(SETTINGS, gc_keep_last=2), loop.store, loop.snapshots)
     kept = {sid for sid in [ids.snapshot_id(episode_id, 1), resume, *orphans] if loop.snapshots.exists(sid)}
@@ -448,10 +448,10 @@ def test_an_autosave_still_under_way_when_its_orchestrator_died_is_recorded_when
     first = Loop(tmp_path)
     first.register("node-1")
     episode_id = first.running()
-    e = first.store.get(episode_id)
+    e = first.store.episodes.get(episode_id)
     agents = first.agents
     pending = ids.snapshot_id(episode_id, 1)
-    first.store.update(episode_id, pending_snapshot_id=pending, pending_reason="autosave")
+    first.store.episodes.update(episode_id, pending_snapshot_id=pending, pending_reason="autosave")
     view = agents.get(e.node).sandboxes[e.sandbox_id]
     agents.get(e.node).sandboxes[e.sandbox_id] = replace(view, busy=True)  # the agent is still at it
     first.control.stop()
@@ -463,12 +463,12 @@ def test_an_autosave_still_under_way_when_its_orchestrator_died_is_recorded_when
             second.report()
             second.control.tick()
             time.sleep(0.02)
-        assert second.store.get(episode_id).pending_snapshot_id == pending, "not given up while busy"
+        assert second.store.episodes.get(episode_id).pending_snapshot_id == pending, "not given up while busy"
         snapshot = SnapshotTarget(pending, episode_id, 1, "", "autosave", None)
         agents.get(e.node).checkpoint(e.sandbox_id, snapshot, leave_running=True)
         agents.get(e.node).sandboxes[e.sandbox_id] = view
-        second.until("recorded", lambda: second.store.get(episode_id).last_snapshot_id == pending)
-        assert second.store.get(episode_id).pending_snapshot_id == ""
+        second.until("recorded", lambda: second.store.episodes.get(episode_id).last_snapshot_id == pending)
+        assert second.store.episodes.get(episode_id).pending_snapshot_id == ""
     finally:
         second.close()
         first.snapshots.close()
@@ -481,22 +481,22 @@ def test_a_resume_point_gone_from_the_store_falls_back_to_the_newest_snapshot_be
     episode_id = loop.running()
     for n in (1, 2, 3):
         loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, f"save {n}", leave_running=True)
-        loop.until(f"snapshot {n}", lambda n=n: loop.store.get(episode_id).snapshots == n)
+        loop.until(f"snapshot {n}", lambda n=n: loop.store.episodes.get(episode_id).snapshots == n)
     loop.control.commands.preempt(episode_id, "move")
     loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
-    _first, second, third, latest = (r.id for r in loop.store.snapshots(episode_id))
+    _first, second, third, latest = (r.id for r in loop.store.snapshots.of(episode_id))
     loop.snapshots.delete(latest)
     loop.snapshots.delete(third)
     loop.control.commands.resume(episode_id)
     loop.until("RUNNING from an older snapshot", lambda: loop.state(episode_id) == S.RUNNING)
-    assert loop.store.get(episode_id).restored_from == second
-    reasons = [ev.reason for ev in loop.store.events(0, [episode_id])]
+    assert loop.store.episodes.get(episode_id).restored_from == second
+    reasons = [ev.reason for ev in loop.store.events.read(0, [episode_id])]
     assert any(f"snapshot {latest} is gone" in r and f"falling back to {second}" in r for r in reasons)
 
 
 def _saved(loop: Loop, episode_id: str, n: int) -> None:
     loop.control.operations.begin_checkpoint(episode_id, Reason.AUTOSAVE, f"save {n}", leave_running=True)
-    loop.until(f"snapshot {n}", lambda: loop.store.get(episode_id).snapshots == n)
+    loop.until(f"snapshot {n}", lambda: loop.store.episodes.get(episode_id).snapshots == n)
 
 
 @pytest.mark.timeout(30)
@@ -509,13 +509,13 @@ def test_a_resume_manifest_replaced_in_the_store_is_refused_and_the_episode_fall
     a digest to the newest one that has one; the node is never asked for the undigested one."""
     episode_id = loop.running()
     _saved(loop, episode_id, 1)
-    node = loop.node(loop.store.get(episode_id).node)
+    node = loop.node(loop.store.episodes.get(episode_id).node)
     node.reports_digest = False  # an agent from before manifests were digested
     _saved(loop, episode_id, 2)
     node.reports_digest = True
     loop.control.commands.preempt(episode_id, "move")
     loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
-    first, undigested, latest = loop.store.snapshots(episode_id)
+    first, undigested, latest = loop.store.snapshots.of(episode_id)
     assert first.manifest_digest == loop.snapshots.manifest(first.id).digest
     assert latest.manifest_digest == loop.snapshots.manifest(latest.id).digest
     assert undigested.manifest_digest == ""
@@ -527,10 +527,10 @@ def test_a_resume_manifest_replaced_in_the_store_is_refused_and_the_episode_fall
     loop.control.commands.resume(episode_id)
     loop.until("RUNNING from the older snapshot", lambda: loop.state(episode_id) == S.RUNNING)
 
-    assert loop.store.get(episode_id).restored_from == first.id
+    assert loop.store.episodes.get(episode_id).restored_from == first.id
     asked = [pair for agent in loop.agents.agents.values() for pair in agent.restored]
     assert asked == [(latest.id, latest.manifest_digest), (first.id, first.manifest_digest)]
-    reasons = [ev.reason for ev in loop.store.events(0, [episode_id])]
+    reasons = [ev.reason for ev in loop.store.events.read(0, [episode_id])]
     assert any(
         f"snapshot {latest.id} is corrupt" in r and "replaced" in r and f"falling back to {first.id}" in r
         for r in reasons
@@ -543,14 +543,14 @@ def test_a_snapshot_recorded_without_a_manifest_digest_is_never_restored(loop: L
     none) vouches for nothing the store holds: the episode fails naming the snapshot rather than
     restore it, and no node is asked to."""
     episode_id = loop.running()
-    loop.node(loop.store.get(episode_id).node).reports_digest = False
+    loop.node(loop.store.episodes.get(episode_id).node).reports_digest = False
     loop.control.commands.preempt(episode_id, "move")
     loop.until("PREEMPTED", lambda: loop.state(episode_id) == S.PREEMPTED)
-    (record,) = loop.store.snapshots(episode_id)
+    (record,) = loop.store.snapshots.of(episode_id)
     loop.control.commands.resume(episode_id)
     loop.until("FAILED", lambda: loop.state(episode_id) == S.FAILED)
     assert [pair for agent in loop.agents.agents.values() for pair in agent.restored] == []
-    reason = loop.store.get(episode_id).reason
+    reason = loop.store.episodes.get(episode_id).reason
     assert f"snapshot {record.id} has no recorded manifest digest" in reason, reason
 
 
@@ -562,11 +562,11 @@ def test_a_lost_reply_records_the_snapshot_only_if_the_store_holds_the_one_asked
     store, with the digest of the manifest read, only if it is the snapshot asked of that node;
     never when the node said the id was taken (it wrote nothing: another did)."""
     episode_id = loop.running()
-    e = loop.store.get(episode_id)
+    e = loop.store.episodes.get(episode_id)
     node = loop.node(e.node)
     node.commit_then_fail = AgentUnavailable("reply lost", delay=0.01)
     _saved(loop, episode_id, 1)
-    (record,) = loop.store.snapshots(episode_id)
+    (record,) = loop.store.snapshots.of(episode_id)
     assert record.manifest_digest == loop.snapshots.manifest(record.id).digest
 
     evil = tmp_path / "evil"
@@ -580,9 +580,11 @@ def test_a_lost_reply_records_the_snapshot_only_if_the_store_holds_the_one_asked
         meta = replace(make_meta(planted, episode_id, sequence, record.id), node=planted_by)
         loop.snapshots.put(evil, meta)  # by a writer with the store's credentials
         node.fail["checkpoint"] = said
-        pending = loop.store.update(episode_id, pending_snapshot_id=planted, pending_reason="autosave")
+        pending = loop.store.episodes.update(
+            episode_id, pending_snapshot_id=planted, pending_reason="autosave"
+        )
         loop.control.operations.checkpoint(pending, True)
-        assert [r.id for r in loop.store.snapshots(episode_id)] == [record.id], f"{planted} recorded"
+        assert [r.id for r in loop.store.snapshots.of(episode_id)] == [record.id], f"{planted} recorded"
 
 
 class _Aborted(Exception):
@@ -601,9 +603,9 @@ def test_an_export_is_of_the_manifest_recorded_or_none(loop: Loop, tmp_path: Pat
     snapshot recorded without a digest, is not exported."""
     episode_id = loop.running()
     _saved(loop, episode_id, 1)
-    loop.node(loop.store.get(episode_id).node).reports_digest = False
+    loop.node(loop.store.episodes.get(episode_id).node).reports_digest = False
     _saved(loop, episode_id, 2)
-    recorded, undigested = loop.store.snapshots(episode_id)
+    recorded, undigested = loop.store.snapshots.of(episode_id)
     service = StasisService(loop.control, loop.store, loop.snapshots, Ledger.sqlite(tmp_path / "ledger.db"))
 
     def export(snapshot_id: str) -> bytes:
@@ -663,7 +665,7 @@ def _group_item(service: StasisService) -> tuple[pb.GroupResult, list[str]]:
 def _finish_running(loop: Loop, members: list[str]) -> None:
     """Every member that runs now exits 0 (its harness is done); the verifier gives its reward."""
     for episode_id in members:
-        e = loop.store.get(episode_id)
+        e = loop.store.episodes.get(episode_id)
         if e.state == S.RUNNING and e.sandbox_id in loop.node(e.node).sandboxes:
             loop.node(e.node).exit(e.sandbox_id, 0)
 
@@ -683,7 +685,7 @@ def test_a_group_item_comes_once_all_8_members_are_final_with_their_8_rewards(
     loop, service = groups
     members = _submit_group(service, pb.EpisodeGroup(id="g-1", task_id="task-7", size=8))
     for index, episode_id in enumerate(members):
-        e = loop.store.get(episode_id)
+        e = loop.store.episodes.get(episode_id)
         assert (e.group_id, e.group_index) == ("g-1", index)
         loop.agents.verifier_logs[episode_id] = f"grading...\n{index / 8}\n".encode()
     shown = service.GetEpisode(pb.GetEpisodeRequest(episode_id=members[3]), None)  # type: ignore[arg-type]
@@ -703,7 +705,7 @@ def test_a_group_item_comes_once_all_8_members_are_final_with_their_8_rewards(
     assert [m.reward for m in group.members] == [i / 8 for i in range(8)]
     assert all(m.has_reward and m.state == pb.EPISODE_STATE_SUCCEEDED for m in group.members)
     assert sorted(before) == sorted(members), "after the trajectories of all 8, once"
-    assert before[-1] == max(members, key=lambda m: loop.store.get(m).finished_at)
+    assert before[-1] == max(members, key=lambda m: loop.store.episodes.get(m).finished_at)
 
 
 @pytest.mark.timeout(60)
@@ -722,18 +724,18 @@ def test_a_member_whose_node_is_lost_mid_run_runs_again_and_the_group_completes_
         loop.until("all 8 running", lambda: {loop.state(m) for m in members} == {S.RUNNING})
         hit = members[3]
         loop.control.operations.begin_checkpoint(hit, Reason.AUTOSAVE, "save", leave_running=True)
-        loop.until("an autosave", lambda: loop.store.get(hit).snapshots == 1)
-        lost = loop.store.get(hit).node
-        on_lost = [m for m in members if loop.store.get(m).node == lost]
+        loop.until("an autosave", lambda: loop.store.episodes.get(hit).snapshots == 1)
+        lost = loop.store.episodes.get(hit).node
+        on_lost = [m for m in members if loop.store.episodes.get(m).node == lost]
         loop.silent.add(lost)
-        loop.until("the node lost", lambda: loop.store.node(lost).state == NodeState.LOST)
+        loop.until("the node lost", lambda: loop.store.nodes.get(lost).state == NodeState.LOST)
         assert loop.state(hit) in (S.PREEMPTED, S.RESTORING, S.RUNNING)
         _finish_running(loop, [m for m in members if m not in on_lost])
         loop.until("the lost node's members running elsewhere", lambda: all(
-            loop.store.get(m).node not in ("", lost) and loop.state(m) == S.RUNNING for m in on_lost
+            loop.store.episodes.get(m).node not in ("", lost) and loop.state(m) == S.RUNNING for m in on_lost
         ))  # fmt: skip
-        assert loop.store.get(hit).restored_from == ids.snapshot_id(hit, 1)
-        assert loop.store.get(hit).runs == 2
+        assert loop.store.episodes.get(hit).restored_from == ids.snapshot_id(hit, 1)
+        assert loop.store.episodes.get(hit).runs == 2
         _finish_running(loop, on_lost)
         loop.until("all final", lambda: all(loop.state(m).terminal for m in members))
 
@@ -771,21 +773,23 @@ def test_a_member_whose_snapshot_cannot_be_restored_starts_over_rather_than_fail
     loop, service = groups
     (member,) = _submit_group(service, pb.EpisodeGroup(id="g-4", task_id="task-1", size=1))
     loop.until("running", lambda: loop.state(member) == S.RUNNING)
-    loop.node(loop.store.get(member).node).reports_digest = False
+    loop.node(loop.store.episodes.get(member).node).reports_digest = False
     loop.control.commands.preempt(member, "move")
     loop.until("PREEMPTED", lambda: loop.state(member) == S.PREEMPTED)
     loop.control.commands.resume(member)
     # Run 2 was the restore that could not be made; run 3 starts from the spec.
-    loop.until("running again", lambda: loop.state(member) == S.RUNNING and loop.store.get(member).runs == 3)
-    e = loop.store.get(member)
+    loop.until(
+        "running again", lambda: loop.state(member) == S.RUNNING and loop.store.episodes.get(member).runs == 3
+    )
+    e = loop.store.episodes.get(member)
     assert (e.restored_from, e.last_snapshot_id, e.log_offsets[:2]) == ("", "", (-1, -1))
-    reasons = [ev.reason for ev in loop.store.events(0, [member])]
+    reasons = [ev.reason for ev in loop.store.events.read(0, [member])]
     assert any("has no recorded manifest digest" in r and "member 0 starts over" in r for r in reasons)
 
 
 def _sampled(loop: Loop, episode_id: str, version: str, text: str = "go") -> None:
     """A turn the gateway sampled for the episode's current run under `version`."""
-    e = loop.store.get(episode_id)
+    e = loop.store.episodes.get(episode_id)
     request = CanonicalRequest.parse("chat", {"model": "m", "messages": [{"role": "user", "content": text}]})
     answer = canonical_message({"role": "assistant", "content": "ok"})
     loop.ledger.record(episode_id, e.runs, 0.0, request, b"{}", answer, b"", "chat", b"", [5, 6], [-0.5, -0.5],
@@ -814,31 +818,32 @@ def test_a_member_whose_next_turn_would_exceed_max_staleness_runs_again_from_the
     _sampled(loop, fresh, "4")
     _sampled(loop, stale, "4", "more")
     loop.control.operations.begin_checkpoint(stale, Reason.AUTOSAVE, "save", leave_running=True)
-    loop.until("an autosave", lambda: loop.store.get(stale).snapshots == 1)
+    loop.until("an autosave", lambda: loop.store.episodes.get(stale).snapshots == 1)
     loop.until("some ticks within the bound", lambda: True)
-    assert {loop.store.get(m).runs for m in everyone} == {1}, "1 version behind: within the bound"
+    assert {loop.store.episodes.get(m).runs for m in everyone} == {1}, "1 version behind: within the bound"
 
-    first = loop.store.get(stale)
+    first = loop.store.episodes.get(stale)
     loop.ledger.policy.publish(5)
     loop.until(
-        "member 0 running again", lambda: loop.store.get(stale).runs == 2 and loop.state(stale) == S.RUNNING
+        "member 0 running again",
+        lambda: loop.store.episodes.get(stale).runs == 2 and loop.state(stale) == S.RUNNING,
     )
-    again = loop.store.get(stale)
+    again = loop.store.episodes.get(stale)
     assert (again.restored_from, again.last_snapshot_id, again.log_offsets[:1]) == ("", "", (-1,))
     assert ("delete", first.sandbox_id) in loop.node(first.node).calls
-    reasons = [ev.reason for ev in loop.store.events(0, [stale])]
+    reasons = [ev.reason for ev in loop.store.events.read(0, [stale])]
     assert any(
         "stale-bounded: its oldest live tokens are 2 policy versions behind the published version 5, past its "
         "group's max_staleness 1; group g-5's member 0 runs again from the start" in r
         for r in reasons
     ), reasons
     assert [t.abandoned for t in loop.ledger.turns(stale)] == [True, True], "never replayed to the new run"
-    assert loop.store.get(fresh).runs == loop.store.get(free).runs == 1
+    assert loop.store.episodes.get(fresh).runs == loop.store.episodes.get(free).runs == 1
     assert [t.abandoned for t in loop.ledger.turns(fresh) + loop.ledger.turns(free)] == [False, False]
 
     _sampled(loop, stale, "5")  # the new run's first turn, under the published version
     loop.until("some ticks", lambda: True)
-    assert loop.store.get(stale).runs == 2, "the new run is within the bound"
+    assert loop.store.episodes.get(stale).runs == 2, "the new run is within the bound"
     _finish_running(loop, everyone)
     loop.until("all final", lambda: all(loop.state(m).terminal for m in everyone))
     listed = {g.id: g for g in service.ListGroups(pb.ListGroupsRequest(), None).groups}  # type: ignore[arg-type]
@@ -865,18 +870,18 @@ def test_a_tick_reads_the_published_version_and_a_groups_bound_once_for_all_its_
             self.inner, self.name = inner, name
 
         def __getattr__(self, attr: str) -> object:
-            if attr in ("group", "published"):
+            if attr in ("groups", "published"):
                 reads.append(attr)
             value = getattr(self.inner, attr)
             return Counted(value, attr) if attr == "policy" else value
 
     bound = StalenessBound(Counted(loop.store, "store"), Counted(loop.ledger, "ledger"), loop.control.members)  # type: ignore[arg-type]
     bound.new_tick()
-    assert [bound.why(loop.store.get(m)) for m in members] == ["", "", ""]
-    assert reads == ["group", "published"]
+    assert [bound.why(loop.store.episodes.get(m)) for m in members] == ["", "", ""]
+    assert reads == ["groups", "published"]
     bound.new_tick()
-    assert bound.why(loop.store.get(members[0])) == ""
-    assert reads == ["group", "published"] * 2, "a new tick reads them afresh"
+    assert bound.why(loop.store.episodes.get(members[0])) == ""
+    assert reads == ["groups", "published"] * 2, "a new tick reads them afresh"
 
 
 @pytest.mark.timeout(60)
@@ -898,20 +903,21 @@ def test_a_member_whose_run_an_upstream_outage_cut_short_runs_again_and_is_grade
         loop.ledger.outages.failed(own, 1, "model server: 502 connection refused")
         time.sleep(0.01)
         _sampled(loop, own, "1")
-        first = loop.store.get(cut)
+        first = loop.store.episodes.get(cut)
         for m in (cut, own):
-            e = loop.store.get(m)
+            e = loop.store.episodes.get(m)
             loop.node(e.node).exit(e.sandbox_id, 1)
         loop.until("member 1 graded", lambda: loop.state(own) == S.SUCCEEDED)
-        assert loop.store.get(own).reward == 0.5
+        assert loop.store.episodes.get(own).reward == 0.5
         loop.until(
-            "member 0 running again", lambda: loop.store.get(cut).runs == 2 and loop.state(cut) == S.RUNNING
+            "member 0 running again",
+            lambda: loop.store.episodes.get(cut).runs == 2 and loop.state(cut) == S.RUNNING,
         )
-        assert loop.store.get(cut).reward is None and loop.ledger.verifications.get(cut) is None, (
+        assert loop.store.episodes.get(cut).reward is None and loop.ledger.verifications.get(cut) is None, (
             "never graded"
         )
         assert ("delete", first.sandbox_id) in loop.node(first.node).calls
-        reasons = [ev.reason for ev in loop.store.events(0, [cut])]
+        reasons = [ev.reason for ev in loop.store.events.read(0, [cut])]
         assert any(
             "harness exited with code 1 after the model server failed its run: model server: 502 connection "
             "refused; no snapshot yet, starting over" in r
@@ -920,13 +926,14 @@ def test_a_member_whose_run_an_upstream_outage_cut_short_runs_again_and_is_grade
 
         for run in (2, 3):  # the outage goes on: the third run so ended is past group_max_attempts
             loop.until(
-                f"run {run}", lambda run=run: loop.store.get(cut).runs == run and loop.state(cut) == S.RUNNING
+                f"run {run}",
+                lambda run=run: loop.store.episodes.get(cut).runs == run and loop.state(cut) == S.RUNNING,
             )
             loop.ledger.outages.failed(cut, run, "model server: 503 overloaded")
-            e = loop.store.get(cut)
+            e = loop.store.episodes.get(cut)
             loop.node(e.node).exit(e.sandbox_id, 1)
         loop.until("member 0 failed", lambda: loop.state(cut) == S.FAILED)
-        final = loop.store.get(cut)
+        final = loop.store.episodes.get(cut)
         assert final.reward is None and final.reason == (
             "harness exited with code 1 after the model server failed its run: model server: 503 overloaded; "
             "3 runs ended so, past group_max_attempts"
@@ -957,15 +964,15 @@ def test_bad_group_input_is_refused_naming_the_field_and_nothing_is_stored(
 ) -> None:
     loop, service = groups
     _submit_group(service, pb.EpisodeGroup(id="taken", task_id="t", size=2))
-    stored, events = loop.store.query(), loop.store.events()
+    stored, events = loop.store.episodes.query(), loop.store.events.read()
     spec = wire.encode(GRADED, pb.EpisodeSpec)
     request = pb.SubmitEpisodesRequest(submits=[pb.SubmitEpisodeRequest(spec=spec)] * submits, group=group)
     with pytest.raises(_Aborted) as err:
         service.SubmitEpisodes(request, _Context())  # type: ignore[arg-type]
     code, details = err.value.args
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"{field}: "), details
-    assert loop.store.query() == stored and loop.store.events() == events
-    assert [g.id for g in loop.store.groups()] == ["taken"]
+    assert loop.store.episodes.query() == stored and loop.store.events.read() == events
+    assert [g.id for g in loop.store.groups.all()] == ["taken"]
 
 
 @pytest.mark.timeout(30)
@@ -980,4 +987,4 @@ def test_a_group_submitted_again_returns_its_members_and_new_members_are_refused
     fresh = pb.SubmitEpisodesRequest(submits=[pb.SubmitEpisodeRequest(spec=spec)] * 2, group=group)
     with pytest.raises(_Aborted, match=r"group.id: group 'g-5' has its member 0 already"):
         service.SubmitEpisodes(fresh, _Context())  # type: ignore[arg-type]
-    assert [e.id for e in loop.store.members("g-5")] == first
+    assert [e.id for e in loop.store.groups.members("g-5")] == first

@@ -107,7 +107,7 @@ def test_intent_committed_but_never_sent_is_carried_out(make_cluster: Callable[.
         c.wait(episode.id, ["RUNNING"], timeout_s=60)
         cluster.kill_orchestrator()
         store = SqliteStateStore(cluster.state_dir / "state.db")
-        store.transition(
+        store.episodes.transition(
             episode.id, EpisodeState.CHECKPOINTING, "manual: asked just before the crash",
             pending_snapshot_id=f"{episode.id}-s1", pending_reason="manual",
         )  # fmt: skip

@@ -121,7 +121,7 @@ def test_a_node_that_proves_itself_gets_a_certificate_for_itself_alone(cluster: 
             registry.Leave(pb.LeaveRequest(node="node-b"), timeout=10)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         registry.Leave(pb.LeaveRequest(node="node-a"), timeout=10)
-    assert cluster.orchestrator.store.node("node-a").state == NodeState.DRAINING
+    assert cluster.orchestrator.store.nodes.get("node-a").state == NodeState.DRAINING
 
     reviews = len(cluster.kube.reviews)
     assert joined("node-a", cluster.root / "agent-a", cluster.join("node-a", token)) == files
@@ -327,11 +327,11 @@ def test_a_node_registers_only_at_an_address_kubernetes_has_for_it(cluster: Clus
             assert f"node 'node-a' declared {declared!r}, but Kubernetes has it at 127.0.0.2, 127.0.0.3" in (
                 err.value.details() or ""
             )
-        assert not cluster.orchestrator.store.nodes(), "none registered"
+        assert not cluster.orchestrator.store.nodes.all(), "none registered"
         # Its agent pod's address, or its node's.
         for declared in ("127.0.0.2:7072", "127.0.0.3:7072"):
             registry.RegisterNode(pb.RegisterNodeRequest(info=info, address=declared), timeout=10)
-            assert cluster.orchestrator.store.node("node-a").address == declared
+            assert cluster.orchestrator.store.nodes.get("node-a").address == declared
 
 
 @pytest.mark.parametrize("cluster", [6.0], indirect=True)
@@ -355,7 +355,7 @@ def test_a_joined_agent_renews_its_certificate_through_join_before_it_expires(
     agent.start()
     try:
         cert_file = local.state_dir.resolve() / "nodes" / "node-a" / "tls" / "node.crt"
-        wait_until(lambda: cluster.orchestrator.store.nodes(), 60, "the agent to register")
+        wait_until(lambda: cluster.orchestrator.store.nodes.all(), 60, "the agent to register")
         first = x509.load_pem_x509_certificate(cert_file.read_bytes())
         assert first.not_valid_after_utc - first.not_valid_before_utc < datetime.timedelta(seconds=10)
         held = [first]
@@ -378,9 +378,9 @@ def test_a_joined_agent_renews_its_certificate_through_join_before_it_expires(
         beat = time.time()
         members = cluster.orchestrator.control.members
         wait_until(lambda: members.last_heartbeat("node-a") > beat, 10, "a heartbeat")
-        assert cluster.orchestrator.store.node("node-a").state == NodeState.READY
+        assert cluster.orchestrator.store.nodes.get("node-a").state == NodeState.READY
         # Its server presents the new one to a new connection (an expired one fails the handshake).
-        address = cluster.orchestrator.store.node("node-a").address
+        address = cluster.orchestrator.store.nodes.get("node-a").address
         with cluster.pki.orchestrator().channel(address, node_identity("node-a")) as channel:
             info = apb_grpc.SandboxAgentStub(channel).GetNodeInfo(apb.GetNodeInfoRequest(), timeout=10)
         assert info.name == "node-a"

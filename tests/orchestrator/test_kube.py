@@ -54,7 +54,7 @@ def control(tmp_path: Path) -> Iterator[Control]:
     with SnapshotStore.open(f"file://{tmp_path}/snapshots") as snapshots:
         c = Control(ControlSettings(), store, snapshots)
         for name in ("node-a", "node-b"):
-            store.upsert_node(NodeRecord(name, "127.0.0.1:1", NodeState.READY, "runc", 2, 1024, {}, {}, 0))
+            store.nodes.upsert(NodeRecord(name, "127.0.0.1:1", NodeState.READY, "runc", 2, 1024, {}, {}, 0))
         yield c
         store.close()
 
@@ -81,7 +81,7 @@ def test_reclaimed_nodes_are_drained_and_uncordoned_when_kubernetes_lets_go(
         "drain node-a: Kubernetes taint ToBeDeletedByClusterAutoscaler",
         "drain node-b: cordoned in Kubernetes",
     ]
-    assert {n.name: n.state for n in control.store.nodes()} == {
+    assert {n.name: n.state for n in control.store.nodes.all()} == {
         "node-a": NodeState.DRAINING,
         "node-b": NodeState.DRAINING,
     }
@@ -89,7 +89,7 @@ def test_reclaimed_nodes_are_drained_and_uncordoned_when_kubernetes_lets_go(
 
     kube.put("nodes", _node("node-b"))
     assert watcher.sync() == ["uncordon node-b"]
-    assert control.store.node("node-b").state == NodeState.READY
+    assert control.store.nodes.get("node-b").state == NodeState.READY
 
 
 @pytest.mark.timeout(30)
@@ -102,7 +102,7 @@ def test_which_nodes_it_drained_survives_a_restart(control: Control, kube: Stand
     kube.put("nodes", _node("node-a"))
     restarted = _watcher(control, kube)
     assert restarted.sync() == ["uncordon node-a"]
-    assert control.store.node("node-b").state == NodeState.DRAINING
+    assert control.store.nodes.get("node-b").state == NodeState.DRAINING
 
 
 @pytest.mark.timeout(30)
@@ -119,7 +119,7 @@ def test_a_node_whose_agent_pod_is_terminating_is_drained(control: Control, kube
 
     kube.put("pods", _agent_pod("rl-agent-a", "node-a", terminating=True))
     assert watcher.sync() == ["drain node-a: its agent pod stasis/rl-agent-a is terminating"]
-    assert control.store.node("node-a").state == NodeState.DRAINING
+    assert control.store.nodes.get("node-a").state == NodeState.DRAINING
 
     kube.remove("pods", "stasis", "rl-agent-a")
     kube.put("pods", _agent_pod("rl-agent-a2", "node-a"))

@@ -43,17 +43,17 @@ def test_one_leader_and_a_standby_that_changes_nothing(
     assert not second.try_acquire() and not second.held()
     assert second.leader().startswith("orchestrator-a (term 1, since ")
 
-    a.upsert_node(_node("node-1"))
+    a.nodes.upsert(_node("node-1"))
     with pytest.raises(StandingBy, match=r"orchestrator-b\) stands by .* the leader is orchestrator-a"):
-        b.upsert_node(_node("node-2"))
-    assert [n.name for n in b.nodes()] == ["node-1"], "the standby reads, and its write left nothing"
+        b.nodes.upsert(_node("node-2"))
+    assert [n.name for n in b.nodes.all()] == ["node-1"], "the standby reads, and its write left nothing"
 
     first.release()
     assert second.try_acquire(), "a released lease is free at once"
     assert second.leader().startswith("orchestrator-b (term 2, ")
-    b.upsert_node(_node("node-2"))
+    b.nodes.upsert(_node("node-2"))
     with pytest.raises(StandingBy):
-        a.upsert_node(_node("node-3"))
+        a.nodes.upsert(_node("node-3"))
 
 
 @pytest.mark.timeout(60)
@@ -76,11 +76,11 @@ def test_a_leader_cut_off_is_fenced_before_it_notices(
         time.sleep(0.1)
     # The old leader has not looked at its lease yet; its writes are refused all the same.
     with pytest.raises(StandingBy, match="the leader is orchestrator-b"):
-        a.upsert_node(_node("node-1"))
+        a.nodes.upsert(_node("node-1"))
     assert not first.held(), "and when it looks, it knows"
     assert not first.try_acquire(), "nor can it take the lease back while the new leader lives"
-    b.upsert_node(_node("node-1"))
-    assert [n.name for n in a.nodes()] == ["node-1"]
+    b.nodes.upsert(_node("node-1"))
+    assert [n.name for n in a.nodes.all()] == ["node-1"]
 
 
 @pytest.mark.timeout(60)
@@ -104,9 +104,9 @@ def test_a_leader_is_fenced_by_its_term_even_when_its_backend_pid_comes_back(
     assert second.term == 2
     first._pid = second._pid  # the new leader's session got the pid the old one had
     with pytest.raises(StandingBy, match="the leader is orchestrator-b"):
-        a.upsert_node(_node("node-1"))
-    b.upsert_node(_node("node-1"))
-    assert [n.name for n in a.nodes()] == ["node-1"], "the new leader's write alone landed"
+        a.nodes.upsert(_node("node-1"))
+    b.nodes.upsert(_node("node-1"))
+    assert [n.name for n in a.nodes.all()] == ["node-1"], "the new leader's write alone landed"
 
 
 @pytest.mark.timeout(30)
@@ -115,6 +115,6 @@ def test_the_embedded_store_always_leads(tmp_path: Path) -> None:
     try:
         lease = store.lease("local")
         assert lease.try_acquire() and lease.held() and lease.leader() == "local"
-        store.upsert_node(_node("node-1"))
+        store.nodes.upsert(_node("node-1"))
     finally:
         store.close()

@@ -18,8 +18,7 @@ import pytest
 from orchestrator.domain import Conflict, EpisodeSpec, EpisodeState, FailedPrecondition, StandingBy
 from orchestrator.gateway.generation import Generation, ToolCall
 from orchestrator.gateway.protocols import anthropic
-from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore
-from orchestrator.state.sql import live_run
+from orchestrator.state import PostgresStateStore, SqliteStateStore, StateStore, live_run
 from orchestrator.trajectory import CanonicalRequest, Ledger, Sampling, Turn, Verification
 from orchestrator.trajectory.canonical import canonical_message
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
@@ -194,17 +193,17 @@ def test_the_record_reads_the_episode_in_its_own_transaction(
     else:
         store, ledger = SqliteStateStore(tmp_path / "state.db"), Ledger.sqlite(tmp_path / "state.db")
     try:
-        e = store.submit(
+        e = store.episodes.submit(
             EpisodeSpec(image="base", command=("true",)), "", ipaddress.ip_network("10.200.0.0/16")
         )
-        store.update(e.id, runs=1)
+        store.episodes.update(e.id, runs=1)
         live = {"episode_id": e.id, "live_run": lambda db: live_run(db, e.id)}
         a = _record(ledger, _chat("hi"), "a", **live)
-        store.update(e.id, runs=2)  # a new run begins while run 1's next turn generates
+        store.episodes.update(e.id, runs=2)  # a new run begins while run 1's next turn generates
         new = _record(ledger, _chat("hi", "a", "different"), "c", run=2, resumed_at=20.0, **live)
         late = _record(ledger, _chat("hi", "a", "more"), "b", **live)
         assert (a.abandoned, new.abandoned, late.abandoned) == (False, False, True)
-        store.transition(e.id, EpisodeState.CANCELLED, "cancelled")
+        store.episodes.transition(e.id, EpisodeState.CANCELLED, "cancelled")
         with pytest.raises(Conflict, match=rf"episode {e.id} has ended \(CANCELLED\)"):
             _record(ledger, _chat("hi", "a", "different", "c", "next"), "d", run=2, **live)
         assert len(ledger.turns(e.id)) == 3

@@ -150,7 +150,7 @@ def test_the_api_and_stasis_trajectory_give_each_tokens_staleness(tmp_path: Path
     running.start(gateway=False)
     try:
         # No agent runs: a cordoned node record that caches the image lets the episode be submitted.
-        running.store.upsert_node(
+        running.store.nodes.upsert(
             NodeRecord("node-1", "127.0.0.1:1", NodeState.CORDONED, "runc", 1, 1024,
                        {"sha256:" + "a" * 64: ["base"]}, {}, time.time())
         )  # fmt: skip

@@ -32,7 +32,7 @@ def test_an_orchestrator_on_postgresql_serves_from_it_and_a_new_one_finds_everyt
 
     first = Orchestrator(settings).start(gateway=False)
     try:
-        first.store.upsert_node(
+        first.store.nodes.upsert(
             NodeRecord(
                 "node-1", "127.0.0.1:1", NodeState.CORDONED, "runc", 1, 1024,
                 {"sha256:" + "a" * 64: ["base"]}, {}, time.time(),

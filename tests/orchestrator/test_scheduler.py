@@ -65,8 +65,8 @@ def test_placement_fills_the_freest_node_that_has_the_image() -> None:
     nodes = [node("a", slots=2), node("b", slots=3), node("c", slots=5, images=())]
     decisions = scheduler.plan([episode("e1"), episode("e2")], nodes, NOW)
     assert [(type(d).__name__, d.episode.id, getattr(d, "node", "")) for d in decisions] == [
-        ("Start", "e1", "b"),
-        ("Start", "e2", "a"),
+        ("StartDecision", "e1", "b"),
+        ("StartDecision", "e2", "a"),
     ]
 
 
@@ -74,9 +74,11 @@ def test_a_registry_image_goes_where_it_is_cached_else_anywhere_it_fits() -> Non
     ref = "127.0.0.1:5000/team/harness@sha256:" + "a" * 64
     cached = [node("a", slots=2), node("b", slots=5), node("c", slots=1, images=(ref,))]
     (first,) = scheduler.plan([episode("e1", image=ref)], cached, NOW)
-    assert isinstance(first, scheduler.Start) and first.node == "c", "the node that caches it, though fuller"
+    assert isinstance(first, scheduler.StartDecision) and first.node == "c", (
+        "the node that caches it, though fuller"
+    )
     (second,) = scheduler.plan([episode("e2", image=ref)], cached[:2], NOW)
-    assert isinstance(second, scheduler.Start) and second.node == "b", (
+    assert isinstance(second, scheduler.StartDecision) and second.node == "b", (
         "no node caches it: the freest pulls it"
     )
     assert scheduler.plan([episode("e3", image="unpullable-name")], cached, NOW) == []
@@ -99,15 +101,17 @@ def test_a_node_takes_only_what_its_disk_holds_with_room_to_stage_a_checkpoint()
     fits_a = episode("fits-a", disk_mb=4096, memory_mb=1024, pinned_node="a")
     too_big = episode("too-big", disk_mb=12_000, memory_mb=1024, pinned_node="a")
     placed = {d.episode.id: d.node for d in scheduler.plan([on_a, wide, fits_a, too_big], nodes[:2], NOW)
-              if isinstance(d, scheduler.Start)}  # fmt: skip
+              if isinstance(d, scheduler.StartDecision)}  # fmt: skip
     # 10240 + 4096 + 11264 <= 32000, but 10240 + 12000 + 13024 is not; 50000 + 51024 fits nowhere.
     assert placed == {"fits-a": "a"}
     # A node that does not say what its disk holds is not limited by it.
-    assert [d.node for d in scheduler.plan([wide], nodes, NOW) if isinstance(d, scheduler.Start)] == ["old"]
+    assert [d.node for d in scheduler.plan([wide], nodes, NOW) if isinstance(d, scheduler.StartDecision)] == [
+        "old"
+    ]
     # Preempting a running episode frees its layer for the waiter.
     urgent = episode("urgent", disk_mb=12_000, priority=5, pinned_node="a")
     (checkpoint,) = scheduler.plan([on_a, urgent], nodes[:1], NOW)
-    assert isinstance(checkpoint, scheduler.Checkpoint) and checkpoint.episode.id == "on-a"
+    assert isinstance(checkpoint, scheduler.CheckpointDecision) and checkpoint.episode.id == "on-a"
 
 
 def test_the_longest_waiting_resumes_first() -> None:
@@ -118,7 +122,7 @@ def test_the_longest_waiting_resumes_first() -> None:
         episode("middle", queued_at=200),
     ]
     (first,) = scheduler.plan(waiting, nodes, NOW)
-    assert isinstance(first, scheduler.Restore) and first.episode.id == "early"
+    assert isinstance(first, scheduler.RestoreDecision) and first.episode.id == "early"
 
 
 def test_held_and_backed_off_episodes_wait() -> None:
@@ -137,7 +141,7 @@ def test_priority_preempts_the_lowest_priority_longest_running() -> None:
     ]
     urgent = episode("urgent", priority=9)
     decisions = scheduler.plan([*running, urgent], [node("a"), node("b"), node("c")], NOW)
-    assert [(d.episode.id, d.reason) for d in decisions if isinstance(d, scheduler.Checkpoint)] == [
+    assert [(d.episode.id, d.reason) for d in decisions if isinstance(d, scheduler.CheckpointDecision)] == [
         ("low-long", Reason.PRIORITY)
     ]
     # Equal priority never preempts.
@@ -188,7 +192,7 @@ def test_autosave_period() -> None:
     e = episode("e", EpisodeState.RUNNING, "a", ran_s=100)
     e.spec = EpisodeSpec(image="base", command=("true",), preemption=Preemption(autosave_s=30))
     (d,) = scheduler.plan([e], [node("a")], NOW)
-    assert isinstance(d, scheduler.Checkpoint) and d.leave_running and d.reason == Reason.AUTOSAVE
+    assert isinstance(d, scheduler.CheckpointDecision) and d.leave_running and d.reason == Reason.AUTOSAVE
     e.last_autosave_at = NOW - 10
     assert scheduler.plan([e], [node("a")], NOW) == []
 
@@ -203,7 +207,10 @@ def test_a_long_queue_is_read_only_as_far_as_a_decision_can_come_of_it() -> None
 
     # Two free slots: two are placed, and the third is read to learn that it must wait.
     decisions = scheduler.plan([], [node("a", slots=2)], NOW, queue=queue(10_000))
-    assert [(type(d).__name__, d.episode.id) for d in decisions] == [("Start", "q00000"), ("Start", "q00001")]
+    assert [(type(d).__name__, d.episode.id) for d in decisions] == [
+        ("StartDecision", "q00000"),
+        ("StartDecision", "q00001"),
+    ]
     assert len(read) == 3
     # Full, and nobody running has a lower priority or a slice to give up: the head only.
     read.clear()
@@ -213,7 +220,7 @@ def test_a_long_queue_is_read_only_as_far_as_a_decision_can_come_of_it() -> None
     # The first in line that outranks the run preempts it; nobody further back is read.
     read.clear()
     (preempt,) = scheduler.plan([running], [node("a")], NOW, queue=queue(10_000, priority=1))
-    assert isinstance(preempt, scheduler.Checkpoint) and preempt.reason == Reason.PRIORITY
+    assert isinstance(preempt, scheduler.CheckpointDecision) and preempt.reason == Reason.PRIORITY
     assert read == ["q00000"]
     # The queue is read apart from the episodes: one it holds in a state since left is not
     # placed again.

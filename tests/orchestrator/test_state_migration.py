@@ -29,20 +29,24 @@ from tests.postgres import PostgresServer
 def _fill(state_db: Path) -> None:
     """A state file with a little of everything an orchestrator keeps."""
     store = SqliteStateStore(state_db)
-    first = store.submit(SPEC, "trainer-1", POOL)
-    second = store.submit(EpisodeSpec(image="base", command=("true",), labels={"team": "b"}), "", POOL)
-    store.transition(first.id, EpisodeState.RUNNING, "started", node="node-1", run_started_at=100.0)
-    store.update(first.id, decision="pinned by hand", pinned_node="node-1", reward=0.5, log_offsets=(0, 7))
-    store.add_snapshot(_snapshot(first.id, 1), snapshots=1)
-    store.transition(second.id, EpisodeState.CANCELLED, "by hand")
-    store.upsert_node(
+    first = store.episodes.submit(SPEC, "trainer-1", POOL)
+    second = store.episodes.submit(
+        EpisodeSpec(image="base", command=("true",), labels={"team": "b"}), "", POOL
+    )
+    store.episodes.transition(first.id, EpisodeState.RUNNING, "started", node="node-1", run_started_at=100.0)
+    store.episodes.update(
+        first.id, decision="pinned by hand", pinned_node="node-1", reward=0.5, log_offsets=(0, 7)
+    )
+    store.snapshots.add(_snapshot(first.id, 1), snapshots=1)
+    store.episodes.transition(second.id, EpisodeState.CANCELLED, "by hand")
+    store.nodes.upsert(
         NodeRecord(
             "node-1", "10.0.0.1:7000", NodeState.READY, "runc", 4, 1024, {"sha256:aa": ["base"]}, {}, 1.0
         )
     )
-    store.put_image(ImageRecord("tool", "r@sha256:aa", "sha256:bb", 10, "/src", 1.0))
-    store.put_log(first.id, 4096, b"log\x00\xff")
-    store.remember_request("op-1", "CancelEpisode", {"id": second.id}, second.id)
+    store.images.put(ImageRecord("tool", "r@sha256:aa", "sha256:bb", 10, "/src", 1.0))
+    store.logs.put(first.id, 4096, b"log\x00\xff")
+    store.requests.remember("op-1", "CancelEpisode", {"id": second.id}, second.id)
     store.close()
     ledger = Ledger.sqlite(state_db)
     _record(ledger, _chat("hi"), "hello", episode_id=first.id)
@@ -54,15 +58,15 @@ def _fill(state_db: Path) -> None:
 
 
 def _state(store: StateStore, ledger: Ledger) -> dict[str, object]:
-    episodes = store.query()
+    episodes = store.episodes.query()
     return {
         "episodes": episodes,
-        "events": store.events(0, limit=1000),
-        "snapshots": [store.snapshots(e.id) for e in episodes],
-        "nodes": store.nodes(),
-        "images": store.images(),
-        "logs": [store.log(e.id) for e in episodes],
-        "request": store.known_request("op-1", "CancelEpisode", {"id": episodes[1].id}),
+        "events": store.events.read(0, limit=1000),
+        "snapshots": [store.snapshots.of(e.id) for e in episodes],
+        "nodes": store.nodes.all(),
+        "images": store.images.all(),
+        "logs": [store.logs.get(e.id) for e in episodes],
+        "request": store.requests.known("op-1", "CancelEpisode", {"id": episodes[1].id}),
         "turns": [ledger.turns(e.id) for e in episodes],
         "verifications": [ledger.verifications.get(e.id) for e in episodes],
         "policy": ledger.policy.current(),
@@ -96,10 +100,10 @@ def test_the_whole_state_moves_to_postgresql_and_carries_on_there(
     try:
         ledger = Ledger.postgres(store.database)
         assert _state(store, ledger) == before
-        assert store.submit(SPEC, "trainer-1", POOL).id == before["episodes"][0].id  # type: ignore[index]
+        assert store.episodes.submit(SPEC, "trainer-1", POOL).id == before["episodes"][0].id  # type: ignore[index]
         # New rows follow the copied ones: events keep their order, turns their ids.
-        later = store.submit(SPEC, "trainer-2", POOL)
-        assert store.events(0, [later.id])[0].seq > before["events"][-1].seq  # type: ignore[index]
+        later = store.episodes.submit(SPEC, "trainer-2", POOL)
+        assert store.events.read(0, [later.id])[0].seq > before["events"][-1].seq  # type: ignore[index]
         episode = before["episodes"][0].id  # type: ignore[index]
         turn = _record(ledger, _chat("again"), "yes", episode_id=episode)
         assert turn.id > max(t.id for t in before["turns"][0])  # type: ignore[index]
@@ -109,7 +113,7 @@ def test_the_whole_state_moves_to_postgresql_and_carries_on_there(
     with pytest.raises(FailedPrecondition, match="already holds episodes"):
         migrate_to_postgres(tmp_path / "state.db", url)
     store = PostgresStateStore(url)
-    assert len(store.query()) == 3, "a refused migration wrote nothing"
+    assert len(store.episodes.query()) == 3, "a refused migration wrote nothing"
     store.close()
 
 
@@ -127,7 +131,7 @@ def test_a_text_postgresql_cannot_hold_or_a_missing_file_moves_nothing(
     with pytest.raises(FailedPrecondition, match=r"nodes\.address of the row name='node-1' holds a NUL"):
         migrate_to_postgres(tmp_path / "state.db", url)
     store = PostgresStateStore(url)
-    assert store.query() == [] and store.nodes() == [], "the episodes copied first were kept"
+    assert store.episodes.query() == [] and store.nodes.all() == [], "the episodes copied first were kept"
     store.close()
 
 
@@ -146,7 +150,7 @@ def test_nothing_moves_while_an_orchestrator_runs_on_the_state_dir(
         ):
             migrate_to_postgres(tmp_path / "state.db", url)
         store = PostgresStateStore(url)
-        assert store.query() == [], "nothing was copied"
+        assert store.episodes.query() == [], "nothing was copied"
         store.close()
     finally:
         running.stop()
