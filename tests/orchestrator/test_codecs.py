@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.api.service import episode_to_pb
+from orchestrator.api.messages import episode_to_pb
 from orchestrator.client import EpisodeInfo, load_spec_file, spec_from_mapping
 from orchestrator.domain import (
     Episode,

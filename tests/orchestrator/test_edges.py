@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.api.service import branch_to_pb
-from orchestrator.cli.commands import tree_order
+from orchestrator.api.messages import branch_to_pb
+from orchestrator.cli.render import tree_order
 from orchestrator.client import BranchInfo
 from orchestrator.trajectory import CanonicalRequest, Ledger, Turn
 from orchestrator.trajectory.canonical import canonical_message

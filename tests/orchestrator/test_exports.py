@@ -18,7 +18,7 @@ import atif
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.api.service import branch_to_pb
+from orchestrator.api.messages import branch_to_pb
 from orchestrator.cli.datasets import export
 from orchestrator.cli.parser import parser
 from orchestrator.client import TrajectoryInfo
