@@ -1134,7 +1134,10 @@ def test_a_kept_alive_harness_waits_out_no_delayed_ack_through_the_tls_relay(
     finally:
         conn.close()
         relay.stop()
-    assert sorted(took[1:])[10] < 0.02, f"median turn {sorted(took[1:])[10] * 1000:.1f} ms through the relay"
+    # A delayed ACK holds each turn at least 40 ms; a turn through the relay otherwise takes a few
+    # ms alone, and up to about 20 ms on a machine busy with the rest of the suite.
+    median = sorted(took[1:])[10]
+    assert median < 0.03, f"median turn {median * 1000:.1f} ms through the relay: a delayed ACK in each"
 
 
 def _through(relay: Forwarder, body: Any) -> tuple[int, bytes]:
