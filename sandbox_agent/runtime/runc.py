@@ -11,8 +11,10 @@ import logging
 import os
 import shutil
 import signal as signals
+import threading
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,8 @@ class RuncBackend:
         self.rootfs = rootfs
         self.checkpoints = RuncCheckpoints(self, criu, rootfs)
         state_root.mkdir(parents=True, exist_ok=True)
+        self._cgroups_lock = threading.Lock()
+        self._cgroups_in_making = 0
 
     def runc(self, *args: str, check: bool = True, what: str = "", timeout: float = 600) -> tools.Completed:
         return tools.run(
@@ -71,6 +75,19 @@ class RuncBackend:
 
     def cgroups_path(self, sandbox_id: str) -> str:
         return bundle.cgroups_path(self.node, sandbox_id)
+
+    @contextmanager
+    def making_cgroups(self) -> Iterator[None]:
+        """Around whatever makes a sandbox's cgroups (`runc run`, `runc restore`, `cgroups.make`):
+        meanwhile the node's own cgroup stays, even if its last other sandbox goes. Made anew
+        under a parent being removed, runc fails reading the parent's cpuset.cpus (ENODEV)."""
+        with self._cgroups_lock:
+            self._cgroups_in_making += 1
+        try:
+            yield
+        finally:
+            with self._cgroups_lock:
+                self._cgroups_in_making -= 1
 
     @staticmethod
     def pid_file(layout: SandboxLayout) -> Path:
@@ -104,10 +121,11 @@ class RuncBackend:
         return self.rootfs.mount_graded(layout, image, userns_base)
 
     def start(self, record: SandboxRecord, layout: SandboxLayout) -> None:
-        self.runc(
-            "run", "--detach", "--bundle", str(layout.bundle), "--pid-file", str(self.pid_file(layout)),
-            record.id, what=f"starting sandbox {record.id}",
-        )  # fmt: skip
+        with self.making_cgroups():
+            self.runc(
+                "run", "--detach", "--bundle", str(layout.bundle), "--pid-file", str(self.pid_file(layout)),
+                record.id, what=f"starting sandbox {record.id}",
+            )  # fmt: skip
 
     def upper_dir(self, record: SandboxRecord, layout: SandboxLayout) -> Path:
         return layout.upper
@@ -191,15 +209,19 @@ class RuncBackend:
             pause = min(pause * 2, 0.01)
 
     def _remove_cgroups(self, sandbox_id: str) -> None:
-        for hierarchy in cgroups.hierarchies():
-            node_dir = hierarchy / CGROUP_PARENT / self.node
-            for d in (node_dir / sandbox_id, node_dir, node_dir.parent):
-                try:
-                    d.rmdir()
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                except OSError:
-                    break  # still in use by another sandbox or node
+        """The sandbox's cgroups, then the node's if that was its last and none is being made
+        (`making_cgroups`). The `stasis` parent stays: every node of every stack on the host makes
+        its cgroups under it, from other processes."""
+        with self._cgroups_lock:
+            for hierarchy in cgroups.hierarchies():
+                node_dir = hierarchy / CGROUP_PARENT / self.node
+                for d in (node_dir / sandbox_id, node_dir)[: 1 if self._cgroups_in_making else 2]:
+                    try:
+                        d.rmdir()
+                    except (FileNotFoundError, NotADirectoryError):
+                        continue
+                    except OSError:
+                        break  # still in use by another sandbox
 
     def remove_leftovers(self, keep: set[str]) -> list[str]:
         """Sandboxes runc has a state of, or that have cgroups of this node (a restored one):

@@ -98,7 +98,8 @@ class RuncCheckpoints:
         self.rootfs.layer_disk(record, layout)
         spec = self.runc.write_bundle(record, layout)
         if self.direct:
-            cgroups.make(spec["linux"]["cgroupsPath"], spec["linux"]["resources"])
+            with self.runc.making_cgroups():
+                cgroups.make(spec["linux"]["cgroupsPath"], spec["linux"]["resources"])
 
     def restore(
         self,
@@ -127,7 +128,8 @@ class RuncCheckpoints:
         self.runc.forget(record.id)
         if self.direct:
             spec = bundle.read(layout)
-            cgroups.make(spec["linux"]["cgroupsPath"], spec["linux"]["resources"])
+            with self.runc.making_cgroups():
+                cgroups.make(spec["linux"]["cgroupsPath"], spec["linux"]["resources"])
         self._restore(record, layout, images_dir)
 
     def _restore(
@@ -163,7 +165,10 @@ class RuncCheckpoints:
                 )  # fmt: skip
                 pid_file.write_text(str(pid))
                 return pid
-            with failure_logged(f"CRIU restore of sandbox {record.id}", work / "restore.log"):
+            with (
+                failure_logged(f"CRIU restore of sandbox {record.id}", work / "restore.log"),
+                self.runc.making_cgroups(),
+            ):
                 self.runc.runc(
                     "restore", "--detach", "--tcp-established", "--file-locks",
                     *(["--lazy-pages"] if transfer is not None else []),

@@ -131,6 +131,7 @@ def test_a_group_of_8_with_a_members_node_lost_completes_with_8_real_rewards(
     group completes with each member's reward as its own verifier computed it."""
     stack = make_stack(nodes=2, slots=4, node_lost_after_s=3.0)
     spec = counter_spec(40, autosave_s=2.0) | {"reward": {"command": COUNTED}}
+    spec["resources"] |= {"disk_mb": 1024}  # 8 members and their verifiers fit one node's disk
     with stack.client() as client:
         members = [m.id for m in client.submit_group(spec, 8, "g-lost", "count-40")]
         running = {m: client.wait(m, ["RUNNING"], timeout_s=120) for m in members}

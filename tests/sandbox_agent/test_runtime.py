@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from sandbox_agent import Node, SandboxSpec, SandboxState, SandboxStatus
+from sandbox_agent.host import cgroups
 from sandbox_agent.node import SnapshotTarget
-from sandbox_agent.runtime.runc import ended
+from sandbox_agent.runtime.bundle import CGROUP_PARENT
+from sandbox_agent.runtime.runc import RuncBackend, ended
 from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, recorded, remove_node_dirs, wait_for_log
 
@@ -241,6 +243,27 @@ def test_two_nodes_on_one_host_do_not_interfere(make_node: NodeFactory, tmp_path
     a2 = make_node("node-a-again")
     assert a2.backend.remove_leftovers(set()) == []
     assert b.get("same-id").state == SandboxState.RUNNING
+
+
+@pytest.mark.timeout(60)
+def test_the_nodes_cgroup_stays_while_another_sandbox_makes_its_own(make_node: NodeFactory) -> None:
+    """The last sandbox of a node goes while another's cgroups are being made (a verifier starting
+    as its episode's sandbox is removed): the node's cgroup stays until none is in the making, and
+    the host-wide parent is never removed. runc fails with ENODEV making a cgroup under a parent
+    that is being removed."""
+    node = make_node("node-a")
+    backend = node.backend
+    assert isinstance(backend, RuncBackend)
+    spec = SandboxSpec(image="base", command=("sleep", "600"))
+    node_cgroup = cgroups.ROOT / "memory" / CGROUP_PARENT / backend.node
+    node.create("one", spec)
+    with backend.making_cgroups():
+        node.delete("one")
+        assert node_cgroup.is_dir()
+    node.create("two", spec)
+    node.delete("two")
+    assert not node_cgroup.exists()
+    assert node_cgroup.parent.is_dir()
 
 
 @pytest.mark.timeout(10)
