@@ -228,20 +228,40 @@ class CheckpointResult(_message.Message):
     def __init__(self, directory: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., image_digest: _Optional[str] = ..., criu_version: _Optional[str] = ..., criu_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., created_at: _Optional[float] = ..., snapshot_id: _Optional[str] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., since_freeze_ms: _Optional[float] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("sandbox_id", "directory", "image", "skip_verify", "snapshot_id", "manifest_digest")
+    __slots__ = ("sandbox_id", "directory", "image", "skip_verify", "snapshot_id", "manifest_digest", "address", "hostname", "fork")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     SKIP_VERIFY_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    FORK_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     directory: str
     image: str
     skip_verify: bool
     snapshot_id: str
     manifest_digest: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., image: _Optional[str] = ..., skip_verify: _Optional[bool] = ..., snapshot_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
+    address: str
+    hostname: str
+    fork: ForkMark
+    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., image: _Optional[str] = ..., skip_verify: _Optional[bool] = ..., snapshot_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., address: _Optional[str] = ..., hostname: _Optional[str] = ..., fork: _Optional[_Union[ForkMark, _Mapping]] = ...) -> None: ...
+
+class ForkMark(_message.Message):
+    __slots__ = ("episode_id", "parent_episode_id", "snapshot_id", "index", "count")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    parent_episode_id: str
+    snapshot_id: str
+    index: int
+    count: int
+    def __init__(self, episode_id: _Optional[str] = ..., parent_episode_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., index: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class KillRequest(_message.Message):
     __slots__ = ("sandbox_id", "signal")

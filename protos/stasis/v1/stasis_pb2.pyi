@@ -135,7 +135,7 @@ class EpisodeSpec(_message.Message):
     def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., resources: _Optional[_Union[EpisodeResources, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., preemption: _Optional[_Union[Preemption, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., reward: _Optional[_Union[RewardSpec, _Mapping]] = ..., entrypoint: _Optional[_Iterable[str]] = ..., has_entrypoint: _Optional[bool] = ...) -> None: ...
 
 class Episode(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "node", "sandbox_id", "address", "snapshots", "last_snapshot_id", "has_reward", "reward", "has_exit_code", "exit_code", "submitted_at", "updated_at", "finished_at", "run_seconds", "runs", "held", "pinned_node", "group_id", "group_index")
+    __slots__ = ("id", "spec", "state", "reason", "node", "sandbox_id", "address", "snapshots", "last_snapshot_id", "has_reward", "reward", "has_exit_code", "exit_code", "submitted_at", "updated_at", "finished_at", "run_seconds", "runs", "held", "pinned_node", "group_id", "group_index", "forked_from", "fork_parent", "fork_index")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,9 @@ class Episode(_message.Message):
     PINNED_NODE_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_FIELD_NUMBER: _ClassVar[int]
+    FORK_PARENT_FIELD_NUMBER: _ClassVar[int]
+    FORK_INDEX_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: EpisodeSpec
     state: EpisodeState
@@ -180,7 +183,10 @@ class Episode(_message.Message):
     pinned_node: str
     group_id: str
     group_index: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., node: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., address: _Optional[str] = ..., snapshots: _Optional[int] = ..., last_snapshot_id: _Optional[str] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., run_seconds: _Optional[float] = ..., runs: _Optional[int] = ..., held: _Optional[bool] = ..., pinned_node: _Optional[str] = ..., group_id: _Optional[str] = ..., group_index: _Optional[int] = ...) -> None: ...
+    forked_from: str
+    fork_parent: str
+    fork_index: int
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., node: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., address: _Optional[str] = ..., snapshots: _Optional[int] = ..., last_snapshot_id: _Optional[str] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., run_seconds: _Optional[float] = ..., runs: _Optional[int] = ..., held: _Optional[bool] = ..., pinned_node: _Optional[str] = ..., group_id: _Optional[str] = ..., group_index: _Optional[int] = ..., forked_from: _Optional[str] = ..., fork_parent: _Optional[str] = ..., fork_index: _Optional[int] = ...) -> None: ...
 
 class EpisodeEvent(_message.Message):
     __slots__ = ("seq", "episode_id", "kind", "from_state", "to_state", "reason", "message", "node", "at", "actor")
@@ -207,12 +213,14 @@ class EpisodeEvent(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., episode_id: _Optional[str] = ..., kind: _Optional[str] = ..., from_state: _Optional[_Union[EpisodeState, str]] = ..., to_state: _Optional[_Union[EpisodeState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[float] = ..., actor: _Optional[str] = ...) -> None: ...
 
 class SubmitEpisodeRequest(_message.Message):
-    __slots__ = ("spec", "request_id")
+    __slots__ = ("spec", "request_id", "from_snapshot")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     spec: EpisodeSpec
     request_id: str
-    def __init__(self, spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    from_snapshot: str
+    def __init__(self, spec: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., from_snapshot: _Optional[str] = ...) -> None: ...
 
 class EpisodeGroup(_message.Message):
     __slots__ = ("id", "task_id", "size", "max_staleness")
@@ -328,7 +336,7 @@ class ResumeEpisodeRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., node: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("id", "episode_id", "parent_id", "sequence", "node", "reason", "created_at", "logical_bytes", "stored_bytes", "new_bytes", "trajectory_cursor", "timings_ms", "available", "manifest_digest")
+    __slots__ = ("id", "episode_id", "parent_id", "sequence", "node", "reason", "created_at", "logical_bytes", "stored_bytes", "new_bytes", "trajectory_cursor", "timings_ms", "available", "manifest_digest", "forks")
     class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -350,6 +358,7 @@ class Snapshot(_message.Message):
     TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FORKS_FIELD_NUMBER: _ClassVar[int]
     id: str
     episode_id: str
     parent_id: str
@@ -364,13 +373,49 @@ class Snapshot(_message.Message):
     timings_ms: _containers.ScalarMap[str, float]
     available: bool
     manifest_digest: str
-    def __init__(self, id: _Optional[str] = ..., episode_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., sequence: _Optional[int] = ..., node: _Optional[str] = ..., reason: _Optional[str] = ..., created_at: _Optional[float] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., trajectory_cursor: _Optional[str] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., available: _Optional[bool] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
+    forks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., episode_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., sequence: _Optional[int] = ..., node: _Optional[str] = ..., reason: _Optional[str] = ..., created_at: _Optional[float] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., trajectory_cursor: _Optional[str] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., available: _Optional[bool] = ..., manifest_digest: _Optional[str] = ..., forks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListSnapshotsRequest(_message.Message):
     __slots__ = ("episode_id",)
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     def __init__(self, episode_id: _Optional[str] = ...) -> None: ...
+
+class ForkEpisodeRequest(_message.Message):
+    __slots__ = ("episode_id", "count", "snapshot_id", "now", "stop", "request_id", "labels", "group")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    NOW_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    count: int
+    snapshot_id: str
+    now: bool
+    stop: bool
+    request_id: str
+    labels: _containers.ScalarMap[str, str]
+    group: EpisodeGroup
+    def __init__(self, episode_id: _Optional[str] = ..., count: _Optional[int] = ..., snapshot_id: _Optional[str] = ..., now: _Optional[bool] = ..., stop: _Optional[bool] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., group: _Optional[_Union[EpisodeGroup, _Mapping]] = ...) -> None: ...
+
+class ForkEpisodeResponse(_message.Message):
+    __slots__ = ("snapshot_id", "children")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    children: _containers.RepeatedCompositeFieldContainer[Episode]
+    def __init__(self, snapshot_id: _Optional[str] = ..., children: _Optional[_Iterable[_Union[Episode, _Mapping]]] = ...) -> None: ...
 
 class ExportSnapshotRequest(_message.Message):
     __slots__ = ("snapshot_id",)

@@ -79,6 +79,11 @@ class StasisStub:
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ResumeEpisodeRequest.SerializeToString,
                 response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Episode.FromString,
                 _registered_method=True)
+        self.ForkEpisode = channel.unary_unary(
+                '/stasis.v1.Stasis/ForkEpisode',
+                request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ForkEpisodeRequest.SerializeToString,
+                response_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ForkEpisodeResponse.FromString,
+                _registered_method=True)
         self.ListSnapshots = channel.unary_unary(
                 '/stasis.v1.Stasis/ListSnapshots',
                 request_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ListSnapshotsRequest.SerializeToString,
@@ -202,6 +207,14 @@ class StasisServicer:
 
     def ResumeEpisode(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkEpisode(self, request, context):
+        """Start `count` new episodes from one snapshot of an episode: its latest, a named one, or one
+        taken now of the running episode. Each child is an episode of its own.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -343,6 +356,11 @@ def add_StasisServicer_to_server(servicer, server):
                     servicer.ResumeEpisode,
                     request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ResumeEpisodeRequest.FromString,
                     response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.Episode.SerializeToString,
+            ),
+            'ForkEpisode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkEpisode,
+                    request_deserializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ForkEpisodeRequest.FromString,
+                    response_serializer=protos_dot_stasis_dot_v1_dot_stasis__pb2.ForkEpisodeResponse.SerializeToString,
             ),
             'ListSnapshots': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSnapshots,
@@ -653,6 +671,33 @@ class Stasis:
             '/stasis.v1.Stasis/ResumeEpisode',
             protos_dot_stasis_dot_v1_dot_stasis__pb2.ResumeEpisodeRequest.SerializeToString,
             protos_dot_stasis_dot_v1_dot_stasis__pb2.Episode.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkEpisode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stasis.v1.Stasis/ForkEpisode',
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ForkEpisodeRequest.SerializeToString,
+            protos_dot_stasis_dot_v1_dot_stasis__pb2.ForkEpisodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
