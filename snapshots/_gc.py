@@ -142,6 +142,9 @@ def mark(
     manifest refers to. Under a shared lock: puts and restores go on meanwhile, so what was
     garbage here may be referred to by the time of the `sweep`, which checks again."""
     resume_points = resume_points or {}
+    # What a live episode may still restore stays, whichever episode took it: a fork child's
+    # resume point is its parent's snapshot, kept after the parent ended and past its keep_last.
+    anchored = set(resume_points.values()) | set(pending)
     removed_locks = remove_stale(backend, locks)
     by_episode: dict[str, list[str]] = defaultdict(list)
     for key in backend.list(EPISODE_PREFIX):
@@ -159,13 +162,16 @@ def mark(
             continue
         loaded[sid] = manifest
         if episode in ended:
-            doomed.append((episode, sid))
+            if sid not in anchored:
+                doomed.append((episode, sid))
         else:
             live_by_episode[episode].append(manifest)
     for episode, manifests in live_by_episode.items():
         manifests.sort(key=lambda m: (m.seq, m.created_at, m.snapshot_id))
         kept = retained(manifests, retention.keep_last, resume_points.get(episode, ""), pending)
-        doomed.extend((m.episode_id, m.snapshot_id) for m in manifests if m.snapshot_id not in kept)
+        doomed.extend(
+            (m.episode_id, m.snapshot_id) for m in manifests if m.snapshot_id not in kept | anchored
+        )
     # Manifests before markers: a snapshot stops existing at the first delete.
     backend.delete(manifest_key(sid) for _e, sid in doomed)
     backend.delete(episode_key(e, sid) for e, sid in doomed)

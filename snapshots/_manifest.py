@@ -41,6 +41,7 @@ class Reason(enum.StrEnum):
     PRIORITY = "priority"
     DRAIN = "drain"
     AUTOSAVE = "autosave"
+    FORK = "fork"
 
 
 class EntryKind(enum.StrEnum):

@@ -285,9 +285,11 @@ class SnapshotStore:
         shared lock again.
 
         ended_episodes are episodes whose trajectories are persisted elsewhere;
-        all their snapshots go. resume_points names, per live episode, the snapshot it would
-        resume from: it and those before it that `keep_last` allows stay, however many newer
-        ones there are. pending names snapshots still being taken: they stay. Raises StoreLocked if writers keep the store
+        all their snapshots go but those a live episode may still restore. resume_points names,
+        per live episode, the snapshot it would resume from: it and those before it that
+        `keep_last` allows stay, however many newer ones there are; it stays even if another
+        episode took it (a fork child's is its parent's). pending names snapshots still being
+        taken: they stay. Raises StoreLocked if writers keep the store
         busy for longer than LockSettings.gc_acquire_timeout_s; retention has been applied then.
         """
         with self._lock(LockKind.SHARED, "gc mark"):

@@ -40,6 +40,7 @@ METHOD_ROLES: dict[str, Role] = {
     "ListGroups": Role.VIEWER,
     "SubmitEpisode": Role.TRAINER,
     "SubmitEpisodes": Role.TRAINER,
+    "ForkEpisode": Role.TRAINER,
     "CancelEpisode": Role.TRAINER,
     "GetTrajectory": Role.TRAINER,
     "StreamTrajectories": Role.TRAINER,

@@ -31,8 +31,9 @@ def episode_to_pb(e: Episode, now: float) -> pb.Episode:
     return msg
 
 
-def snapshot_to_pb(s: SnapshotRecord, available: bool) -> pb.Snapshot:
-    return wire.encode(s, pb.Snapshot, available=available)
+def snapshot_to_pb(s: SnapshotRecord, available: bool, forks: list[str] | None = None) -> pb.Snapshot:
+    """The snapshot's record, whether the store still holds it, and the episodes forked from it."""
+    return wire.encode(s, pb.Snapshot, available=available, forks=forks or [])
 
 
 def node_to_pb(n: NodeRecord, episodes: list[Episode], last_heartbeat: float) -> pb.Node:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
 import grpc
 
+from orchestrator.api import forking
 from orchestrator.api.messages import (
     branch_to_pb,
     episode_to_pb,
@@ -37,6 +38,7 @@ from orchestrator.domain import (
     InvalidArgument,
     NodeRecord,
     NotFound,
+    Origin,
     ids,
 )
 from orchestrator.state import StateStore
@@ -85,11 +87,8 @@ class StasisService(pb_grpc.StasisServicer):
 
     @rpc
     def SubmitEpisode(self, request: pb.SubmitEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
-        episode = self.store.episodes.submit(
-            self._accepted(request, {}), request.request_id, self.control.pool_of_addresses
-        )
-        self.control.wake()
-        return episode_to_pb(episode, time.time())
+        episodes = self._submit([request], None)
+        return episode_to_pb(episodes[0], time.time())
 
     @rpc
     def SubmitEpisodes(
@@ -100,16 +99,54 @@ class StasisService(pb_grpc.StasisServicer):
         group = self._group(request)
         if len(request.submits) > MAX_SUBMITS:
             raise InvalidArgument("submits", f"has {len(request.submits)} entries; at most {MAX_SUBMITS}")
-        specs, pinned = [], dict[str, str]()
-        for i, submit in enumerate(request.submits):
-            try:
-                specs.append((self._accepted(submit, pinned), submit.request_id))
-            except InvalidArgument as exc:
-                raise InvalidArgument(f"submits[{i}].{exc.field}", exc.problem) from None
-        episodes = self.store.episodes.submit_many(specs, self.control.pool_of_addresses, group)
-        self.control.wake()
+        episodes = self._submit(request.submits, group, "submits[{}].")
         now = time.time()
         return pb.SubmitEpisodesResponse(episodes=[episode_to_pb(e, now) for e in episodes])
+
+    def _submit(
+        self, submits: Sequence[pb.SubmitEpisodeRequest], group: Group | None, where: str = ""
+    ) -> list[Episode]:
+        """Accept the submits, all or none: fresh ones, and those that start from a snapshot
+        (`forking`), the children of one snapshot numbered in the order given."""
+        specs, origins, pinned = [], list[Origin | None](), dict[str, str]()
+        children: dict[str, int] = {}
+        for i, submit in enumerate(submits):
+            try:
+                if submit.from_snapshot:
+                    record, parent = self.control.forks.source(submit.from_snapshot, "from_snapshot")
+                    spec = forking.spec_from_snapshot(
+                        submit, record, parent, lambda image, field: self._pin(image, field, pinned)
+                    )
+                    spec = self._pin_images(spec, pinned)
+                    index = children[record.id] = children.get(record.id, -1) + 1
+                    origins.append(Origin(record.id, parent, index))
+                else:
+                    spec = self._accepted(submit, pinned)
+                    origins.append(None)
+            except InvalidArgument as exc:
+                raise InvalidArgument(where.format(i) + exc.field, exc.problem) from None
+            specs.append((spec, submit.request_id))
+        for origin in {o.snapshot_id: o for o in origins if o is not None}.values():
+            self.control.forks.check_restorable(origin.snapshot_id)
+        episodes = self.store.episodes.submit_many(specs, self.control.pool_of_addresses, group, origins)
+        self.control.wake()
+        return episodes
+
+    @rpc
+    def ForkEpisode(
+        self, request: pb.ForkEpisodeRequest, context: grpc.ServicerContext
+    ) -> pb.ForkEpisodeResponse:
+        group = wire.decode(request.group, Group).validate() if request.HasField("group") else None
+        source, children = self.control.forks.fork(
+            required("episode_id", request.episode_id), request.count, snapshot_id=request.snapshot_id,
+            now=request.now, stop=request.stop, labels=dict(request.labels), group=group,
+            request_id=request.request_id,
+        )  # fmt: skip
+        now = time.time()
+        return pb.ForkEpisodeResponse(
+            snapshot_id=children[0].forked_from if children else source.id,
+            children=[episode_to_pb(e, now) for e in children],
+        )
 
     def _group(self, request: pb.SubmitEpisodesRequest) -> Group | None:
         """The request's group, validated; its submits must be all N members at once."""
@@ -154,15 +191,15 @@ class StasisService(pb_grpc.StasisServicer):
         `pinned` holds the pins of the call so far: a batch pins each image once, so a rollout
         group runs one image even if its tag moves meanwhile, and asks a node once, not per spec."""
 
-        def pin(image: str, field: str) -> str:
-            if image not in pinned:
-                pinned[image] = self.control.images.pin(image, field)
-            return pinned[image]
-
         reward = spec.reward
         if reward is not None and reward.image:
-            reward = replace(reward, image=pin(reward.image, "spec.reward.image"))
-        return replace(spec, image=pin(spec.image, "spec.image"), reward=reward)
+            reward = replace(reward, image=self._pin(reward.image, "spec.reward.image", pinned))
+        return replace(spec, image=self._pin(spec.image, "spec.image", pinned), reward=reward)
+
+    def _pin(self, image: str, field: str, pinned: dict[str, str]) -> str:
+        if image not in pinned:
+            pinned[image] = self.control.images.pin(image, field)
+        return pinned[image]
 
     @rpc
     def GetEpisode(self, request: pb.GetEpisodeRequest, context: grpc.ServicerContext) -> pb.Episode:
@@ -288,8 +325,9 @@ class StasisService(pb_grpc.StasisServicer):
     ) -> pb.ListSnapshotsResponse:
         self.store.episodes.get(required("episode_id", request.episode_id))
         records = self.store.snapshots.of(request.episode_id)
+        forks = self.store.snapshots.forks([r.id for r in records])
         return pb.ListSnapshotsResponse(
-            snapshots=[snapshot_to_pb(r, self.snapshots.exists(r.id)) for r in records]
+            snapshots=[snapshot_to_pb(r, self.snapshots.exists(r.id), forks.get(r.id)) for r in records]
         )
 
     def _node(self, node: NodeRecord) -> pb.Node:

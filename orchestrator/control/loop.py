@@ -17,6 +17,7 @@ import time
 
 from orchestrator.control import scheduler
 from orchestrator.control.commands import Commands
+from orchestrator.control.forks import Forks
 from orchestrator.control.images import Images
 from orchestrator.control.logs import Logs
 from orchestrator.control.membership import Membership
@@ -78,6 +79,7 @@ class Control:
         self.staleness = StalenessBound(store, ledger, self.members)
         self.settle = Settlement(store, self.agents, self.operations, self.outcomes)
         self.commands = Commands(store, self.work, self.members, self.operations, self.wake)
+        self.forks = Forks(store, snapshots, self.operations, self.pool_of_addresses, self.wake)
         self.images = Images(store, self.agents)
         self.logs = Logs(store, self.agents)
 

@@ -93,6 +93,27 @@ class SandboxView:
 
 
 @dataclass(frozen=True)
+class ForkMark:
+    """What a fork child learns of its fork, in /.stasis/fork.json (agent.proto's `ForkMark`)."""
+
+    episode_id: str
+    parent_episode_id: str
+    snapshot_id: str
+    index: int
+    count: int
+
+
+@dataclass(frozen=True)
+class RestoreIdentity:
+    """Who a restored sandbox is: its episode's address and host name, which a fork child does
+    not share with the episode whose snapshot it restores; `fork` for such a child."""
+
+    address: str
+    hostname: str
+    fork: ForkMark | None = None
+
+
+@dataclass(frozen=True)
 class SnapshotTarget:
     """Identity the control plane gives a snapshot before asking a node to take it."""
 
@@ -159,9 +180,11 @@ class NodeAgent(Protocol):
     def checkpoint(
         self, sandbox_id: str, snapshot: SnapshotTarget, *, leave_running: bool
     ) -> CheckpointOutcome: ...
-    def restore(self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str) -> SandboxView:
-        """Restore a snapshot; the node refuses it (`SnapshotDamaged`) unless its manifest in the
-        store has the digest recorded when it was taken."""
+    def restore(
+        self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str, identity: RestoreIdentity
+    ) -> SandboxView:
+        """Restore a snapshot as `identity`; the node refuses it (`SnapshotDamaged`) unless its
+        manifest in the store has the digest recorded when it was taken."""
 
     def get(self, sandbox_id: str) -> SandboxView | None:
         """The sandbox, or None if the node has no sandbox of that id."""
@@ -270,10 +293,14 @@ class AgentClient:
         )
         return wire.decode(self._call("checkpoint", self._stub.Checkpoint, request), CheckpointOutcome)
 
-    def restore(self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str) -> SandboxView:
+    def restore(
+        self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str, identity: RestoreIdentity
+    ) -> SandboxView:
         request = pb.RestoreRequest(
-            sandbox_id=sandbox_id, snapshot_id=snapshot_id, manifest_digest=manifest_digest, image=image
-        )
+            sandbox_id=sandbox_id, snapshot_id=snapshot_id, manifest_digest=manifest_digest, image=image,
+            address=identity.address, hostname=identity.hostname,
+            fork=wire.encode(identity.fork, pb.ForkMark) if identity.fork else None,
+        )  # fmt: skip
         return SandboxView.from_pb(self._call("restore", self._stub.Restore, request))
 
     def get(self, sandbox_id: str) -> SandboxView | None:

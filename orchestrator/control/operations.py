@@ -32,7 +32,9 @@ from typing import Any
 
 from orchestrator.control.membership import Membership
 from orchestrator.control.node_agent import (
+    ForkMark,
     NodeAgents,
+    RestoreIdentity,
     SandboxConflict,
     SnapshotDamaged,
     SnapshotTarget,
@@ -160,7 +162,8 @@ class Operations:
 
     def restore(self, e: Episode) -> None:
         where = f"restore on {e.node} failed"
-        digest = self._recorded_digests(e).get(e.last_snapshot_id, "")
+        record = self.store.snapshots.get(e.last_snapshot_id)
+        digest = record.manifest_digest if record is not None else ""
         if not digest:
             # Recorded before manifests were digested: nothing vouches for what the store holds.
             problem = "has no recorded manifest digest, so its manifest cannot be verified"
@@ -170,7 +173,9 @@ class Operations:
                 )
             return
         try:
-            view = self.agents.get(e.node).restore(e.sandbox_id, e.last_snapshot_id, digest, e.spec.image)
+            view = self.agents.get(e.node).restore(
+                e.sandbox_id, e.last_snapshot_id, digest, e.spec.image, self._identity(e)
+            )
         except TemporaryError as exc:
             self.outcomes.restore_failed(e, f"{where}, will retry: {exc}", final=False, exc=exc)
             return
@@ -190,21 +195,33 @@ class Operations:
             log_offsets=e.with_run_log(e.runs, view.log_start, fresh=False),
         )  # fmt: skip
 
-    def _recorded_digests(self, e: Episode) -> dict[str, str]:
-        """The manifest digest recorded of each of the episode's snapshots, by id."""
-        return {r.id: r.manifest_digest for r in self.store.snapshots.of(e.id)}
+    def _identity(self, e: Episode) -> RestoreIdentity:
+        """Who the restored sandbox is: the episode's address and host name, which a fork child
+        does not share with the episode that took its snapshot; and, restoring that snapshot,
+        its `ForkMark`."""
+        fork = None
+        if e.forked_from and e.last_snapshot_id == e.forked_from:
+            fork = ForkMark(
+                episode_id=e.id, parent_episode_id=e.fork_parent, snapshot_id=e.forked_from,
+                index=e.fork_index, count=len(self.store.snapshots.forks([e.forked_from]).get(e.forked_from, [])),
+            )  # fmt: skip
+        return RestoreIdentity(address=e.address, hostname=e.id, fork=fork)
 
     def _fall_back(self, e: Episode, problem: str) -> bool:
         """A snapshot that cannot be restored never ends an episode that has a good one: resume
         from the newest snapshot before it that was recorded with its manifest's digest and that
-        the store still holds. Only the record's lineage is followed, never a manifest's."""
-        records = {r.id: r for r in self.store.snapshots.of(e.id)}
-        at = records.get(e.last_snapshot_id)
-        parent = at.parent_id if at is not None else ""
-        while parent and not (
-            parent in records and records[parent].manifest_digest and self.snapshots.exists(parent)
-        ):
-            parent = records[parent].parent_id if parent in records else ""
+        the store still holds; a fork child's line goes back to the snapshot it was forked from.
+        Only the records' lineage is followed, never a manifest's."""
+        at = self.store.snapshots.get(e.last_snapshot_id)
+        parent = at.parent_id if at is not None and at.id != e.forked_from else ""
+        if at is not None and not parent and at.id != e.forked_from:
+            parent = e.forked_from  # a child's first snapshot: before it, the one it was forked from
+        while parent:
+            record = self.store.snapshots.get(parent)
+            if record is not None and record.manifest_digest and self.snapshots.exists(parent):
+                break
+            # Never past the fork: what the parent was before it is not the child's.
+            parent = record.parent_id if record is not None and parent != e.forked_from else ""
         if not parent:
             return False
         self.outcomes.transition_or_cleanup(
@@ -249,7 +266,8 @@ class Operations:
             snapshot_id=e.pending_snapshot_id,
             episode_id=e.id,
             sequence=pending.sequence,
-            parent_id=e.last_snapshot_id,
+            # A fork child's first snapshot has no parent: the store keeps a line within an episode.
+            parent_id=e.last_snapshot_id if e.last_snapshot_id != e.forked_from else "",
             reason=e.pending_reason,
             trajectory_cursor=self._cursor(e),
         )

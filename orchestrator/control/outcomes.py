@@ -137,7 +137,7 @@ class Outcomes:
                 record, pending_snapshot_id="", pending_reason="", last_autosave_at=time.time()
             )
             return
-        held = e.pending_reason == Reason.MANUAL
+        held = e.pending_reason in (Reason.MANUAL, Reason.FORK)  # a fork that stops it: held too
         try:
             self.store.episodes.transition(
                 e.id, S.PREEMPTED, f"{e.pending_reason}: snapshot {record.id} stored{_moments(record)}" + ("; held until resumed" if held else ""),

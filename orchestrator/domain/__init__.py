@@ -8,7 +8,7 @@ no gRPC, no storage.
 """
 
 from orchestrator.domain.access import Caller, Role, acting_for, current_caller, may_read_hidden
-from orchestrator.domain.episode import ALLOWED, TERMINAL, Episode, EpisodeState, Event
+from orchestrator.domain.episode import ALLOWED, TERMINAL, Episode, EpisodeState, Event, Origin
 from orchestrator.domain.errors import (
     Conflict,
     FailedPrecondition,
@@ -47,6 +47,7 @@ __all__ = [
     "NodeRecord",
     "NodeState",
     "NotFound",
+    "Origin",
     "PermanentError",
     "PermissionDenied",
     "Preemption",

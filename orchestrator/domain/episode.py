@@ -93,6 +93,16 @@ class Episode:
     """The GRPO group this episode is a member of (`Group`); empty for none."""
     group_index: int = 0
     """Its place in the group, from 0; fixed at submit, kept across every re-run."""
+    forked_from: str = ""
+    """The snapshot this episode was forked from (another episode's, `Origin`); empty: none. Its
+    first run restores that snapshot, never the image's command."""
+    fork_parent: str = ""
+    """The episode that took `forked_from`."""
+    fork_index: int = 0
+    """Its place among the children forked from that snapshot, from 0 (STASIS_FORK_INDEX)."""
+    key_of: str = ""
+    """The episode whose gateway key this one's harness holds: a fork child's memory is its
+    parent's, the key in its environment too. Empty: its own key (`token`)."""
 
     def with_run_log(self, run: int, start: int, *, fresh: bool) -> tuple[int, ...]:
         """`log_offsets` once run `run` began at byte `start`; a fresh start begins a new log."""
@@ -127,6 +137,22 @@ class Episode:
         if self.state != EpisodeState.RUNNING or not self.run_started_at:
             return 0.0
         return now - max(self.run_started_at, self.last_autosave_at)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a fork child starts: a committed snapshot of another episode, restored."""
+
+    snapshot_id: str
+    parent: Episode
+    """The episode that took the snapshot."""
+    index: int
+    """The child's place among the snapshot's children, from 0."""
+
+    @property
+    def key_of(self) -> str:
+        """The episode whose key the restored harness holds: the first of the fork's line."""
+        return self.parent.key_of or self.parent.id
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from orchestrator.domain import (
     FailedPrecondition,
     Group,
     InvalidArgument,
+    Origin,
     SnapshotRecord,
     ids,
 )
@@ -33,11 +34,17 @@ class Episodes(Protocol):
         submits: Sequence[tuple[EpisodeSpec, str]],
         address_pool: ipaddress.IPv4Network,
         group: Group | None = None,
+        origins: Sequence[Origin | None] = (),
     ) -> list[Episode]:
-        """All of them, durably, or none; with `group`, they are its members in index order."""
+        """All of them, durably, or none; with `group`, they are its members in index order.
+        `origins`, one per submit if given, makes those with one fork children: PREEMPTED from
+        the start, to restore their origin's snapshot."""
 
     def get(self, episode_id: str) -> Episode: ...
     def by_token(self, token: str) -> Episode | None: ...
+    def keyed_by(self, episode_id: str) -> list[Episode]:
+        """The live fork children whose harnesses hold `episode_id`'s gateway key (`key_of`)."""
+
     def query(
         self,
         states: Collection[EpisodeState] = (),
@@ -110,30 +117,35 @@ class SqlEpisodes:
         submits: Sequence[tuple[EpisodeSpec, str]],
         address_pool: ipaddress.IPv4Network,
         group: Group | None = None,
+        origins: Sequence[Origin | None] = (),
     ) -> list[Episode]:
         """Accept episodes durably, all or none. A request id seen before returns its episode.
         With a `group`, the submits are its members in index order (`groups.join`)."""
         encoded = [(spec, records.encode_spec(spec), rid) for spec, rid in submits]
+        starts = list(origins) or [None] * len(encoded)
 
         def insert(db: Connection) -> list[Episode]:
-            if group is None:
-                return [
-                    self._insert(db, spec, spec_json, rid, address_pool) for spec, spec_json, rid in encoded
-                ]
-            groups.join(db, group, len(encoded))
+            if group is not None:
+                groups.join(db, group, len(encoded))
             return [
-                self._insert(db, spec, spec_json, rid, address_pool, group.id, index)
-                for index, (spec, spec_json, rid) in enumerate(encoded)
+                self._insert(db, spec, spec_json, rid, address_pool, group, index, origin)
+                for index, ((spec, spec_json, rid), origin) in enumerate(zip(encoded, starts, strict=True))
             ]
 
         return self._sql.grouped(insert)
 
     def _insert(
         self, db: Connection, spec: EpisodeSpec, spec_json: str, request_id: str,
-        address_pool: ipaddress.IPv4Network, group_id: str = "", group_index: int = 0,
+        address_pool: ipaddress.IPv4Network, group: Group | None, group_index: int, origin: Origin | None,
     ) -> Episode:  # fmt: skip
         now = time.time()
-        payload = {"spec": spec_json, **({"group": f"{group_id}/{group_index}"} if group_id else {})}
+        group_id = group.id if group is not None else ""
+        group_index = group_index if group is not None else 0
+        payload = {
+            "spec": spec_json,
+            **({"group": f"{group_id}/{group_index}"} if group_id else {}),
+            **({"origin": f"{origin.snapshot_id}/{origin.index}"} if origin else {}),
+        }
         if request_id:
             known = requests.known(db, request_id, "SubmitEpisode", payload)
             if known is not None:
@@ -148,16 +160,23 @@ class SqlEpisodes:
                     " a retry must carry the request ids of the first submit"
                 )  # fmt: skip
         episode_id = ids.new_episode_id()
+        state, reason = EpisodeState.PENDING, "submitted"
+        if origin is not None:  # a fork child waits, as a preempted episode does, for its restore
+            state = EpisodeState.PREEMPTED
+            reason = f"forked from snapshot {origin.snapshot_id} of {origin.parent.id} (child {origin.index})"
         db.execute(
             "INSERT INTO episodes (id, spec, state, reason, priority, labels, address, token, queued_at,"
-            " submitted_at, updated_at, group_id, group_index) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " submitted_at, updated_at, group_id, group_index, last_snapshot_id, forked_from, fork_parent,"
+            " fork_index, key_of) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
-                episode_id, spec_json, str(EpisodeState.PENDING), "submitted", spec.preemption.priority,
+                episode_id, spec_json, str(state), reason, spec.preemption.priority,
                 records.encode_labels(spec.labels), self._free_address(db, address_pool),
                 ids.new_gateway_token(), now, now, now, group_id, group_index,
+                *((origin.snapshot_id, origin.snapshot_id, origin.parent.id, origin.index, origin.key_of)
+                  if origin else ("", "", "", 0, "")),
             ),
         )  # fmt: skip
-        events.record(self._sql, db, episode_id, "transition", "", EpisodeState.PENDING, "submitted", "", "")
+        events.record(self._sql, db, episode_id, "transition", "", state, reason, "", "")
         if request_id:
             requests.remember(db, request_id, "SubmitEpisode", payload, episode_id)
         return episode_rows.fetch(self._sql, db, episode_id)
@@ -170,6 +189,13 @@ class SqlEpisodes:
         with self._sql.read() as db:
             row = db.execute("SELECT * FROM episodes WHERE token = ?", (token,)).fetchone()
         return self._sql.dialect.episode(row) if row else None
+
+    def keyed_by(self, episode_id: str) -> list[Episode]:
+        with self._sql.read() as db:
+            rows = db.execute(
+                "SELECT * FROM episodes WHERE key_of = ? AND finished_at = 0 ORDER BY id", (episode_id,)
+            ).fetchall()
+        return [self._sql.dialect.episode(r) for r in rows]
 
     def query(
         self,

@@ -44,7 +44,11 @@ CREATE TABLE IF NOT EXISTS episodes (
     attempts BIGINT NOT NULL DEFAULT 0,
     log_offsets TEXT NOT NULL DEFAULT '[]',
     group_id TEXT NOT NULL DEFAULT '',
-    group_index BIGINT NOT NULL DEFAULT 0
+    group_index BIGINT NOT NULL DEFAULT 0,
+    forked_from TEXT NOT NULL DEFAULT '',
+    fork_parent TEXT NOT NULL DEFAULT '',
+    fork_index BIGINT NOT NULL DEFAULT 0,
+    key_of TEXT NOT NULL DEFAULT ''
 );
 -- A database from before GRPO groups: its episodes are in none. Checked first, as for snapshots.
 DO $$ BEGIN
@@ -54,6 +58,18 @@ DO $$ BEGIN
     ) THEN
         ALTER TABLE episodes ADD COLUMN group_id TEXT NOT NULL DEFAULT '',
             ADD COLUMN group_index BIGINT NOT NULL DEFAULT 0;
+    END IF;
+END $$;
+-- A database from before forks: no episode is a fork child.
+DO $$ BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM information_schema.columns
+        WHERE table_schema = current_schema() AND table_name = 'episodes' AND column_name = 'forked_from'
+    ) THEN
+        ALTER TABLE episodes ADD COLUMN forked_from TEXT NOT NULL DEFAULT '',
+            ADD COLUMN fork_parent TEXT NOT NULL DEFAULT '',
+            ADD COLUMN fork_index BIGINT NOT NULL DEFAULT 0,
+            ADD COLUMN key_of TEXT NOT NULL DEFAULT '';
     END IF;
 END $$;
 CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
@@ -152,6 +168,8 @@ ADDED_INDEXES = (
     ("episodes_on_node", f"episodes(node) WHERE {ON_NODE_SQL}"),
     ("episodes_ended", "episodes(finished_at, id) WHERE finished_at > 0"),
     ("episodes_group", "episodes(group_id, group_index) WHERE group_id != ''"),
+    ("episodes_forks", "episodes(forked_from) WHERE forked_from != ''"),
+    ("episodes_key_of", "episodes(key_of) WHERE key_of != ''"),
 )
 """Indexes (name, and what follows ON) added after the tables first shipped. A database that holds
 many episodes already builds them without blocking writes to its tables (`PostgresDatabase`)."""

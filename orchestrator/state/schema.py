@@ -16,6 +16,12 @@ GROUP_MEMBERS_INDEX = (
 """Made once the episodes table has its group columns: after the migration of a database from
 before groups (`SqliteStateStore`)."""
 
+FORKS_INDEX = "CREATE INDEX IF NOT EXISTS episodes_forks ON episodes(forked_from) WHERE forked_from != ''"
+"""The children of each forked snapshot (`Snapshots.forks`), and the live ones that hold a
+key of another episode (`Episodes.keyed_by`); made after the migration, as `GROUP_MEMBERS_INDEX`."""
+
+KEYED_BY_INDEX = "CREATE INDEX IF NOT EXISTS episodes_key_of ON episodes(key_of) WHERE key_of != ''"
+
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS episodes (
     id TEXT PRIMARY KEY,
@@ -49,7 +55,11 @@ CREATE TABLE IF NOT EXISTS episodes (
     attempts INTEGER NOT NULL DEFAULT 0,
     log_offsets TEXT NOT NULL DEFAULT '[]',
     group_id TEXT NOT NULL DEFAULT '',
-    group_index INTEGER NOT NULL DEFAULT 0
+    group_index INTEGER NOT NULL DEFAULT 0,
+    forked_from TEXT NOT NULL DEFAULT '',
+    fork_parent TEXT NOT NULL DEFAULT '',
+    fork_index INTEGER NOT NULL DEFAULT 0,
+    key_of TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS episodes_state ON episodes(state);
 CREATE UNIQUE INDEX IF NOT EXISTS episodes_live_address ON episodes(address) WHERE finished_at = 0;

@@ -4,6 +4,7 @@ with the change of its episode that makes it the resume point, and with its even
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any, Protocol
 
 from orchestrator.domain import Episode, SnapshotRecord
@@ -24,6 +25,12 @@ class Snapshots(Protocol):
 
     def of(self, episode_id: str) -> list[SnapshotRecord]:
         """The episode's snapshots, oldest first."""
+
+    def get(self, snapshot_id: str) -> SnapshotRecord | None:
+        """The snapshot recorded under that id, of whichever episode; None if none is."""
+
+    def forks(self, snapshot_ids: Collection[str]) -> dict[str, list[str]]:
+        """The episodes forked from each of `snapshot_ids` that has any, in fork index order."""
 
     def anchors(self) -> tuple[dict[str, str], list[str]]:
         """What snapshot retention must keep of live episodes: each one's resume point (its
@@ -65,6 +72,25 @@ class SqlSnapshots:
                 "SELECT * FROM snapshots WHERE episode_id = ? ORDER BY sequence", (episode_id,)
             ).fetchall()
         return [records.snapshot_from_row(r) for r in rows]
+
+    def get(self, snapshot_id: str) -> SnapshotRecord | None:
+        with self._sql.read() as db:
+            row = db.execute("SELECT * FROM snapshots WHERE id = ?", (snapshot_id,)).fetchone()
+        return records.snapshot_from_row(row) if row is not None else None
+
+    def forks(self, snapshot_ids: Collection[str]) -> dict[str, list[str]]:
+        if not snapshot_ids:
+            return {}
+        found: dict[str, list[str]] = {}
+        with self._sql.read() as db:
+            rows = db.execute(
+                f"SELECT id, forked_from FROM episodes WHERE forked_from IN ({','.join('?' * len(snapshot_ids))})"
+                " ORDER BY fork_index, submitted_at, id",
+                tuple(snapshot_ids),
+            ).fetchall()
+        for r in rows:
+            found.setdefault(r["forked_from"], []).append(r["id"])
+        return found
 
     def anchors(self) -> tuple[dict[str, str], list[str]]:
         with self._sql.read() as db:

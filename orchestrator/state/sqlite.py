@@ -10,7 +10,7 @@ from pathlib import Path
 
 from orchestrator.state.database import Database
 from orchestrator.state.lease import SoleLease
-from orchestrator.state.schema import GROUP_MEMBERS_INDEX, SCHEMA
+from orchestrator.state.schema import FORKS_INDEX, GROUP_MEMBERS_INDEX, KEYED_BY_INDEX, SCHEMA
 from orchestrator.state.sql import Dialect, Sql
 from orchestrator.state.store import SqlStateStore
 
@@ -55,4 +55,11 @@ def _migrate(database: Database) -> None:
         # from before GRPO groups: its episodes are in none
         db.execute("ALTER TABLE episodes ADD COLUMN group_id TEXT NOT NULL DEFAULT ''")
         db.execute("ALTER TABLE episodes ADD COLUMN group_index INTEGER NOT NULL DEFAULT 0")
+    if "forked_from" not in {r["name"] for r in db.execute("PRAGMA table_info(episodes)")}:
+        # from before forks: no episode is a fork child
+        for column in ("forked_from TEXT", "fork_parent TEXT", "fork_index INTEGER", "key_of TEXT"):
+            default = "0" if column.endswith("INTEGER") else "''"
+            db.execute(f"ALTER TABLE episodes ADD COLUMN {column} NOT NULL DEFAULT {default}")
     db.execute(GROUP_MEMBERS_INDEX)
+    db.execute(FORKS_INDEX)
+    db.execute(KEYED_BY_INDEX)

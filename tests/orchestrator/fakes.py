@@ -21,6 +21,7 @@ from orchestrator.control import (
     AgentUnavailable,
     CheckpointOutcome,
     ImageView,
+    RestoreIdentity,
     SandboxState,
     SandboxView,
     SnapshotDamaged,
@@ -53,15 +54,21 @@ class FakeAgent:
         self.reports_digest = True
         """False: an agent from before manifests were digested, whose replies carry none."""
         self.restored: list[tuple[str, str]] = []
+        self.identities: dict[str, RestoreIdentity] = {}
+        """Who each restored sandbox was asked to be, by sandbox id."""
         """(snapshot id, manifest digest) of each restore asked of this node."""
         self.clock_skew_s = 0.0
         """How far this node's clock is ahead of the orchestrator's."""
         self.verifier_logs: dict[str, bytes] = {}
         """What the verifier prints for an episode, by episode id (shared by the nodes); "1.0"
         for any other."""
+        self.hold: dict[str, threading.Event] = {}
+        """A method named here waits (up to 10 s) for its event to be set before it runs."""
         self._lock = threading.Lock()
 
     def _enter(self, method: str, sandbox_id: str) -> None:
+        if (gate := self.hold.get(method)) is not None:
+            gate.wait(10)
         with self._lock:
             self.calls.append((method, sandbox_id))
             exc = self.fail.pop(method, None)
@@ -134,11 +141,14 @@ class FakeAgent:
             manifest_digest=manifest.digest if self.reports_digest else "",
         )
 
-    def restore(self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str) -> SandboxView:
+    def restore(
+        self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str, identity: RestoreIdentity
+    ) -> SandboxView:
         """Reads the snapshot's manifest from the real store as a node does: checked against the
         recorded digest first (`SnapshotStore.manifest`)."""
         self._enter("restore", sandbox_id)
         self.restored.append((snapshot_id, manifest_digest))
+        self.identities[sandbox_id] = identity
         if snapshot_id in self.corrupt:
             raise SnapshotDamaged(self.node, f"snapshot {snapshot_id!r}: chunk does not match its hash")
         try:

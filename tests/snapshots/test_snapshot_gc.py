@@ -66,6 +66,36 @@ def test_retention_keeps_last_n_and_drops_ended_episodes(local_store: SnapshotSt
     assert (out / "criu" / "pages-1.img").read_bytes()[: len(shared)] == shared
 
 
+@pytest.mark.timeout(60)
+def test_a_fork_childs_resume_point_stays_after_its_parent_ended_or_moved_on(
+    local_store: SnapshotStore, scratch: Path
+) -> None:
+    """A fork child resumes from its parent's snapshot: GC keeps it while the child lives, past
+    the parent's keep_last and after the parent ended, and drops it once no live episode names it."""
+    for episode in ("ep-parent", "ep-live"):
+        parent = None
+        for seq in range(1, 4):
+            tree = write_memory(scratch / f"{episode}-{seq}", os.urandom(100 * KiB))
+            local_store.put(
+                tree, make_meta(f"{episode}-{seq}", episode_id=episode, seq=seq, parent_id=parent)
+            )
+            parent = f"{episode}-{seq}"
+    child_points = {"ep-child-a": "ep-parent-1", "ep-child-b": "ep-live-1", "ep-live": "ep-live-3"}
+
+    report = local_store.gc(
+        RetentionPolicy(keep_last=1), ended_episodes={"ep-parent"}, resume_points=child_points
+    )
+
+    assert [h.snapshot_id for h in local_store.history("ep-parent")] == ["ep-parent-1"]
+    assert [h.snapshot_id for h in local_store.history("ep-live")] == ["ep-live-1", "ep-live-3"]
+    assert set(report.deleted_snapshots) == {"ep-parent-2", "ep-parent-3", "ep-live-2"}
+    assert local_store.verify().ok
+    local_store.fetch("ep-parent-1", scratch / "out")  # whole: its chunks were marked
+
+    report = local_store.gc(RetentionPolicy(keep_last=1), ended_episodes={"ep-parent"})
+    assert local_store.history("ep-parent") == [] and report.deleted_snapshots == ("ep-live-1", "ep-parent-1")
+
+
 @pytest.mark.timeout(30)
 def test_retention_must_keep_the_resume_point() -> None:
     from snapshots import InvalidSettings
