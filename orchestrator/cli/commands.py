@@ -53,6 +53,27 @@ class Subcommands:
 
     def submit(self) -> int:
         a = self.args
+        if a.from_snapshot:
+            if a.file:
+                raise InvalidArgument(
+                    "--file", "is not used with --from-snapshot: the snapshot fixes the spec"
+                )
+            with self.client() as c:
+                group = (a.group, a.task or a.from_snapshot) if a.group else None
+                started = c.submit_from_snapshot(
+                    a.from_snapshot,
+                    a.count,
+                    labels=dict(a.label),
+                    group=group,
+                    request_id=a.request_id or None,
+                )
+            for episode in started:
+                print(episode.id, file=self.out)
+            return 0
+        if not a.file:
+            raise InvalidArgument(
+                "--file", "is required: the episode spec (or start from a snapshot: --from-snapshot)"
+            )
         path = Path(a.file)
         spec = load_spec_file(path)
         if not a.group and (a.task or a.max_staleness is not None):
@@ -158,6 +179,18 @@ class Subcommands:
         )
         return 0
 
+    def fork(self) -> int:
+        a = self.args
+        with self.client() as c:
+            snapshot, children = c.fork(
+                a.id, a.count, snapshot_id=a.snapshot, now=not (a.snapshot or a.latest), stop=a.stop,
+                labels=dict(a.label),
+            )  # fmt: skip
+        print(f"snapshot {snapshot}", file=self.out)
+        for child in children:
+            print(child.id, file=self.out)
+        return 0
+
     def cancel(self) -> int:
         with self.client() as c:
             episode = c.cancel(self.args.id)
@@ -172,7 +205,20 @@ class Subcommands:
             return 0
         now = time.time()
         rows = [
-            ["ID", "PARENT", "NODE", "REASON", "AGE", "STORED", "NEW", "DEDUP", "FROZEN", "FREE", "DURABLE"]
+            [
+                "ID",
+                "PARENT",
+                "NODE",
+                "REASON",
+                "AGE",
+                "STORED",
+                "NEW",
+                "DEDUP",
+                "FROZEN",
+                "FREE",
+                "DURABLE",
+                "FORKS",
+            ]
         ]
         for s in items:
             moments = [render.millis(s.timings_ms.get(f"{k}_ms")) for k in ("frozen", "node_free", "durable")]
@@ -189,6 +235,7 @@ class Subcommands:
                     human_size(s.new_bytes),
                     dedup,
                     *moments,
+                    _forks(s.forks),
                 ]
             )
         render.table(rows, self.out)
@@ -382,3 +429,11 @@ class Subcommands:
             f"{a.name} ({a.role}) added to {a.tokens_file}; this is the only time the token is shown"
         )
         return 0
+
+
+def _forks(children: list[str]) -> str:
+    """The episodes forked from a snapshot, as a table cell: the first two and how many more."""
+    if not children:
+        return "-"
+    shown = ",".join(children[:2])
+    return shown + (f" +{len(children) - 2}" if len(children) > 2 else "")

@@ -195,6 +195,49 @@ class StasisClient:
             )
         return [_episode(e) for e in self._call(self._stub.SubmitEpisodes, request).episodes]
 
+    def submit_from_snapshot(
+        self,
+        snapshot_id: str,
+        count: int = 1,
+        *,
+        labels: Mapping[str, str] | None = None,
+        group: tuple[str, str] | None = None,
+        request_id: str | None = None,
+    ) -> list[EpisodeInfo]:
+        """Start `count` episodes from a committed snapshot of any episode (a set-up taken once),
+        in one commit: each restores it as an episode of its own, with `labels` added. `group` is
+        (group id, task id): the episodes are its members."""
+        request = pb.SubmitEpisodesRequest()
+        if group is not None:
+            request.group.CopyFrom(pb.EpisodeGroup(id=group[0], task_id=group[1], size=count))
+        for i in range(count):
+            request.submits.add(
+                spec=pb.EpisodeSpec(labels=dict(labels or {})), from_snapshot=snapshot_id,
+                request_id=f"{request_id}/{i}" if request_id else str(uuid.uuid4()),
+            )  # fmt: skip
+        return [_episode(e) for e in self._call(self._stub.SubmitEpisodes, request).episodes]
+
+    def fork(
+        self,
+        episode_id: str,
+        count: int,
+        *,
+        snapshot_id: str = "",
+        now: bool = False,
+        stop: bool = False,
+        labels: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+    ) -> tuple[str, list[EpisodeInfo]]:
+        """Fork an episode into `count` children: from `snapshot_id`, from a snapshot taken `now`
+        (the episode runs on, or `stop`s there), else from its latest snapshot. Returns the
+        snapshot forked and the children in fork index order."""
+        request = pb.ForkEpisodeRequest(
+            episode_id=episode_id, count=count, snapshot_id=snapshot_id, now=now, stop=stop,
+            labels=dict(labels or {}), request_id=request_id or str(uuid.uuid4()),
+        )  # fmt: skip
+        reply = self._call(self._stub.ForkEpisode, request)
+        return reply.snapshot_id, [_episode(e) for e in reply.children]
+
     def groups(self, group_id: str = "") -> list[GroupInfo]:
         """Every GRPO group, oldest first, or the one named; where each stands."""
         reply = self._call(self._stub.ListGroups, pb.ListGroupsRequest(group_id=group_id))

@@ -42,6 +42,10 @@ class EpisodeInfo(_Plain):
     group_id: str = ""
     """The GRPO group the episode is a member of; empty for none."""
     group_index: int = 0
+    forked_from: str = ""
+    """The snapshot this episode was forked from (another episode's); empty: not a fork."""
+    fork_parent: str = ""
+    fork_index: int = 0
 
     @property
     def finished(self) -> bool:
@@ -75,6 +79,8 @@ class SnapshotInfo(_Plain):
     available: bool
     trajectory_cursor: Any
     timings_ms: dict[str, float] = field(default_factory=dict)
+    forks: list[str] = field(default_factory=list)
+    """The episodes forked from this snapshot."""
 
 
 @dataclass(frozen=True)

@@ -47,14 +47,19 @@ def parser() -> argparse.ArgumentParser:
     for name, command in sub.choices.items():
         if name not in SERVING:
             for leaf in _leaves(command):
-                _connection_flags(leaf, defaults=False, short_namespace=name != "submit")
+                _connection_flags(leaf, defaults=False, short_namespace=name not in COUNTED)
     return p
+
+
+COUNTED = ("submit", "fork")
+"""The commands whose -n is a count of episodes, not a namespace."""
 
 
 def _connection_flags(p: argparse.ArgumentParser, *, defaults: bool, short_namespace: bool = True) -> None:
     """Where a client connects, and how long it retries. A command's own copy of a flag leaves
     the value given before the command, or the default, unless it is given after it. After
-    `submit`, -n is its count (`stasis submit -n 8`), so the namespace is --namespace alone."""
+    `submit` and `fork`, -n is its count (`stasis submit -n 8`), so the namespace is --namespace
+    alone."""
 
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS

@@ -20,10 +20,31 @@ def add_episode_commands(sub: Subparsers) -> None:
             "Submit a GRPO group of 8 members, safe to retry",
             "stasis submit -f task-17.yaml -n 8 --group g-17 --request-id g-17-try",
         ),
+        (
+            "Start 8 episodes from a set-up's snapshot, labelled",
+            f"stasis submit --from-snapshot {EP}-s1 -n 8 --label batch=b7",
+        ),
         about="The spec is YAML or JSON (see the episode spec in docs/cli.md); it is checked before it "
-        "is sent, and a bad value is refused with its field named.",
+        "is sent, and a bad value is refused with its field named. With --from-snapshot there is no "
+        "spec file: each episode restores the snapshot, as a fork child of the episode that took it.",
     )
-    s.add_argument("-f", "--file", required=True, help="episode spec, YAML or JSON")
+    s.add_argument(
+        "-f", "--file", default="", help="episode spec, YAML or JSON (required without --from-snapshot)"
+    )
+    s.add_argument(
+        "--from-snapshot",
+        default="",
+        metavar="SNAPSHOT_ID",
+        help="start each episode from this committed snapshot of any episode instead of a spec; empty: none",
+    )
+    s.add_argument(
+        "--label",
+        type=_label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --from-snapshot, a label each episode carries besides the snapshot's episode's (repeatable)",
+    )
     s.add_argument(
         "--request-id",
         default="",
@@ -171,6 +192,42 @@ def add_episode_commands(sub: Subparsers) -> None:
             help="with --wait, give up after this long (default %(default)s)",
         )
 
+    f = command(
+        sub,
+        "fork",
+        "fork an episode into N children, each an episode of its own; prints the snapshot and their ids",
+        ("Fork a running episode 8 ways now; it runs on", f"stasis fork {EP} -n 8"),
+        ("Fork it 4 ways and stop it at the snapshot", f"stasis fork {EP} -n 4 --stop"),
+        ("Fork one of its snapshots", f"stasis fork {EP} -n 8 --snapshot {EP}-s2"),
+        about="Without --snapshot or --latest the episode is checkpointed now (a fork asked while a "
+        "checkpoint is under way joins it). Each child restores that snapshot with its own id, "
+        "address, host name and machine-id, and /.stasis/fork.json says which child it is.",
+    )
+    f.add_argument("id", metavar="ID", help="the episode to fork")
+    f.add_argument(
+        "-n", "--count", type=_count, default=1, metavar="N",
+        help="children (default %(default)s; after `fork`, -n is this, so give a namespace as --namespace)",
+    )  # fmt: skip
+    source = f.add_mutually_exclusive_group()
+    source.add_argument(
+        "--snapshot",
+        default="",
+        metavar="SNAPSHOT_ID",
+        help="fork this snapshot of the episode; empty: see --latest",
+    )
+    source.add_argument("--latest", action="store_true", help="fork the episode's latest snapshot")
+    source.add_argument(
+        "--stop", action="store_true", help="checkpoint now and stop the episode there (held)"
+    )
+    f.add_argument(
+        "--label",
+        type=_label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label each child carries besides the episode's (repeatable)",
+    )
+
     c = command(
         sub,
         "cancel",
@@ -312,7 +369,7 @@ def _count(text: str) -> int:
         count = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of episodes (after `submit`, a namespace is --namespace)"
+            f"{text!r} is not a number of episodes (after `submit` and `fork`, a namespace is --namespace)"
         ) from None
     if count < 1:
         raise argparse.ArgumentTypeError(f"{count} episodes: give at least 1")
