@@ -54,10 +54,11 @@ class Outcomes:
     def start_over(self, e: Episode, why: str) -> None:
         """A group member whose snapshots cannot be restored runs again from the start rather
         than fail: its group would be lost with it. The old lineage is left to retention."""
+        to, reset = e.from_the_start()
         self.transition_or_cleanup(
-            e, S.PENDING, f"{why}; group {e.group_id}'s member {e.group_index} starts over",
-            expect=(S.RESTORING,), node="", sandbox_id="", last_snapshot_id="", restored_from="",
-            attempts=0, not_before=0.0, queued_at=time.time(), pinned_node="",
+            e, to, f"{why}; group {e.group_id}'s member {e.group_index} starts over",
+            expect=(S.RESTORING,), node="", sandbox_id="", attempts=0, not_before=0.0, queued_at=time.time(),
+            pinned_node="", **reset,
         )  # fmt: skip
 
     def transition_or_cleanup(

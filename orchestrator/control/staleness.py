@@ -62,12 +62,12 @@ class StalenessBound:
         """Send the member back to the start (an operation, on a worker). The transition comes
         first: from then on the old sandbox is no live run, and the gateway hears it no more."""
         assert self.ledger is not None
+        to, reset = e.from_the_start()
         try:
             self.store.episodes.transition(
-                e.id, S.PENDING, f"{why}; group {e.group_id}'s member {e.group_index} runs again from the start "
-                "under the published version", expect=(S.RUNNING,), node="", sandbox_id="", last_snapshot_id="",
-                restored_from="", pending_snapshot_id="", pending_reason="", attempts=0, not_before=0.0,
-                queued_at=time.time(), pinned_node="",
+                e.id, to, f"{why}; group {e.group_id}'s member {e.group_index} runs again from the start "
+                "under the published version", expect=(S.RUNNING,), node="", sandbox_id="", pending_snapshot_id="",
+                pending_reason="", attempts=0, not_before=0.0, queued_at=time.time(), pinned_node="", **reset,
             )  # fmt: skip
         except FailedPrecondition as exc:  # it moved on since the tick read it
             log.info("not running %s again: %s", e.id, exc)

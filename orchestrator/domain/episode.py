@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.domain.spec import EpisodeSpec
 
@@ -109,6 +110,14 @@ class Episode:
         earlier = self.log_offsets[: run - 1]
         earlier = (*earlier, *(start,) * (run - 1 - len(earlier)))  # runs that never ran wrote nothing
         return (*((-1,) * len(earlier) if fresh else earlier), start)
+
+    def from_the_start(self) -> tuple[EpisodeState, dict[str, Any]]:
+        """Where the episode goes to run again from its start, and what that resets: a fresh
+        episode back to PENDING, to run its command; a fork child back to the snapshot it was
+        forked from, PREEMPTED, to restore it again."""
+        if self.forked_from:
+            return EpisodeState.PREEMPTED, {"last_snapshot_id": self.forked_from, "restored_from": ""}
+        return EpisodeState.PENDING, {"last_snapshot_id": "", "restored_from": ""}
 
     @property
     def priority(self) -> int:
