@@ -4,6 +4,8 @@ parent's node and on another, all running at once beside the parent."""
 
 from __future__ import annotations
 
+import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from sandbox_agent import (
     SandboxState,
     SandboxStatus,
 )
+from sandbox_agent.criu import images as criu_images
 from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.node.identity import machine_id
 from tests.sandbox_agent import programs
@@ -197,3 +200,29 @@ def test_a_bad_identity_is_refused_naming_the_field_and_leaves_nothing(
         "ep-kid-r1", "ep-src-s1", digest, identity=Identity(address="10.201.0.31", hostname="kid", fork=mark)
     )
     assert ok.state == SandboxState.RUNNING and ok.record.spec.address == "10.201.0.31"
+
+
+@pytest.mark.timeout(10)
+def test_a_machine_id_is_32_lowercase_hex_of_the_episode_alone() -> None:
+    ids = {machine_id(f"ep-{n:010x}") for n in range(200)}
+    assert len(ids) == 200
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) and i.strip("0") for i in ids)
+    assert machine_id("ep-0a1b2c3d4e") == machine_id("ep-0a1b2c3d4e")
+
+
+@pytest.mark.timeout(10)
+def test_the_uts_namespace_image_is_renamed_and_a_damaged_one_refused(tmp_path: Path) -> None:
+    """A UTS namespace's image (these bytes CRIU 4 wrote for a sandbox named `parent-host`) gets
+    the child's name and keeps its domain name; a damaged one, or none, is refused."""
+    written = bytes.fromhex("1943565403324754150000000a0b706172656e742d686f73741206286e6f6e6529")
+    (tmp_path / "utsns-12.img").write_bytes(written)
+    criu_images.rename_host(tmp_path, "child-7")
+    body = b"\x0a\x07child-7\x12\x06(none)"  # nodename, then the domain name as it was
+    assert (tmp_path / "utsns-12.img").read_bytes() == written[:8] + struct.pack("<I", len(body)) + body
+
+    (tmp_path / "utsns-12.img").write_bytes(written[:20])
+    with pytest.raises(ValueError, match=r"utsns-12\.img is damaged"):
+        criu_images.rename_host(tmp_path, "child-7")
+    (tmp_path / "utsns-12.img").unlink()
+    with pytest.raises(ValueError, match="no UTS namespace"):
+        criu_images.rename_host(tmp_path, "child-7")
