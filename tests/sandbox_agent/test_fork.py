@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import re
 import struct
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandbox_agent import (
     AlreadyExists,
+    FailedPrecondition,
     ForkMark,
     Identity,
     InvalidSpec,
@@ -27,6 +31,8 @@ from tests.sandbox_agent import programs
 from tests.sandbox_agent.conftest import NodeFactory, TcpServer, recorded, staged, wait_for_log
 
 GATEWAY = "169.254.1.1"
+Ticks = list[dict[str, Any]]
+"""What a FORKED program logged, one dict a tick."""
 
 
 def _nodes(make_node: NodeFactory, tmp_path: Path, **settings: object) -> tuple[Node, Node]:
@@ -37,25 +43,26 @@ def _nodes(make_node: NodeFactory, tmp_path: Path, **settings: object) -> tuple[
     )
 
 
-def _own_ticks(node: Node, status: SandboxStatus) -> list[dict[str, object]]:
+def _own_ticks(node: Node, status: SandboxStatus) -> Ticks:
     """What the restored sandbox's processes logged themselves (the log before is the parent's)."""
     content, _ = node.log_page(status.record.id, 1 << 20, status.record.log_start)
     return programs.ticks(content.decode())
 
 
-def _inherited_ticks(node: Node, status: SandboxStatus) -> list[dict[str, object]]:
+def _inherited_ticks(node: Node, status: SandboxStatus) -> Ticks:
     content, _ = node.log_page(status.record.id, 1 << 20, 0)
     return programs.ticks(content[: status.record.log_start].decode())
 
 
 def _wait_for_ticks(
-    node: Node, status: SandboxStatus, done: object, timeout_s: float = 30
-) -> list[dict[str, object]]:
-    wait_for_log(node, status.record.id, lambda _: done(_own_ticks(node, status)), timeout_s)  # type: ignore[operator]
+    node: Node, status: SandboxStatus, done: Callable[[Ticks], bool], timeout_s: float = 30
+) -> Ticks:
+    """The restored sandbox's own ticks, once `done` says they are enough."""
+    wait_for_log(node, status.record.id, lambda _: done(_own_ticks(node, status)), timeout_s)
     return _own_ticks(node, status)
 
 
-def _connected(ticks: list[dict[str, object]]) -> bool:
+def _connected(ticks: Ticks) -> bool:
     return any(t["tcp"] == "connected" for t in ticks)
 
 
@@ -93,7 +100,7 @@ def test_fork_children_start_from_the_snapshot_with_their_own_identity_and_diver
         assert inherited and all(t["host"] == "parent" for t in inherited), "the parent's log comes along"
         # Memory: the counter goes on from where the parent's was at the snapshot, and the
         # random state in memory is the parent's (what a fork clones).
-        assert ticks[0]["counter"] == inherited[-1]["counter"] + 1  # type: ignore[operator]
+        assert ticks[0]["counter"] == inherited[-1]["counter"] + 1
         assert {t["secret"] for t in ticks} == {inherited[0]["secret"]}
         # Identity: from its first instant on, never the parent's.
         assert {t["host"] for t in ticks} == {f"child-{index}"}
@@ -107,7 +114,7 @@ def test_fork_children_start_from_the_snapshot_with_their_own_identity_and_diver
         assert {t["branch"] for t in ticks} == {f"child {index}\n"}
         # The parent's connection could not keep its address: it came back closed, and the
         # child reconnected from its own.
-        assert ticks[0]["tcp"].startswith("reconnect after"), ticks[0]  # type: ignore[union-attr]
+        assert ticks[0]["tcp"].startswith("reconnect after"), ticks[0]
         assert {t["address"] for t in ticks if t["tcp"] == "connected"} == {address}
 
     assert sorted(set(tcp_server.accepted(4))) == ["10.201.0.20", "10.201.0.21", "10.201.0.22", "10.201.0.23"]
@@ -165,6 +172,44 @@ def test_a_symlink_the_harness_planted_is_replaced_never_followed(
     assert f"view [False, False] {machine_id(mark.episode_id) + chr(10)!r}" in log
     assert [t.read_text() for t in targets] == ["the node's own\n"] * 2
     assert child.record.spec.hostname == "sandbox", "no host name given: the checkpoint's"
+
+
+MOVE_STATE_DIR = r"""
+import os, sys, time
+os.rename("/.stasis", "/.stasis-moved")
+os.symlink(sys.argv[1], "/.stasis")
+print("moved", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_state_dir_the_harness_made_a_symlink_refuses_the_child_and_leaves_nothing(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    a, b = _nodes(make_node, tmp_path)
+    node_dir = tmp_path / "node-dir"
+    node_dir.mkdir()
+    a.create(
+        "ep-moved-r1", SandboxSpec(image="base", command=("python3", "-c", MOVE_STATE_DIR, str(node_dir)))
+    )
+    layer = a.backend.upper_dir(a.get("ep-moved-r1").record, a.sandboxes.layout("ep-moved-r1"))
+    deadline = time.monotonic() + 10
+    while not (layer / ".stasis").is_symlink() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (layer / ".stasis").is_symlink(), "the harness moved its state dir"
+    a.checkpoint_to_store(
+        "ep-moved-r1", SnapshotTarget("ep-moved-s1", "ep-moved", 1, "manual"), leave_running=True
+    )
+    mark = ForkMark("ep-moved-kid", "ep-moved", "ep-moved-s1", 0, 1)
+    with pytest.raises(FailedPrecondition, match=r"/\.stasis/fork\.json cannot be written.*not a directory"):
+        b.restore_from_store(
+            "ep-moved-kid-r1", "ep-moved-s1", recorded(b, "ep-moved-s1"), identity=Identity(fork=mark)
+        )
+    assert (
+        b.list() == [] and not staged(b) and not (b.settings.root / "sandboxes" / "ep-moved-kid-r1").exists()
+    )
+    assert list(node_dir.iterdir()) == []
 
 
 @pytest.mark.timeout(120)
