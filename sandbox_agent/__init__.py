@@ -20,7 +20,7 @@ from sandbox_agent.errors import (
     NotFound,
     ToolUnavailable,
 )
-from sandbox_agent.node import Node
+from sandbox_agent.node import ForkMark, Identity, Node
 from sandbox_agent.phases import Phase, PhaseHooks
 from sandbox_agent.server.service import serve
 from sandbox_agent.settings import AgentSettings
@@ -35,6 +35,8 @@ __all__ = [
     "CheckpointImage",
     "CommandFailed",
     "FailedPrecondition",
+    "ForkMark",
+    "Identity",
     "ImageMismatch",
     "ImageRejected",
     "InvalidSpec",

@@ -38,6 +38,12 @@ def validate_id(field_name: str, value: str) -> str:
     return value
 
 
+def validate_hostname(field_name: str, value: str) -> str:
+    if not _HOSTNAME.match(value or ""):
+        raise InvalidSpec(field_name, f"{value!r} is not a valid lowercase host name")
+    return value
+
+
 @dataclass(frozen=True)
 class Resources:
     cpus: float = 1.0
@@ -93,8 +99,7 @@ class SandboxSpec:
                 raise InvalidSpec(f"env[{key}]", "contains a NUL byte")
         if self.cwd and self.cwd != "/":
             sandbox_path("cwd", self.cwd)
-        if not _HOSTNAME.match(self.hostname):
-            raise InvalidSpec("hostname", f"{self.hostname!r} is not a valid lowercase host name")
+        validate_hostname("hostname", self.hostname)
         network.validate_address(self.address)
         if self.userns_base:
             if not 0 < self.userns_base <= (1 << 32) - idmap.SIZE:

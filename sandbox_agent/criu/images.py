@@ -1,6 +1,9 @@
 """CRIU's image files, read without CRIU: after one or two magic numbers, protobuf messages each
 after its length (criu/images/*.proto; only the fields read here are declared).
 
+A fork child's host name is written into its UTS namespace's image before CRIU restores it
+(`rename_host`), so its processes never see the parent's.
+
 A restore recreates the user namespace its images describe and puts each task where its images
 say, so the images decide whether the restored harness is an unprivileged host user or the
 node's root. `user_namespace_problem` checks that before CRIU runs: a snapshot the node that
@@ -22,6 +25,7 @@ INVENTORY_MAGIC = 0x58313116
 PSTREE_MAGIC = 0x50273030
 IDS_MAGIC = 0x54432030
 USERNS_MAGIC = 0x55474906
+UTSNS_MAGIC = 0x54473203
 SANDBOX_IDS = 65536
 """A sandbox's user namespace maps its ids 0..65535 (`AgentSettings.userns_base`)."""
 MAX_SMALL_IMAGE = 1 << 20
@@ -36,10 +40,12 @@ def _message_classes() -> dict[str, type[Message]]:
     )
 
     def message(name: str, *fields: tuple[str, int, str]) -> None:
-        """Fields are optional uint32s, or `type_name` repeated messages: all the reads need."""
+        """Fields are optional uint32s, strings, or `type_name` repeated messages: all the reads need."""
         m = proto.message_type.add(name=name)
         for field_name, number, type_name in fields:
-            if type_name:
+            if type_name == "string":
+                m.field.add(name=field_name, number=number, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
+            elif type_name:
                 m.field.add(name=field_name, number=number, type=_F.TYPE_MESSAGE,
                             label=_F.LABEL_REPEATED, type_name=f".stasis.criu.{type_name}")  # fmt: skip
             else:
@@ -50,6 +56,7 @@ def _message_classes() -> dict[str, type[Message]]:
     message("Pstree", ("pid", 1, ""))
     message("UidGidExtent", ("first", 1, ""), ("lower_first", 2, ""), ("count", 3, ""))
     message("Userns", ("uid_map", 1, "UidGidExtent"), ("gid_map", 2, "UidGidExtent"))
+    message("Utsns", ("nodename", 1, "string"), ("domainname", 2, "string"))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
     return {
@@ -126,3 +133,23 @@ def user_namespace_problem(images: Path, base: int) -> str:
     except ValueError as exc:
         return str(exc)
     return ""
+
+
+def rename_host(images: Path, hostname: str) -> None:
+    """Name the host of every UTS namespace these images hold `hostname`, in place (the images
+    must be the restore's own copy). ValueError if they hold none, or one is damaged."""
+    found = 0
+    for path in sorted(images.glob("utsns-*.img")):
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_SMALL_IMAGE:
+            raise ValueError(f"{path.name} is not a UTS namespace's image")
+        entries = messages(path.read_bytes(), path.name, UTSNS_MAGIC, _MESSAGES["Utsns"])
+        if len(entries) != 1:
+            raise ValueError(f"{path.name} holds {len(entries)} entries, not one")
+        entries[0].nodename = hostname
+        body = entries[0].SerializeToString()
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(struct.pack("<3I", IMG_COMMON_MAGIC, UTSNS_MAGIC, len(body)) + body)
+        tmp.replace(path)
+        found += 1
+    if not found:
+        raise ValueError("no UTS namespace's image (utsns-*.img) is among them")

@@ -70,10 +70,13 @@ def read(root: Path, relative: str, offset: int = 0, limit: int = 1 << 20) -> tu
         raise
 
 
-def write(root: Path, relative: str, content: bytes, mode: int = 0o644) -> None:
-    """Write root/relative as a new regular file, making missing directories (0755). Whatever
-    is at the last component (a symlink, a fifo, a file) is replaced, never followed; a
-    directory on the path that is a symlink raises `Escapes`."""
+def write(
+    root: Path, relative: str, content: bytes, mode: int = 0o644, owner: tuple[int, int] | None = None
+) -> None:
+    """Write root/relative as a new regular file with exactly `mode` (and `owner`'s uid and gid,
+    if given), making missing directories (0755). Whatever is at the last component (a symlink,
+    a fifo, a file) is replaced, never followed; a directory on the path that is a symlink
+    raises `Escapes`."""
     parts = relative.strip("/").split("/")
     with directory(root, parts[:-1], make=True) as fd:
         try:
@@ -84,4 +87,7 @@ def write(root: Path, relative: str, content: bytes, mode: int = 0o644) -> None:
             raise Escapes(f"{relative} is a directory") from None
         file_fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=fd)
         with os.fdopen(file_fd, "wb") as f:
+            if owner is not None:
+                os.fchown(f.fileno(), *owner)
+            os.fchmod(f.fileno(), mode)  # not as the umask left it
             f.write(content)

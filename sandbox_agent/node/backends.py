@@ -44,7 +44,8 @@ def make_backend(settings: AgentSettings) -> Backend:
     keep_criu_cache()
     if settings.backend == "runc":
         conf = settings.root / "criu-runc.conf"
-        # TCP connections come back closed, so the harness's HTTP client reconnects. runc makes
+        # TCP connections come back closed, so the harness's HTTP client reconnects (and a fork
+        # child, whose address is not its parent's, can restore them at all). runc makes
         # and fills the sandbox's cgroups and restores CRIU into them, so CRIU leaves cgroups
         # alone (dumping them took 15 ms of each freeze). A watched file's path is found by
         # scanning: harnesses watch their home and work dirs (Claude Code watches ~/.claude with

@@ -18,6 +18,7 @@ from sandbox_agent.node.backends import make_backend
 from sandbox_agent.node.checkpoint import SnapshotTarget
 from sandbox_agent.node.context import NodeContext
 from sandbox_agent.node.disk import DiskBudget
+from sandbox_agent.node.identity import KEEP, Identity
 from sandbox_agent.node.sandboxes import Sandboxes
 from sandbox_agent.node.staging import private_dir
 from sandbox_agent.node.verify import VerifierResult
@@ -115,14 +116,32 @@ class Node:
         return checkpoint.checkpoint_to_store(self.ctx, sandbox_id, target, leave_running=leave_running)
 
     def restore(
-        self, sandbox_id: str, checkpoint_dir: Path, *, image: str = "", verify: bool = True
+        self,
+        sandbox_id: str,
+        checkpoint_dir: Path,
+        *,
+        image: str = "",
+        verify: bool = True,
+        identity: Identity = KEEP,
     ) -> SandboxStatus:
-        return restore.restore_from_dir(self.ctx, sandbox_id, checkpoint_dir, image=image, verify=verify)
+        return restore.restore_from_dir(
+            self.ctx, sandbox_id, checkpoint_dir, image=image, verify=verify, identity=identity
+        )
 
     def restore_from_store(
-        self, sandbox_id: str, snapshot_id: str, manifest_digest: str, *, image: str = ""
+        self,
+        sandbox_id: str,
+        snapshot_id: str,
+        manifest_digest: str,
+        *,
+        image: str = "",
+        identity: Identity = KEEP,
     ) -> SandboxStatus:
-        return self.arrivals.restore_from_store(sandbox_id, snapshot_id, manifest_digest, image=image)
+        """Restore a snapshot as `identity` says: a fork child gets its own address, host name
+        and fork files (`identity`)."""
+        return self.arrivals.restore_from_store(
+            sandbox_id, snapshot_id, manifest_digest, image=image, identity=identity
+        )
 
     def run_verifier(
         self,

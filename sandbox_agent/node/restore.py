@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import _thread
 import logging
+import os
 import shutil
 import threading
 import time
@@ -15,17 +16,26 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from contextlib import ExitStack, suppress
+from dataclasses import replace
 from pathlib import Path
 
 from sandbox_agent import checkpoint as ckpt
 from sandbox_agent.criu import images as criu_images
 from sandbox_agent.criu import lazy, pagemap
 from sandbox_agent.criu.userfaultfd import UserfaultfdGrant
-from sandbox_agent.errors import AlreadyExists, CheckpointCorrupt, FailedPrecondition, ImageMismatch, NotFound
+from sandbox_agent.errors import (
+    AlreadyExists,
+    CheckpointCorrupt,
+    FailedPrecondition,
+    ImageMismatch,
+    InvalidSpec,
+    NotFound,
+)
 from sandbox_agent.images.cache import Image
 from sandbox_agent.node import disk, logs
 from sandbox_agent.node.context import NodeContext
 from sandbox_agent.node.create import resolve_image
+from sandbox_agent.node.identity import KEEP, Identity, fork_files
 from sandbox_agent.node.remove import remove_now, stop_quietly
 from sandbox_agent.node.sandboxes import in_thread
 from sandbox_agent.node.staging import PAGES, checkpoint_shaped, staged_bytes, staging_for
@@ -44,20 +54,45 @@ Fetched = Callable[[], tuple[ckpt.CheckpointImage, lazy.Transfer | None]]
 
 
 def restore_from_dir(
-    ctx: NodeContext, sandbox_id: str, checkpoint_dir: Path, *, image: str = "", verify: bool = True
+    ctx: NodeContext,
+    sandbox_id: str,
+    checkpoint_dir: Path,
+    *,
+    image: str = "",
+    verify: bool = True,
+    identity: Identity = KEEP,
 ) -> SandboxStatus:
-    """Start a new sandbox from a checkpoint directory, on this node, under a new id if need be."""
+    """Start a new sandbox from a checkpoint directory, on this node, under a new id if need be,
+    as `identity` says."""
     validate_id("sandbox_id", sandbox_id)
+    identity.validated()
     timeline = Timeline(sandbox_id, ctx.hooks)
     with timeline.phase(Phase.VERIFY):
         checkpoint = ckpt.load(checkpoint_dir, verify=verify)
         if problem := _foreign_user_namespace(ctx, checkpoint):
             raise CheckpointCorrupt(f"checkpoint {checkpoint_dir}: {problem}")
-    status, _ = _restore(
-        ctx, sandbox_id, checkpoint, timeline, image=image, source=str(checkpoint_dir),
-        fetched=lambda: (checkpoint, None),
-    )  # fmt: skip
+    if not identity.hostname or identity.hostname == checkpoint.spec.hostname:
+        own = None
+    else:  # the restore renames the host in its images: in a copy of its own, not the caller's
+        own = ctx.staging / f"restore-{sandbox_id}-{uuid.uuid4().hex[:8]}"
+        shutil.copytree(checkpoint_dir, own, copy_function=_link_or_copy)
+    try:
+        status, _ = _restore(
+            ctx, sandbox_id, checkpoint, timeline, image=image, source=str(checkpoint_dir),
+            fetched=lambda: (replace(checkpoint, directory=own or checkpoint.directory), None),
+            identity=identity,
+        )  # fmt: skip
+    finally:
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
     return status
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem
+        shutil.copy2(source, target)
 
 
 class Arrivals:
@@ -84,9 +119,17 @@ class Arrivals:
         """Guards `_arriving` and `_eager_next`."""
 
     def restore_from_store(
-        self, sandbox_id: str, snapshot_id: str, manifest_digest: str, *, image: str = ""
+        self,
+        sandbox_id: str,
+        snapshot_id: str,
+        manifest_digest: str,
+        *,
+        image: str = "",
+        identity: Identity = KEEP,
     ) -> SandboxStatus:
-        """Fetch a snapshot and restore it on this node: lazily where the backend can, else whole.
+        """Fetch a snapshot and restore it on this node: lazily where the backend can, else whole;
+        as `identity` says (a fork child of the snapshot's episode gets its own address, host
+        name and fork files), which is checked before anything is fetched.
 
         Anyone who can write to the store could put any manifest there, and CRIU restores the
         credentials, capabilities and seccomp its images hold: so the stored manifest is checked
@@ -103,16 +146,22 @@ class Arrivals:
         Until the sandbox runs, Python's cyclic collector is held off (`collector_paused`): the
         restore allocates enough to set a collection off, which walks every object the agent made
         since it started (`set_aside_startup_objects`)."""
+        identity.validated()
+        if identity.fork is not None and identity.fork.snapshot_id != snapshot_id:
+            raise InvalidSpec(
+                "fork.snapshot_id",
+                f"{identity.fork.snapshot_id!r} is not the snapshot restored, {snapshot_id!r}",
+            )
         if not manifest_digest:
             raise FailedPrecondition(
                 f"restore of snapshot {snapshot_id} names no manifest digest; node {self.ctx.name} "
                 "restores only a snapshot whose manifest the orchestrator recorded"
             )
         with collector_paused():
-            return self._restore_from_store(sandbox_id, snapshot_id, manifest_digest, image)
+            return self._restore_from_store(sandbox_id, snapshot_id, manifest_digest, image, identity)
 
     def _restore_from_store(
-        self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str
+        self, sandbox_id: str, snapshot_id: str, manifest_digest: str, image: str, identity: Identity
     ) -> SandboxStatus:
         ctx = self.ctx
         store = ctx.require_store()
@@ -180,7 +229,7 @@ class Arrivals:
         try:
             status, transfer = _restore(
                 ctx, sandbox_id, head.result(), timeline, image=image, source=snapshot_id, fetched=fetched,
-                keep_busy=lazily,
+                keep_busy=lazily, identity=identity,
             )  # fmt: skip
         except BaseException:
             release()
@@ -275,26 +324,32 @@ def _restore(
     source: str,
     fetched: Fetched,
     keep_busy: bool = False,
+    identity: Identity = KEEP,
 ) -> tuple[SandboxStatus, lazy.Transfer | None]:
-    """Restore the sandbox whose checkpoint `head` describes. Its network and writable layer's
-    disk are made first; then `fetched()` gives the checkpoint whole (once its files are
-    here) and, for a lazy restore, the transfer of its memory."""
+    """Restore the sandbox whose checkpoint `head` describes, as `identity` (validated) says.
+    Its network and writable layer's disk are made first; then `fetched()` gives the checkpoint
+    whole (once its files are here, in a directory this restore may change) and, for a lazy
+    restore, the transfer of its memory."""
     local = _restore_image(ctx, head, image, timeline)
     if head.backend != ctx.backend.name:
         raise FailedPrecondition(
             f"checkpoint {source} was taken by the {head.backend} backend; "
             f"node {ctx.name} runs {ctx.backend.name}"
         )
+    checkpoints = ctx.backend.checkpoints
+    files = fork_files(identity.fork) if identity.fork is not None else ()
+    if files and not checkpoints.places_files:
+        raise FailedPrecondition(f"node {ctx.name}'s {ctx.backend.name} backend restores no fork child")
+    spec = identity.spec(head.spec)
     record = SandboxRecord(
         id=sandbox_id,
         node=ctx.name,
         backend=ctx.backend.name,
-        spec=head.spec,
+        spec=spec,
         image_digest=local.digest,
         created_at=time.time(),
         restored_from=source,
     )
-    checkpoints = ctx.backend.checkpoints
     with ctx.sandboxes.new(
         sandbox_id,
         record,
@@ -304,8 +359,17 @@ def _restore(
         checkpoint, transfer = fetched()
         if transfer is not None:
             layout.arriving.touch()
+        if spec.hostname != head.spec.hostname:
+            # Named in its images, the UTS namespace restores with the child's name: its
+            # processes never see the parent's.
+            try:
+                criu_images.rename_host(checkpoint.criu_dir, spec.hostname)
+            except ValueError as exc:
+                if transfer is not None:
+                    transfer.abort()
+                raise CheckpointCorrupt(f"checkpoint {source}: {exc}") from None
         with timeline.phase(Phase.RESTORE):
-            pid = checkpoints.restore(record, layout, local, checkpoint, transfer)
+            pid = checkpoints.restore(record, layout, local, checkpoint, transfer, files)
         try:
             record.timings_ms = timeline.timings_ms()
             # What the restored process writes from its first instant on belongs to this

@@ -30,6 +30,20 @@ def wrapped_command(argv: tuple[str, ...]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class LayerFile:
+    """A file the node writes into a restored sandbox's writable layer before its processes
+    resume. Whatever the layer holds at `path` (a symlink the harness planted, say) is replaced,
+    never followed."""
+
+    path: str
+    """Absolute, in the sandbox."""
+    content: bytes
+    mode: int = 0o644
+    harness_owned: bool = False
+    """Owned by the sandbox's user (the spec's ids, like `STATE_DIR`); else by its root."""
+
+
+@dataclass(frozen=True)
 class SandboxLayout:
     """Node-local paths of one sandbox; nothing here is assumed to exist on another node."""
 
@@ -108,6 +122,8 @@ class Checkpoints(Protocol):
     """Whether `restore` takes a `lazy.Transfer`, to resume before the memory is all here."""
     restore_timeout_s: float
     """How long a restore may take before it is killed and fails."""
+    places_files: bool
+    """Whether `restore` writes `files` into the writable layer (a fork child's)."""
 
     def dump(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         """CRIU-dump the frozen sandbox into images_dir and leave it frozen."""
@@ -130,10 +146,11 @@ class Checkpoints(Protocol):
         image: Image,
         checkpoint: CheckpointImage,
         transfer: Transfer | None = None,
+        files: tuple[LayerFile, ...] = (),
     ) -> int:
-        """Rebuild the writable layer from the checkpoint and resume its processes; with a
-        `transfer` (only where `lazy_restore`), before their memory has all arrived. Returns the
-        sandbox's init PID."""
+        """Rebuild the writable layer from the checkpoint, write `files` into it (only where
+        `places_files`) and resume its processes; with a `transfer` (only where `lazy_restore`),
+        before their memory has all arrived. Returns the sandbox's init PID."""
 
     def revive(self, record: SandboxRecord, layout: SandboxLayout, images_dir: Path) -> None:
         """Resume a sandbox stopped right after its dump from those images, in its own writable

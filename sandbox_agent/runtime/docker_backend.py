@@ -29,7 +29,7 @@ from sandbox_agent.criu.lazy import Transfer
 from sandbox_agent.errors import AgentError, CommandFailed, FailedPrecondition, NotFound, ToolUnavailable
 from sandbox_agent.host import overlay, tools
 from sandbox_agent.images.cache import Image, ImageCache
-from sandbox_agent.runtime.backend import STATE_DIR, STOP_TIMEOUT_S, SandboxLayout, wrapped_command
+from sandbox_agent.runtime.backend import STATE_DIR, STOP_TIMEOUT_S, LayerFile, SandboxLayout, wrapped_command
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
 CHECKPOINT_NAME = "stasis"
@@ -271,6 +271,8 @@ class DockerCheckpoints:
     """Docker restores from a checkpoint it has whole."""
     restore_timeout_s = 300.0
     """Docker's own limits apply; kept for the interface."""
+    places_files = False
+    """Docker builds the restored container's layer; a fork child restores on runc."""
 
     def __init__(self, docker: DockerBackend) -> None:
         self.docker = docker
@@ -301,9 +303,12 @@ class DockerCheckpoints:
         image: Image,
         checkpoint: CheckpointImage,
         transfer: Transfer | None = None,
+        files: tuple[LayerFile, ...] = (),
     ) -> int:
         if transfer is not None:
             raise FailedPrecondition("the docker backend restores memory eagerly only")
+        if files:
+            raise FailedPrecondition("the docker backend writes no files into a restored layer")
         container = self.docker.create_container(record, image)
         overlay.import_layer(checkpoint.layer, Path(container.attrs["GraphDriver"]["Data"]["UpperDir"]))
         self._start_from(record, container, checkpoint.criu_dir)

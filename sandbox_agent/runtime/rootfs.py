@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from sandbox_agent.errors import InvalidSpec
+from sandbox_agent.errors import FailedPrecondition, InvalidSpec
 from sandbox_agent.host import confined, idmap, network, overlay
 from sandbox_agent.host.layer_disks import LayerDisks
 from sandbox_agent.images.cache import Image
-from sandbox_agent.runtime.backend import STATE_DIR, SandboxLayout
+from sandbox_agent.runtime.backend import STATE_DIR, LayerFile, SandboxLayout
 from sandbox_agent.spec import Resources, SandboxRecord
 
 
@@ -65,6 +67,22 @@ class RootFs:
         layout.sysfs.mkdir(parents=True, exist_ok=True)
         network.mount_sysfs(self.host_key, record.id, layout.sysfs)
 
+    def place(
+        self, record: SandboxRecord, layout: SandboxLayout, image: Image, files: tuple[LayerFile, ...]
+    ) -> None:
+        """Write `files` into a restored sandbox's layer, before its root is mounted. The layer is
+        the harness's: whatever it left at a file's path is replaced, never followed, and a
+        directory on the way that is not one (a symlink at /.stasis) refuses the restore."""
+        with _as_the_node_sees_it(layout, image) as staging:
+            for file in files:
+                owner = record.spec.ids if file.harness_owned else (0, 0)
+                try:
+                    confined.write(staging, file.path.lstrip("/"), file.content, file.mode, owner)
+                except confined.Escapes as exc:
+                    raise FailedPrecondition(
+                        f"sandbox {record.id}: {file.path} cannot be written into the restored layer: {exc}"
+                    ) from None
+
     def mount_graded(self, layout: SandboxLayout, image: Image, userns_base: int) -> Path:
         """Mount an exited sandbox's final tree, read-only, as a verifier with those ids sees it."""
         lowers = [layout.upper, image.rootfs]
@@ -92,11 +110,8 @@ class RootFs:
 def _prepare_layer(
     record: SandboxRecord, layout: SandboxLayout, image: Image, files: dict[str, bytes]
 ) -> None:
-    """Write the state folder and the spec's files into the layer as the node sees its tree,
-    which is how it lies on disk (a sandbox's id-mapped view refuses the node's root as owner)."""
-    staging = layout.dir / "prepare"
-    overlay.mount([image.rootfs], layout.upper, layout.work, staging)
-    try:
+    """Write the state folder and the spec's files into the layer."""
+    with _as_the_node_sees_it(layout, image) as staging:
         # The harness writes its log and exit code there as its own user. The image may hold
         # anything at /.stasis (a symlink to a node directory): it is reached without
         # following one, and chowned through its descriptor.
@@ -106,5 +121,16 @@ def _prepare_layer(
         except confined.Escapes as exc:
             raise InvalidSpec("image", f"{record.spec.image}: {exc}; Stasis keeps its state there") from None
         overlay.place_files(staging, files)
+
+
+@contextmanager
+def _as_the_node_sees_it(layout: SandboxLayout, image: Image) -> Iterator[Path]:
+    """The layer over its image as the node sees its tree, which is how it lies on disk: the
+    node writes there as the sandbox's own ids (a sandbox's id-mapped view refuses the node's
+    root as owner)."""
+    staging = layout.dir / "prepare"
+    overlay.mount([image.rootfs], layout.upper, layout.work, staging)
+    try:
+        yield staging
     finally:
         overlay.unmount(staging)

@@ -21,7 +21,7 @@ from sandbox_agent.errors import CommandFailed, FailedPrecondition
 from sandbox_agent.host import cgroups, network, overlay
 from sandbox_agent.images.cache import Image
 from sandbox_agent.runtime import bundle
-from sandbox_agent.runtime.backend import SandboxLayout
+from sandbox_agent.runtime.backend import LayerFile, SandboxLayout
 from sandbox_agent.runtime.rootfs import RootFs
 from sandbox_agent.spec import SandboxRecord, SandboxState
 
@@ -34,6 +34,8 @@ class RuncCheckpoints:
 
     lazy_restore = True
     """Restores may take their memory lazily (`lazy.Transfer`)."""
+    places_files = True
+    """A restore writes a fork child's files into its layer (`rootfs.place`)."""
 
     def __init__(self, runc: RuncBackend, criu: Criu, rootfs: RootFs) -> None:
         self.runc = runc
@@ -108,6 +110,7 @@ class RuncCheckpoints:
         image: Image,
         checkpoint: CheckpointImage,
         transfer: lazy.Transfer | None = None,
+        files: tuple[LayerFile, ...] = (),
     ) -> int:
         try:
             if transfer is not None:
@@ -115,6 +118,8 @@ class RuncCheckpoints:
                 # root are made meanwhile.
                 transfer.start(self.criu, checkpoint.criu_dir, _restore_work(layout))
             overlay.import_layer(checkpoint.layer, layout.upper)
+            if files:
+                self.rootfs.place(record, layout, image, files)
             self.rootfs.mount(record, layout, image)
             return self._restore(record, layout, checkpoint.criu_dir, transfer)
         except BaseException:

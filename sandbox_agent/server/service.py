@@ -36,7 +36,7 @@ from sandbox_agent.errors import (
 )
 from sandbox_agent.images import oci
 from sandbox_agent.images.cache import Image
-from sandbox_agent.node import Node, SnapshotTarget
+from sandbox_agent.node import Identity, Node, SnapshotTarget
 from sandbox_agent.spec import SandboxSpec, SandboxState, SandboxStatus
 from snapshots import Manifest, SnapshotError
 
@@ -164,15 +164,18 @@ class AgentService(pb_grpc.SandboxAgentServicer):
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.Sandbox:
         if bool(request.snapshot_id) == bool(request.directory):
             raise InvalidSpec("directory", "give exactly one of directory and snapshot_id")
+        identity = wire.decode(request, Identity)  # empty fields keep the checkpoint's
         if request.snapshot_id:
             status = self.node.restore_from_store(
-                request.sandbox_id, request.snapshot_id, request.manifest_digest, image=request.image
-            )
+                request.sandbox_id, request.snapshot_id, request.manifest_digest,
+                image=request.image, identity=identity,
+            )  # fmt: skip
         else:
             source = _path("directory", request.directory)
             status = self.node.restore(
-                request.sandbox_id, source, image=request.image, verify=not request.skip_verify
-            )
+                request.sandbox_id, source, image=request.image, verify=not request.skip_verify,
+                identity=identity,
+            )  # fmt: skip
         return sandbox_to_pb(status)
 
     @_rpc

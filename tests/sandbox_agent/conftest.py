@@ -4,6 +4,8 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -80,6 +82,67 @@ def make_node(tmp_path: Path, image_cache: Path, request: pytest.FixtureRequest)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert not left, f"CRIU lazy-pages daemons {left} outlived their nodes"
+
+
+class TcpServer:
+    """A TCP echo server on the node's gateway address: the only place sandboxes may reach."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("169.254.1.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.peers: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, peer = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            self.peers.append(peer[0])
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    def accepted(self, count: int, timeout_s: float = 10) -> list[str]:
+        """The peers once `count` connections are accepted, or by `timeout_s`: a client's connect
+        returns, and it may say so, before this thread has accepted the connection."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.peers) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return list(self.peers)
+
+    def _echo(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(0.5)
+            while not self._stop.is_set():
+                try:
+                    data = conn.recv(4096)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                try:
+                    conn.sendall(data)
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+        self._thread.join()
+
+
+@pytest.fixture
+def tcp_server() -> Iterator[TcpServer]:
+    server = TcpServer()
+    yield server
+    server.close()
 
 
 def wait_for_log(node: Node, sandbox_id: str, predicate: Callable[[str], object], timeout: float = 30) -> str:

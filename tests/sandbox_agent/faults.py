@@ -114,10 +114,12 @@ class _FaultyCheckpoints:
             raise OSError("no room for the layer's disk (injected)")
         self._real.prepare_restore(*args)
 
-    def restore(self, record: Any, layout: Any, image: Any, checkpoint: Any, transfer: Any = None) -> int:
+    def restore(
+        self, record: Any, layout: Any, image: Any, checkpoint: Any, transfer: Any = None, files: Any = ()
+    ) -> int:
         if self._faults.step == "after daemon" and transfer is not None:
             transfer = _FailsOnceStarted(transfer)
-        return self._real.restore(record, layout, image, checkpoint, transfer)
+        return self._real.restore(record, layout, image, checkpoint, transfer, files)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)

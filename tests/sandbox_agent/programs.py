@@ -1,5 +1,6 @@
 """Harness stand-ins that run inside sandboxes and report what they see to their log."""
 
+import json
 import re
 
 MEMORY = r"""
@@ -90,3 +91,49 @@ def last_sha_counter(log: str) -> tuple[str, int]:
     """The last checksum and counter a MEMORY program logged."""
     sha, counter = re.findall(r"sha (\w+) counter (\d+)", log)[-1]
     return sha, int(counter)
+
+
+FORKED = r"""
+import json, os, random, socket, sys, time
+secret = random.getrandbits(64)  # user-space random state: a fork child has the parent's
+gateway = (sys.argv[1], int(sys.argv[2]))
+os.makedirs("/work", exist_ok=True)
+counter, sock, branched = 0, None, False
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+while True:
+    counter += 1
+    with open("/work/count.txt", "w") as f:  # the file and the memory move as one
+        f.write(str(counter))
+    fork = json.loads(read("/.stasis/fork.json") or "null")
+    if fork is not None and not branched:
+        with open("/work/branch.txt", "a") as f:
+            f.write(f"child {fork['index']}\n")
+        branched = True
+    try:
+        if sock is None:
+            sock = socket.create_connection(gateway, timeout=5)
+        sock.sendall(b"ping\n")
+        if not sock.recv(64):
+            raise ConnectionError("closed by peer")
+        state = "connected"
+    except OSError as exc:
+        state, sock = f"reconnect after {type(exc).__name__}", None
+    print(json.dumps({
+        "counter": counter, "secret": secret, "host": socket.gethostname(),
+        "machine_id": read("/etc/machine-id"), "fork": fork, "branch": read("/work/branch.txt"),
+        "address": sock.getsockname()[0] if sock else None, "tcp": state,
+    }), flush=True)
+    time.sleep(0.1)
+"""
+
+
+def ticks(log: str) -> list[dict[str, object]]:
+    """The lines a FORKED program logged, in order."""
+    return [json.loads(line) for line in log.splitlines() if line.startswith('{"counter"')]

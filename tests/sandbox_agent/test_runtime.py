@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.runtime.bundle import CGROUP_PARENT
 from sandbox_agent.runtime.runc import RuncBackend, ended
 from tests.sandbox_agent import programs
-from tests.sandbox_agent.conftest import NodeFactory, recorded, remove_node_dirs, wait_for_log
+from tests.sandbox_agent.conftest import NodeFactory, TcpServer, recorded, remove_node_dirs, wait_for_log
 
 MOVES = pytest.mark.parametrize(
     ("backend", "route"),
@@ -124,72 +121,11 @@ def test_autosave_leaves_the_sandbox_running(make_node: NodeFactory, backend: st
     wait_for_log(b, "auto-copy", lambda t: t.count("sha ") > log.count("sha ") + 1)
 
 
-class _Server:
-    """A TCP echo server on the node's gateway address: the only place sandboxes may reach."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("169.254.1.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.peers: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, peer = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return  # closed
-            self.peers.append(peer[0])
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    def accepted(self, count: int, timeout_s: float = 10) -> list[str]:
-        """The peers once `count` connections are accepted, or by `timeout_s`: a client's connect
-        returns, and it may say so, before this thread has accepted the connection."""
-        deadline = time.monotonic() + timeout_s
-        while len(self.peers) < count and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return list(self.peers)
-
-    def _echo(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(0.5)
-            while not self._stop.is_set():
-                try:
-                    data = conn.recv(4096)
-                except TimeoutError:
-                    continue
-                except OSError:
-                    return
-                if not data:
-                    return
-                try:
-                    conn.sendall(data)
-                except OSError:
-                    return
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
-        self._thread.join()
-
-
-@pytest.fixture
-def tcp_server() -> Iterator[_Server]:
-    server = _Server()
-    yield server
-    server.close()
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("route", ["directory", "store"])
 @pytest.mark.parametrize("backend", ["runc"], indirect=True)
 def test_tcp_connection_comes_back_closed_and_reconnects(
-    make_node: NodeFactory, tcp_server: _Server, backend: str, route: str, tmp_path: Path
+    make_node: NodeFactory, tcp_server: TcpServer, backend: str, route: str, tmp_path: Path
 ) -> None:
     a, b = _nodes(make_node, backend, tmp_path, allowed_ports=(tcp_server.port,))
     argv = ("python3", "-c", programs.TCP, "169.254.1.1", str(tcp_server.port))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from orchestrator.cli.pki import ClusterPki
 from protos.shared.tls import TlsFiles, node_identity
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
+from sandbox_agent import checkpoint as ckpt
 from sandbox_agent import serve
 from tests.rpcs import methods, status_of
 from tests.sandbox_agent.conftest import NodeFactory
@@ -67,6 +69,58 @@ def test_lifecycle_over_grpc(
     assert killed.state == pb.SANDBOX_STATE_EXITED
     b.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id="s1"))
     assert list(b.ListSandboxes(pb.ListSandboxesRequest()).sandboxes) == []
+
+
+WATCH = """
+import os, socket, time
+while True:
+    fork = open("/.stasis/fork.json").read().strip() if os.path.exists("/.stasis/fork.json") else None
+    print("seen", socket.gethostname(), fork, flush=True)
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_restore_as_a_fork_child_over_grpc(
+    agents: tuple[pb_grpc.SandboxAgentStub, pb_grpc.SandboxAgentStub], tmp_path: Path
+) -> None:
+    """A checkpoint directory restored as a fork child: the request's address, host name and
+    ForkMark reach the sandbox; the caller's directory is left as it was."""
+    a, b = agents
+    spec = pb.SandboxSpec(
+        image="base", command=["python3", "-c", WATCH], address="10.202.0.5", hostname="parent"
+    )
+    a.CreateSandbox(pb.CreateSandboxRequest(sandbox_id="ep-p-r1", spec=spec))
+    ck = tmp_path / "ck"
+    a.Checkpoint(pb.CheckpointRequest(sandbox_id="ep-p-r1", directory=str(ck), leave_running=True))
+
+    def restore(index: int) -> pb.Sandbox:
+        mark = pb.ForkMark(
+            episode_id="ep-c", parent_episode_id="ep-p", snapshot_id="ep-p-s1", index=index, count=2
+        )
+        return b.Restore(  # type: ignore[no-any-return]
+            pb.RestoreRequest(
+                sandbox_id="ep-c-r1", directory=str(ck), address="10.202.0.6", hostname="child", fork=mark
+            )
+        )
+
+    with pytest.raises(grpc.RpcError) as err:
+        restore(2)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "fork.index" in err.value.details()
+    assert list(b.ListSandboxes(pb.ListSandboxesRequest()).sandboxes) == []
+
+    restored = restore(1)
+    assert (restored.spec.address, restored.spec.hostname) == ("10.202.0.6", "child")
+    deadline = time.monotonic() + 30
+    log = ""
+    while "seen child {" not in log and time.monotonic() < deadline:
+        log = b.GetHarnessLog(pb.GetHarnessLogRequest(sandbox_id="ep-c-r1")).content.decode()
+        time.sleep(0.1)
+    own = log[restored.log_start :].splitlines()
+    assert own and all(line.startswith("seen child {") for line in own), own[:3]
+    assert '"index": 1, "count": 2}' in own[-1]
+    assert ckpt.load(ck, verify=True).spec.hostname == "parent", "the caller's images were not renamed"
+    assert a.GetSandbox(pb.GetSandboxRequest(sandbox_id="ep-p-r1")).state == pb.SANDBOX_STATE_RUNNING
 
 
 @pytest.mark.timeout(60)
