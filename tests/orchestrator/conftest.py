@@ -27,10 +27,20 @@ from sandbox_agent import AgentSettings, Node
 from sandbox_agent.images.cache import ImageCache
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from snapshots import SnapshotStore
+from tests.orchestrator.loops import Loop
 from tests.postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
 STASIS = str(Path(sys.executable).with_name("stasis"))
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Iterator[Loop]:
+    """A control loop in-process with two fake nodes, node-1 and node-2 (`loops.Loop`)."""
+    loop = Loop(tmp_path)
+    loop.register("node-1", "node-2")
+    yield loop
+    loop.close()
 
 
 def remove_node_sandboxes(root: Path) -> None:
