@@ -240,11 +240,6 @@ def manifest_digest(raw: bytes) -> str:
     return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
-def valid_digest(value: object) -> bool:
-    """Whether value has the form `manifest_digest` gives."""
-    return isinstance(value, str) and _SHA256_DIGEST.fullmatch(value) is not None
-
-
 def valid_id(value: object) -> bool:
     """Whether value is usable as a snapshot or episode id (also a safe object-key component)."""
     return isinstance(value, str) and _ID.fullmatch(value) is not None

@@ -14,14 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.cli.commands import Subcommands
-from orchestrator.cli.parser import PROG, parser
+from orchestrator.cli.parser import invoked_as, parser
 from orchestrator.domain import StasisError, TemporaryError
 
 __all__ = ["entry", "main", "parser"]
 
 
 def main(argv: list[str] | None = None, out: Any = sys.stdout, err: Any = sys.stderr) -> int:
-    args = parser().parse_args(argv)
+    prog = invoked_as(sys.argv[0])
+    args = parser(prog).parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.command in ("up", "server") else logging.WARNING
     )
@@ -29,11 +30,11 @@ def main(argv: list[str] | None = None, out: Any = sys.stdout, err: Any = sys.st
     try:
         return handler()
     except TemporaryError as exc:
-        print(f"{PROG}: {exc} (is `stasis up` running? set --addr or STASIS_ADDR)", file=err)
+        print(f"{prog}: {exc} (is `stasis up` running? set --addr or STASIS_ADDR)", file=err)
     except (StasisError, TimeoutError) as exc:
-        print(f"{PROG}: {exc}", file=err)
+        print(f"{prog}: {exc}", file=err)
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=err)
+        print(f"{prog}: interrupted", file=err)
     except BrokenPipeError:
         # The reader (head, less) went away: stop quietly, as other command-line tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

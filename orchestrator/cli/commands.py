@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli import render, serving
+from orchestrator.cli.parser import PLUGIN
 from orchestrator.cli.progress import PullBoard, human_size
 from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file
 from orchestrator.domain import EpisodeState, InvalidArgument, Role, StasisError
@@ -38,7 +39,7 @@ class Subcommands:
         a = self.args
         if a.addr or os.environ.get("STASIS_ADDR") or a.context:
             return False
-        return bool(a.namespace or a.kube_context) or Path(sys.argv[0]).name == "kubectl-stasis"
+        return bool(a.namespace or a.kube_context) or Path(sys.argv[0]).name == PLUGIN
 
     def progress(self, text: str) -> None:
         print(text, file=self.err, flush=True)

@@ -1,22 +1,31 @@
 """CRIU as a node drives it: one core (`Criu`) over its RPC (`swrk`), one method per action, as
-pycriu has it. Every request CRIU is sent, and every option in it, is built here.
+pycriu has it. Every request CRIU is sent, and every option in it, is built here, and sent here.
 
 A dump or restore is asked of CRIU with the options runc would give it (runc's names for the
 sandbox's external mounts and its netns), so a snapshot runc dumped restores the same way. CRIU
 refusing, dying or hanging raises `CommandFailed` with the tail of its log.
+
+The transport (`swrk`) is CRIU's RPC (protos/criu/rpc.proto) as runc drives it, without runc:
+one call is one `criu swrk` process and one request on a socket pair. A caller that must place
+CRIU first (a restore's tasks are forked by CRIU and stay in its cgroups) gets its pid before
+the request goes out. CRIU answers once the dump or restore is done; it may first send
+notifications, each acknowledged there, since no scripts are run for them.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from protos.criu import rpc_pb2 as rpc
-from sandbox_agent.criu import lazy, swrk
-from sandbox_agent.errors import CommandFailed
+from sandbox_agent.criu import lazy
+from sandbox_agent.errors import CommandFailed, ToolUnavailable
 from sandbox_agent.host import cgroups, tools
 
 EXTERNAL_NETNS = "extRootNetNS"
@@ -33,6 +42,9 @@ and 1.5-3.7 ms of a 64 MiB restore's 20-26 ms in CRIU (three runs of 12 restores
 
 DUMP_LOG = "dump.log"
 RESTORE_LOG = "restore.log"
+
+MAX_MESSAGE = 1 << 20
+"""The largest message read from CRIU's socket, in bytes (1 MiB)."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +128,7 @@ class Criu:
             _open_dirs(opts.images_dir, opts.work_dir) as fds,
         ):
             rpc_opts.images_dir_fd, rpc_opts.work_dir_fd = fds
-            swrk.call(
+            swrk(
                 self.binary, rpc.criu_req(type=rpc.DUMP, opts=rpc_opts), what=what,
                 timeout_s=opts.timeout_s, pass_fds=fds,
             )  # fmt: skip
@@ -136,7 +148,7 @@ class Criu:
                 _open_dirs(opts.images_dir, opts.work_dir) as fds,
             ):
                 rpc_opts.images_dir_fd, rpc_opts.work_dir_fd = fds
-                answer = swrk.call(
+                answer = swrk(
                     self.binary, rpc.criu_req(type=rpc.RESTORE, opts=rpc_opts), what=what,
                     timeout_s=opts.timeout_s, pass_fds=(*fds, netns),
                     placed=lambda pid: cgroups.enter(opts.cgroup, pid),
@@ -203,3 +215,87 @@ def _open_dirs(*paths: Path) -> Iterator[tuple[int, int]]:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def swrk(
+    criu: str,
+    request: rpc.criu_req,
+    *,
+    what: str,
+    timeout_s: float,
+    pass_fds: Sequence[int] = (),
+    placed: Callable[[int], None] | None = None,
+) -> rpc.criu_resp:
+    """Send `request` to a new `criu swrk` and return its answer. `placed(pid)` runs before the
+    request is sent. CRIU's refusal, its death, or no answer within `timeout_s` (it is killed
+    then) raise CommandFailed, whose log the caller adds from CRIU's work dir."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    argv = (criu, "swrk", str(theirs.fileno()))
+    try:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                pass_fds=(theirs.fileno(), *pass_fds),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except FileNotFoundError as exc:
+            raise ToolUnavailable(f"{criu} is not installed or not on PATH") from exc
+        finally:
+            theirs.close()  # CRIU's end: if it dies, a read here ends instead of waiting
+        try:
+            if placed is not None:
+                placed(proc.pid)
+            answer = _exchange(ours, request, time.monotonic() + timeout_s)
+        except BaseException as exc:
+            proc.kill()
+            proc.wait()
+            if isinstance(exc, TimeoutError):
+                raise CommandFailed(
+                    argv=argv, returncode=-1, stderr_tail="", what=what, timeout_s=timeout_s
+                ) from None
+            raise
+    finally:
+        ours.close()
+    if answer is None:
+        code = proc.wait()
+        raise CommandFailed(
+            argv=argv, returncode=code, stderr_tail="CRIU exited without answering", what=what
+        )
+    try:
+        code = proc.wait(timeout=max(1.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    if not answer.success:
+        detail = answer.cr_errmsg or (f"errno {answer.cr_errno}" if answer.cr_errno else "")
+        raise CommandFailed(argv=argv, returncode=code or -1, stderr_tail=detail, what=what)
+    return answer
+
+
+def _exchange(sock: socket.socket, request: rpc.criu_req, deadline: float) -> rpc.criu_resp | None:
+    """Send the request and return CRIU's answer, acknowledging its notifications; None if CRIU
+    hung up first. Raises TimeoutError past the deadline."""
+    try:
+        sock.sendall(request.SerializeToString())
+    except BrokenPipeError:
+        return None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
+        try:
+            data = sock.recv(MAX_MESSAGE)
+        except ConnectionResetError:  # CRIU exited with the request unread
+            return None
+        if not data:
+            return None
+        answer = rpc.criu_resp.FromString(data)
+        if answer.type != rpc.NOTIFY:
+            return answer
+        try:
+            sock.sendall(rpc.criu_req(type=rpc.NOTIFY, notify_success=True).SerializeToString())
+        except (BrokenPipeError, ConnectionResetError):  # CRIU died after it asked
+            return None

@@ -40,61 +40,89 @@ class Node:
         store: SnapshotStore | None = None,
     ) -> None:
         """`backend` and `store` stand in for the runtime and the snapshot store the settings name."""
-        self.settings = settings
-        self.hooks = hooks or PhaseHooks()
-        """Called around every checkpoint and restore phase."""
-        self.name = validate_id("node", settings.node)
+        name = validate_id("node", settings.node)
         if settings.stack and "." in validate_id("stack", settings.stack):
             raise InvalidSpec(
                 "stack", f"{settings.stack!r} holds a dot; the node is <node>.<stack> on the host"
             )
-        self.host_key = settings.host_key
-        """Names what this node holds on the host (`AgentSettings.host_key`)."""
         settings.root.mkdir(parents=True, exist_ok=True)
-        self.images = ImageCache(settings.image_cache or settings.root / "images")
-        self.registry = oci.RegistryAccess(
-            auth_file=settings.registry_auth_file,
-            certs_dir=settings.registry_certs,
-            insecure=settings.insecure_registries,
-            docker_host=settings.docker_url,
-        )
-        self.backend = backend or make_backend(settings)
-        self.criu_version = Criu(settings.criu).version()
+        backend = backend or make_backend(settings)
         if store is None and settings.snapshot_store:
             store = SnapshotStore.open(settings.snapshot_store)
-        self.store = store
-        self.disk = DiskBudget(self.name, settings.disk_mb or disk.offered_mb(settings.root))
-        self.sandboxes = Sandboxes(
-            self.name,
-            self.host_key,
-            self.backend,
-            settings.root / "sandboxes",
-            settings.run_dir / self.host_key,
-            self.disk,
-        )
+        budget = DiskBudget(name, settings.disk_mb or disk.offered_mb(settings.root))
         staging = settings.root / "staging"
         staging.mkdir(exist_ok=True)
         self.ctx = NodeContext(
-            name=self.name,
+            name=name,
             settings=settings,
-            backend=self.backend,
-            sandboxes=self.sandboxes,
-            disk=self.disk,
-            images=self.images,
-            registry=self.registry,
-            store=self.store,
-            hooks=self.hooks,
-            criu_version=self.criu_version,
-            userns_base=settings.userns_base if self.backend.user_namespaces else 0,
+            backend=backend,
+            sandboxes=Sandboxes(
+                name,
+                settings.host_key,
+                backend,
+                settings.root / "sandboxes",
+                settings.run_dir / settings.host_key,
+                budget,
+            ),
+            disk=budget,
+            images=ImageCache(settings.image_cache or settings.root / "images"),
+            registry=oci.RegistryAccess(
+                auth_file=settings.registry_auth_file,
+                certs_dir=settings.registry_certs,
+                insecure=settings.insecure_registries,
+                docker_host=settings.docker_url,
+            ),
+            store=store,
+            hooks=hooks or PhaseHooks(),
+            criu_version=Criu(settings.criu).version(),
+            userns_base=settings.userns_base if backend.user_namespaces else 0,
             staging=staging,
-            memory_staging=private_dir(settings.memory_dir, f"stasis-{self.host_key}"),
+            memory_staging=private_dir(settings.memory_dir, f"stasis-{settings.host_key}"),
         )
+        """The node's shared parts, the one place they are held; the properties below read them."""
         self.arrivals = restore.Arrivals(
-            self.ctx, lazily=settings.lazy_restore and self.backend.checkpoints.lazy_restore
+            self.ctx, lazily=settings.lazy_restore and backend.checkpoints.lazy_restore
         )
-        network.prepare_node(self.host_key, settings.allowed_ports, owns_unmarked=not settings.stack)
+        network.prepare_node(settings.host_key, settings.allowed_ports, owns_unmarked=not settings.stack)
         startup.import_base_image(self.ctx)
         startup.recover(self.ctx)
+
+    @property
+    def name(self) -> str:
+        return self.ctx.name
+
+    @property
+    def settings(self) -> AgentSettings:
+        return self.ctx.settings
+
+    @property
+    def host_key(self) -> str:
+        """Names what this node holds on the host (`AgentSettings.host_key`)."""
+        return self.ctx.settings.host_key
+
+    @property
+    def backend(self) -> Backend:
+        return self.ctx.backend
+
+    @property
+    def sandboxes(self) -> Sandboxes:
+        return self.ctx.sandboxes
+
+    @property
+    def disk(self) -> DiskBudget:
+        return self.ctx.disk
+
+    @property
+    def images(self) -> ImageCache:
+        return self.ctx.images
+
+    @property
+    def registry(self) -> oci.RegistryAccess:
+        return self.ctx.registry
+
+    @property
+    def store(self) -> SnapshotStore | None:
+        return self.ctx.store
 
     def create(
         self, sandbox_id: str, spec: SandboxSpec, files: dict[str, bytes] | None = None

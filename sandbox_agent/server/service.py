@@ -110,19 +110,15 @@ def image_to_pb(image: Image) -> pb.Image:
 
 
 def node_info_pb(node: Node, sandboxes: list[SandboxStatus] | None = None) -> pb.NodeInfo:
-    s = node.settings
+    """The node's settings (slots, memory_mb, labels) and what it has now."""
     sandboxes = node.list() if sandboxes is None else sandboxes
-    return pb.NodeInfo(
-        name=node.name,
-        backend=node.backend.name,
-        criu_version=node.criu_version,
-        slots=s.slots,
-        memory_mb=s.memory_mb,
-        images=[image_to_pb(i) for i in node.images.list()],
+    return wire.encode(
+        node.settings, pb.NodeInfo,
+        name=node.name, backend=node.backend.name, criu_version=node.ctx.criu_version,
+        images=node.images.list(),
         running=sum(1 for st in sandboxes if st.state != SandboxState.EXITED),
-        labels=s.labels,
         disk_mb=node.disk.capacity_mb,
-    )
+    )  # fmt: skip
 
 
 def _path(field: str, value: str) -> Path:

@@ -21,16 +21,50 @@ from orchestrator.cli.local import AgentProcess, LocalSettings, LocalStack, agen
 from orchestrator.cli.pki import ClusterPki
 from orchestrator.client import merge_context
 from orchestrator.domain import Role
+from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from protos.shared.address import split_host_port
 from protos.shared.tls import node_identity
 from sandbox_agent import AgentSettings, Node
 from sandbox_agent.images.cache import ImageCache
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from snapshots import SnapshotStore
+from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
+from tests.orchestrator.loops import Loop
+from tests.orchestrator.worlds import World, count_generations, make_world
 from tests.postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
 STASIS = str(Path(sys.executable).with_name("stasis"))
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Iterator[Loop]:
+    """A control loop in-process with two fake nodes, node-1 and node-2 (`loops.Loop`)."""
+    loop = Loop(tmp_path)
+    loop.register("node-1", "node-2")
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(params=DATABASES)
+def open_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenLedger]:
+    """A ledger's opener, once in SQLite and once in PostgreSQL (`ledgers.py`)."""
+    with opener(request, tmp_path / "ledger.db") as open_:
+        yield open_
+
+
+@pytest.fixture
+def world(tmp_path: Path, open_ledger: OpenLedger) -> Iterator[World]:
+    """A gateway before the reference model, its generations counted (`worlds.World`)."""
+    model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
+    w = make_world(tmp_path, model.url, model, open_ledger(), metrics_listen="127.0.0.1:0")
+    assert (
+        w.gateway.logprobs_mode("reference") == "processed"
+    )  # checked once, before the generations are counted
+    count_generations(w)
+    yield w
+    w.gateway.stop()
+    model.stop()
 
 
 def remove_node_sandboxes(root: Path) -> None:

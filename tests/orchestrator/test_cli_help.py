@@ -10,6 +10,7 @@ import io
 import os
 import re
 import shlex
+import sys
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli import main
 from orchestrator.cli import parser as stasis_parser
 from orchestrator.cli.commands import Subcommands
 from orchestrator.reference_model import __main__ as reference_model
@@ -177,6 +179,30 @@ def test_every_option_argument_and_command_explains_itself_with_examples_that_pa
     assert problems(program) == []
     walked = list(walk(program.parser()))
     assert sum(len(examples(p)) for _, p in walked) >= len(walked)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("argv0", "prog"), [("/usr/bin/kubectl-stasis", "kubectl stasis"), ("stasis", "stasis")]
+)
+def test_usage_and_errors_name_the_program_as_it_was_typed(
+    argv0: str, prog: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kubectl runs its plugin `kubectl-stasis` for `kubectl stasis`: that is what the user typed."""
+    monkeypatch.setattr(sys, "argv", [argv0])
+    with pytest.raises(SystemExit):
+        main(["preempt"])
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {prog} preempt [-h]"), err
+    assert f"\n{prog} preempt: error: the following arguments are required: ID" in err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert f"`{prog} COMMAND --help` explains a command" in " ".join(capsys.readouterr().out.split())
+    failed = io.StringIO()
+    assert main(["submit", "-f", "/nonexistent/episode.yaml", "--addr", "127.0.0.1:1"], err=failed) == 1
+    assert failed.getvalue().startswith(f"{prog}: file: cannot read /nonexistent/episode.yaml"), (
+        failed.getvalue()
+    )
 
 
 def test_every_stasis_command_has_its_method() -> None:

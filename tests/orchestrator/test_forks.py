@@ -20,7 +20,7 @@ from orchestrator.domain import EpisodeState, RewardSpec, ids
 from protos.shared import wire
 from protos.stasis.v1 import stasis_pb2 as pb
 from tests.orchestrator.conftest import wait_until
-from tests.orchestrator.test_control import SETTINGS, SPEC, Loop, _Aborted, _Context
+from tests.orchestrator.loops import SETTINGS, SPEC, Aborted, Context, Loop
 
 S = EpisodeState
 
@@ -35,12 +35,12 @@ def forks(tmp_path: Path) -> Iterator[tuple[Loop, StasisService]]:
 
 def _fork(service: StasisService, episode_id: str, count: int, **fields: object) -> pb.ForkEpisodeResponse:
     request = pb.ForkEpisodeRequest(episode_id=episode_id, count=count, **fields)  # type: ignore[arg-type]
-    return service.ForkEpisode(request, _Context())  # type: ignore[arg-type]
+    return service.ForkEpisode(request, Context())  # type: ignore[arg-type]
 
 
 def _refused(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
     """The status code and details the call was refused with."""
-    with pytest.raises(_Aborted) as err:
+    with pytest.raises(Aborted) as err:
         call()
     code, details = err.value.args
     return code, details
@@ -70,9 +70,9 @@ def test_a_running_episode_forked_now_runs_on_and_its_3_children_restore_its_sna
         assert identity == RestoreIdentity(address=child.address, hostname=child_id, fork=mark)
         addresses.add(child.address)
     assert len(addresses) == 4, "each child has an address of its own"
-    listed = service.ListSnapshots(pb.ListSnapshotsRequest(episode_id=parent), _Context())  # type: ignore[arg-type]
+    listed = service.ListSnapshots(pb.ListSnapshotsRequest(episode_id=parent), Context())  # type: ignore[arg-type]
     assert [list(s.forks) for s in listed.snapshots] == [children]
-    shown = service.GetEpisode(pb.GetEpisodeRequest(episode_id=children[2]), _Context())  # type: ignore[arg-type]
+    shown = service.GetEpisode(pb.GetEpisodeRequest(episode_id=children[2]), Context())  # type: ignore[arg-type]
     assert (shown.forked_from, shown.fork_parent, shown.fork_index) == (reply.snapshot_id, parent, 2)
 
 
@@ -166,9 +166,9 @@ def test_set_up_once_then_8_episodes_start_from_its_snapshot_with_their_own_over
     submits = [
         pb.SubmitEpisodeRequest(spec=overrides, from_snapshot=source, request_id=f"r-{i}") for i in range(8)
     ]
-    reply = service.SubmitEpisodes(pb.SubmitEpisodesRequest(submits=submits), _Context())  # type: ignore[arg-type]
+    reply = service.SubmitEpisodes(pb.SubmitEpisodesRequest(submits=submits), Context())  # type: ignore[arg-type]
     started = [e.id for e in reply.episodes]
-    again = service.SubmitEpisodes(pb.SubmitEpisodesRequest(submits=submits), _Context())  # type: ignore[arg-type]
+    again = service.SubmitEpisodes(pb.SubmitEpisodesRequest(submits=submits), Context())  # type: ignore[arg-type]
     assert [e.id for e in again.episodes] == started, "a retry returns the first call's episodes"
     loop.until("8 running", lambda: all(loop.state(e) == S.RUNNING for e in started))
     for index, episode_id in enumerate(started):
@@ -185,12 +185,12 @@ def test_set_up_once_then_8_episodes_start_from_its_snapshot_with_their_own_over
     ]:
         batch = [submits[0], pb.SubmitEpisodeRequest(spec=bad, from_snapshot=source)]
         code, message = _refused(
-            lambda: service.SubmitEpisodes(pb.SubmitEpisodesRequest(submits=batch), _Context())  # type: ignore[arg-type]  # noqa: B023
+            lambda: service.SubmitEpisodes(pb.SubmitEpisodesRequest(submits=batch), Context())  # type: ignore[arg-type]  # noqa: B023
         )
         assert code == grpc.StatusCode.INVALID_ARGUMENT and field in message, message
     code, message = _refused(
         lambda: service.SubmitEpisode(
-            pb.SubmitEpisodeRequest(spec=overrides, from_snapshot="ep-x-s1"), _Context()
+            pb.SubmitEpisodeRequest(spec=overrides, from_snapshot="ep-x-s1"), Context()
         )  # type: ignore[arg-type]
     )
     assert code == grpc.StatusCode.NOT_FOUND and "from_snapshot" in message

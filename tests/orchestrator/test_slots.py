@@ -14,7 +14,7 @@ import pytest
 from orchestrator.gateway.slots import FairSlots, SlotTimeout
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from orchestrator.trajectory import Ledger
-from tests.orchestrator.test_gateway import USER, _episode, _world
+from tests.orchestrator.worlds import USER, make_episode, make_world
 
 
 def test_a_neighbour_is_served_at_the_next_free_slot_whatever_the_greedy_one_queued() -> None:
@@ -60,9 +60,9 @@ def test_a_greedy_harness_does_not_delay_a_neighbours_turn_beyond_one_generation
     first come, first served would have made it wait for four."""
     delay = 0.5
     model = ReferenceModelServer(ReferenceModelSettings(seed=3)).start()
-    world = _world(tmp_path, model.url, model, Ledger.sqlite(tmp_path / "l.db"), max_concurrent_turns=2,
-                   max_turns_per_episode=2)  # fmt: skip
-    world.episodes["ep-2"] = _episode("ep-2", "tok-2")
+    world = make_world(tmp_path, model.url, model, Ledger.sqlite(tmp_path / "l.db"), max_concurrent_turns=2,
+                       max_turns_per_episode=2)  # fmt: skip
+    world.episodes["ep-2"] = make_episode("ep-2", "tok-2")
     chat = type(model.model).chat_answer
 
     def slow(body: Any) -> Any:

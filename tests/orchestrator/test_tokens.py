@@ -17,14 +17,14 @@ import pytest
 from orchestrator.reference_model import TOKENIZER_DIR, ReferenceModelServer, ReferenceModelSettings, decode
 from orchestrator.trajectory import Ledger, samples
 from tests.orchestrator.onpolicy import assert_linear, assert_on_policy
-from tests.orchestrator.test_gateway import (
+from tests.orchestrator.worlds import (
     ANTHROPIC_TOOLS,
     RESPONSES_TOOLS,
     TOOLS,
     USER,
     World,
-    _restored,
-    _world,
+    make_world,
+    restored_run,
 )
 
 TOKENS = {"renderer": "qwen3", "tokenizer": str(TOKENIZER_DIR)}
@@ -34,8 +34,8 @@ TOKENS = {"renderer": "qwen3", "tokenizer": str(TOKENIZER_DIR)}
 def tokens(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
     """A gateway in token mode over the reference model's vLLM route or its SGLang route."""
     model = ReferenceModelServer(ReferenceModelSettings(seed=7)).start()
-    world = _world(tmp_path, model.url, model, Ledger.sqlite(tmp_path / "ledger.db"), upstream_api=request.param,
-                   metrics_listen="127.0.0.1:0", **TOKENS)  # fmt: skip
+    world = make_world(tmp_path, model.url, model, Ledger.sqlite(tmp_path / "ledger.db"), upstream_api=request.param,
+                       metrics_listen="127.0.0.1:0", **TOKENS)  # fmt: skip
     yield world
     world.gateway.stop()
     model.stop()
@@ -101,7 +101,7 @@ def test_chat_whole_answers_carry_token_ids_and_logprobs_when_asked(tokens: Worl
     assert [e["logprob"] for e in choice["logprobs"]["content"]] == turn.logprobs
     assert "".join(e["token"] for e in choice["logprobs"]["content"]) == decode(turn.token_ids)
     assert choice["finish_reason"] == ("tool_calls" if choice["message"].get("tool_calls") else "stop")
-    _restored(tokens)
+    restored_run(tokens)
     _, again = tokens.post({"model": "reference", "messages": [USER], "tools": TOOLS, "logprobs": True,
                             "return_token_ids": True})  # fmt: skip
     assert again == raw, "a replay sends the recorded bytes"
@@ -215,7 +215,7 @@ def test_the_gateway_finds_which_logprobs_the_upstream_reports(
     caught: turns sampled at another temperature say their log-probs are not of the sampling
     distribution, and so do their samples and the metrics; at temperature 1 they are."""
     model = ReferenceModelServer(ReferenceModelSettings(seed=7, logprobs_mode=mode)).start()
-    world = _world(
+    world = make_world(
         tmp_path, model.url, model, Ledger.sqlite(tmp_path / "l.db"), metrics_listen="127.0.0.1:0", **renderer
     )
     try:

@@ -11,7 +11,7 @@ import pytest
 
 from protos.criu import rpc_pb2 as rpc
 from sandbox_agent import Node, SandboxSpec, SandboxState
-from sandbox_agent.criu import swrk
+from sandbox_agent.criu import core
 from sandbox_agent.errors import CommandFailed
 from sandbox_agent.host import cgroups
 from sandbox_agent.spec import Resources
@@ -96,7 +96,7 @@ def _fake_criu(tmp_path: Path, body: str) -> str:
 def test_criu_that_exits_without_answering_is_an_error(tmp_path: Path) -> None:
     criu = _fake_criu(tmp_path, "exit 3")
     with pytest.raises(CommandFailed, match=r"CRIU dump of x \(exit 3\).*\n.*exited without answering"):
-        swrk.call(criu, rpc.criu_req(type=rpc.DUMP), what="CRIU dump of x", timeout_s=10)
+        core.swrk(criu, rpc.criu_req(type=rpc.DUMP), what="CRIU dump of x", timeout_s=10)
 
 
 @pytest.mark.timeout(30)
@@ -105,7 +105,7 @@ def test_criu_that_does_not_answer_in_time_is_killed(tmp_path: Path) -> None:
     placed: list[int] = []
     started = time.monotonic()
     with pytest.raises(CommandFailed, match=r"killed, timed out after 0.5 s"):
-        swrk.call(criu, rpc.criu_req(type=rpc.DUMP), what="x", timeout_s=0.5, placed=placed.append)
+        core.swrk(criu, rpc.criu_req(type=rpc.DUMP), what="x", timeout_s=0.5, placed=placed.append)
     assert time.monotonic() - started < 5
     pid = int((tmp_path / "pid").read_text())
     assert placed == [pid], "the caller placed CRIU before its request"
@@ -118,8 +118,8 @@ def test_criu_refusing_a_request_is_an_error_with_its_reason(tmp_path: Path) -> 
     try:
         opts = rpc.criu_opts(images_dir_fd=images, pid=(1 << 22) - 1, log_file="dump.log", log_level=4)
         with pytest.raises(CommandFailed, match="CRIU dump of nothing"):
-            swrk.call("criu", rpc.criu_req(type=rpc.DUMP, opts=opts), what="CRIU dump of nothing",
-                          timeout_s=20, pass_fds=(images,))  # fmt: skip
+            core.swrk("criu", rpc.criu_req(type=rpc.DUMP, opts=opts), what="CRIU dump of nothing",
+                      timeout_s=20, pass_fds=(images,))  # fmt: skip
     finally:
         os.close(images)
     assert "Error" in (tmp_path / "dump.log").read_text()

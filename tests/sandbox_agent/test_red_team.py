@@ -365,7 +365,7 @@ print("processes seen:", len([p for p in os.listdir("/proc") if p.isdigit()]), "
 def test_a_sandbox_cannot_read_a_neighbours_key(make_node: NodeFactory) -> None:
     """Keys live in each harness's environment. A neighbour's processes are in another pid
     namespace and owned by nobody the snooper's root maps to, so there is nothing to read (and a
-    key heard from the wrong sandbox is refused by the gateway anyway: `test_gateway.py`)."""
+    key heard from the wrong sandbox is refused by the gateway anyway: `test_gateway_authentication.py`)."""
     node = make_node("node-a")
     node.create("b", SandboxSpec(image="base", command=("sleep", "600"), env={"OPENAI_API_KEY": "key-of-b"}))
     node.create("snoop", SandboxSpec(image="base", command=("python3", "-c", SNOOP)))

@@ -15,8 +15,9 @@ from orchestrator.cli.pki import ClusterPki
 from protos.shared.tls import TlsFiles, node_identity
 from protos.stasis.v1 import agent_pb2 as pb
 from protos.stasis.v1 import agent_pb2_grpc as pb_grpc
+from sandbox_agent import SandboxSpec, SandboxState, serve
 from sandbox_agent import checkpoint as ckpt
-from sandbox_agent import serve
+from sandbox_agent.server.service import node_info_pb
 from tests.rpcs import methods, status_of
 from tests.sandbox_agent.conftest import NodeFactory
 
@@ -121,6 +122,32 @@ def test_a_restore_as_a_fork_child_over_grpc(
     assert '"index": 1, "count": 2}' in own[-1]
     assert ckpt.load(ck, verify=True).spec.hostname == "parent", "the caller's images were not renamed"
     assert a.GetSandbox(pb.GetSandboxRequest(sandbox_id="ep-p-r1")).state == pb.SANDBOX_STATE_RUNNING
+
+
+@pytest.mark.timeout(120)
+def test_node_info_through_the_wire_codec_is_the_message_once_built_by_hand(make_node: NodeFactory) -> None:
+    node = make_node("node-info", labels={"zone": "b", "gpu": "none"}, slots=3, memory_mb=2048)
+    node.create("s1", SandboxSpec(image="base", command=("sleep", "600")))
+    sandboxes = node.list()
+    by_hand = pb.NodeInfo(
+        name=node.name,
+        backend=node.backend.name,
+        criu_version=node.ctx.criu_version,
+        slots=node.settings.slots,
+        memory_mb=node.settings.memory_mb,
+        images=[
+            pb.Image(digest=i.digest, names=i.names, size_bytes=i.size_bytes) for i in node.images.list()
+        ],
+        running=sum(1 for st in sandboxes if st.state != SandboxState.EXITED),
+        labels=node.settings.labels,
+        disk_mb=node.disk.capacity_mb,
+    )
+    info = node_info_pb(node)
+    assert info.running == 1 and info.slots == 3 and info.labels == {"zone": "b", "gpu": "none"}
+    assert info.images and info.disk_mb > 0 and info.criu_version
+    assert info == by_hand
+    assert info.SerializeToString(deterministic=True) == by_hand.SerializeToString(deterministic=True)
+    assert info.SerializeToString() == by_hand.SerializeToString()
 
 
 @pytest.mark.timeout(60)

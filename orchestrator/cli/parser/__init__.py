@@ -4,6 +4,7 @@ examples, as kubectl's are. Server flags default to $STASIS_*."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from orchestrator.cli.parser._cluster import add_cluster_commands
 from orchestrator.cli.parser._episodes import add_episode_commands
@@ -11,17 +12,25 @@ from orchestrator.cli.parser._helptext import examples
 from orchestrator.cli.parser._servers import SERVING, add_server_commands
 from orchestrator.client import DEFAULT_ADDR
 
-__all__ = ["PROG", "parser"]
+__all__ = ["PLUGIN", "PROG", "invoked_as", "parser"]
 
 PROG = "stasis"
+PLUGIN = "kubectl-stasis"
+"""The same program installed as kubectl's plugin: kubectl runs it for `kubectl stasis`."""
 
 
-def parser() -> argparse.ArgumentParser:
+def invoked_as(argv0: str) -> str:
+    """The program as its user typed it: `kubectl stasis` when kubectl ran it as its plugin."""
+    return "kubectl stasis" if Path(argv0).name == PLUGIN else PROG
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line; `prog` names it in usage lines and errors."""
     p = argparse.ArgumentParser(
-        prog=PROG,
+        prog=prog,
         description="Stasis: snapshotting sandboxes for preemptible agent rollouts.\n\n"
-        "Also installed as the kubectl plugin `kubectl stasis`. `stasis COMMAND --help` explains a "
-        "command, with examples.",
+        "Also installed as the kubectl plugin `kubectl stasis`. "
+        f"`{prog} COMMAND --help` explains a command, with examples.",
         epilog=examples(
             ("Run a local Stasis in one shell", "stasis up"),
             ("In another, submit an episode", "stasis submit -f episode.yaml"),
