@@ -39,6 +39,7 @@ bench: setup
 	$(PY) benchmarks/snapshot_throughput.py
 	$(PY) benchmarks/gateway_latency.py
 	$(PY) benchmarks/image_pull.py
+	$(PY) benchmarks/fork.py
 
 FUZZ_SECONDS ?= 300
 
