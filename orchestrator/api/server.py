@@ -247,7 +247,7 @@ class Orchestrator:
             raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
         self.gateway = Gateway(
             g, self.ledger, self.store.episodes.by_token, self.resumed_at, self.live_from, renderer=self.renderer,
-            live_run=live_run, max_staleness=self._max_staleness,
+            live_run=live_run, max_staleness=self._max_staleness, family=self.store.episodes.keyed_by,
         ).start()  # fmt: skip
         log.info(
             "gateway listening on %s%s, forwarding to %s",
