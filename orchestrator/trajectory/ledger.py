@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orchestrator.domain import Conflict, FailedPrecondition
+from orchestrator.domain import Conflict, FailedPrecondition, StandingBy
 from orchestrator.state.database import Database
 from orchestrator.state.postgres_database import PostgresDatabase
 from orchestrator.state.sql import Connection, SqlDatabase
@@ -52,6 +52,8 @@ T = TypeVar("T")
 
 MAX_FORK_DEPTH = 1000
 """The most fork generations a trajectory is followed back through."""
+MAX_SCOPES_HELD = 100_000
+"""How many episodes' scopes (`scope`) are held in memory at most."""
 
 
 class Ledger:
@@ -127,6 +129,8 @@ class Ledger:
         for child, origin in reversed(lineage):  # the first of the line first
             scope = forks.own(child).under(origin, scope)
         with self._scopes_lock:
+            if len(self._scopes) >= MAX_SCOPES_HELD:  # read again as needed: a scope never changes
+                self._scopes.clear()
             self._scopes[episode_id] = scope
         return scope
 
@@ -144,12 +148,15 @@ class Ledger:
             return None
         if origin.parent == episode_id or origin.cursor < 0:
             raise ValueError(f"episode {episode_id}: {origin} is no fork origin")
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO fork_origins (episode_id, parent, snapshot_id, cursor) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (episode_id) DO NOTHING",
-                (episode_id, origin.parent, origin.snapshot_id, origin.cursor),
-            )
+        try:
+            with self._tx() as db:
+                db.execute(
+                    "INSERT INTO fork_origins (episode_id, parent, snapshot_id, cursor) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (episode_id) DO NOTHING",
+                    (episode_id, origin.parent, origin.snapshot_id, origin.cursor),
+                )
+        except StandingBy:  # a standby reads trajectories and writes nothing: the leader keeps it
+            pass
         return origin
 
     # -- matching ----------------------------------------------------------------------------
