@@ -12,9 +12,10 @@ child's trajectory reads the same after the snapshot is collected.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from orchestrator.domain import Episode, SnapshotRecord
 from orchestrator.trajectory.turns import Turn
 
 
@@ -29,6 +30,19 @@ class ForkOrigin:
     cursor: int
     """The snapshot's ledger cursor (`trajectory_cursor["turn"]`): the parent's last turn
     recorded before it; 0 if the parent had recorded none."""
+
+
+def origin_of(episode: Episode | None, snapshot: Callable[[str], SnapshotRecord | None]) -> ForkOrigin | None:
+    """Where the episode was forked from, as the state store has it (`snapshot` reads a snapshot's
+    record): what a ledger's `origins` answers. None for an episode forked from nothing, and for
+    a fork whose source snapshot's record is gone (its cursor with it): read without a prefix."""
+    if episode is None or not episode.forked_from:
+        return None
+    record = snapshot(episode.forked_from)
+    cursor = record.trajectory_cursor if record is not None else None
+    if not isinstance(cursor, dict) or not isinstance(cursor.get("turn"), int) or cursor["turn"] < 0:
+        return None
+    return ForkOrigin(episode.fork_parent, episode.forked_from, cursor["turn"])
 
 
 @dataclass(frozen=True)

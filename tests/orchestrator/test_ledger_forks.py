@@ -5,12 +5,16 @@ the state store forgets it, and tells the edges of its own turns among the share
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from orchestrator.domain import SnapshotRecord
 from orchestrator.trajectory import ForkOrigin, atif, call_records
+from orchestrator.trajectory.forks import origin_of
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
+from tests.orchestrator.test_gateway import _episode
 from tests.orchestrator.test_ledger import _chat, _record
 
 
@@ -72,3 +76,18 @@ def test_a_child_is_never_answered_from_shared_turns_and_tells_its_own_edges(ope
     assert [(t.edge, t.branch) for t in (first, second)] == [("fork", 0), ("parallel", 3)]
     assert [b.id for b in ledger.branches("ep-c")] == [0, 1, 2, 3]
     assert [t.id for t in ledger.branches("ep-c")[0].turns] == [a.id, first.id]
+
+
+@pytest.mark.timeout(30)
+def test_an_origin_is_read_from_the_episode_and_its_source_snapshots_cursor() -> None:
+    child = replace(_episode("ep-c", "tok"), forked_from="snap-1", fork_parent="ep-p", key_of="ep-p")
+    record = SnapshotRecord(
+        "snap-1", "ep-p", 1, "", "node-1", "fork", 5.0, 0, 0, 0, {"turn": 7, "turns": 3}, {}
+    )
+    records = {"snap-1": record}
+    assert origin_of(child, records.get) == ForkOrigin("ep-p", "snap-1", 7)
+    assert origin_of(_episode("ep-1", "tok"), records.get) is None, "forked from nothing"
+    assert origin_of(None, records.get) is None
+    assert origin_of(child, {}.get) is None, "its source's record is gone, and the cursor with it"
+    odd = {"snap-1": replace(record, trajectory_cursor={"turn": "7"})}
+    assert origin_of(child, odd.get) is None
