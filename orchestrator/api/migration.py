@@ -22,7 +22,7 @@ from orchestrator.trajectory import Ledger
 
 TABLES = (
     "episodes", "episode_groups", "events", "snapshots", "nodes", "images", "logs", "requests", "turns",
-    "verifications", "policy_versions", "upstream_failures",
+    "verifications", "policy_versions", "upstream_failures", "fork_origins",
 )  # fmt: skip
 """Every table the two databases share, the ledger's last."""
 IDENTITIES = {"events": "seq", "turns": "id"}

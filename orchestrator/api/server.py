@@ -46,6 +46,7 @@ from orchestrator.state import (
     standing_by,
 )
 from orchestrator.trajectory import Ledger
+from orchestrator.trajectory.forks import ForkOrigin, origin_of
 from protos.shared import pki
 from protos.shared.address import host_of, join_host_port
 from protos.shared.admission import OPEN, Admission
@@ -176,7 +177,7 @@ class Orchestrator:
         started afresh. Turns delivered before then are part of the restored harness's past."""
         if not e.restored_from:
             return 0.0
-        record = next((r for r in self.store.snapshots.of(e.id) if r.id == e.restored_from), None)
+        record = self.store.snapshots.get(e.restored_from)  # a fork child's: its parent's
         return record.created_at if record is not None else 0.0
 
     def live_from(self, e: Episode, peer: Peer) -> bool:
@@ -247,7 +248,7 @@ class Orchestrator:
             raise FailedPrecondition("the gateway needs an upstream model server (--upstream)")
         self.gateway = Gateway(
             g, self.ledger, self.store.episodes.by_token, self.resumed_at, self.live_from, renderer=self.renderer,
-            live_run=live_run, max_staleness=self._max_staleness,
+            live_run=live_run, max_staleness=self._max_staleness, family=self.store.episodes.keyed_by,
         ).start()  # fmt: skip
         log.info(
             "gateway listening on %s%s, forwarding to %s",
@@ -292,9 +293,17 @@ def _state_store(settings: OrchestratorSettings) -> StateStore:
 def _ledger(settings: OrchestratorSettings, store: StateStore) -> Ledger:
     """The ledger beside the state: in the PostgreSQL store's database, so every orchestrator on
     it finds every turn, else in the state dir's SQLite file."""
+
+    def origin(episode_id: str) -> ForkOrigin | None:
+        try:
+            episode = store.episodes.get(episode_id)
+        except NotFound:
+            return None
+        return origin_of(episode, store.snapshots.get)
+
     if isinstance(store, PostgresStateStore):
-        return Ledger.postgres(store.database)
-    return Ledger.sqlite(settings.state_dir / "state.db")
+        return Ledger.postgres(store.database, origins=origin)
+    return Ledger.sqlite(settings.state_dir / "state.db", origins=origin)
 
 
 LEADER_SERVICES = ("stasis.v1.Stasis", "stasis.v1.NodeRegistry")

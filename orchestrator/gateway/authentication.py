@@ -4,11 +4,20 @@ live run, before anything of its body is read.
 The key maps to its episode (`episodes`); the connection's peer, a sandbox or the node relaying
 for it, must be where the episode's current run is (`live_peer`). An unknown key is 401, an ended
 episode 403, and a stale sandbox (on a node declared lost, or thawed after its episode moved) 409.
+
+A fork child's harness holds the key of the first episode of its fork line (its memory is that
+episode's), so one key may be presented by that episode and by each of its live fork children
+(`family`). The request's episode is the one of them whose live run the peer can be: in plaintext
+the sandbox's own address tells them apart. A node that relays (over TLS, or a plaintext
+cluster's node address) speaks for every sandbox placed on it, so two of one key's holders
+placed on one node cannot be told apart: such a request is refused with 409 naming them, rather
+than recorded on a guess. The scheduler should place a fork's children apart from each other and
+from their parent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -62,6 +71,7 @@ class Authentication:
         episodes: Callable[[str], Episode | None],
         resumed_at: Callable[[Episode], float],
         live_from: Callable[[Episode, Peer], bool],
+        family: Callable[[str], Sequence[Episode]] = lambda episode_id: (),
     ) -> None:
         self.settings = settings
         self.pool = pool
@@ -72,6 +82,8 @@ class Authentication:
         self.live_from = live_from
         """Whether a connection from this peer can be the episode's live run (`live_peer`). A
         stale sandbox (on a node declared lost, or thawed after its episode moved) cannot: 409."""
+        self.family = family
+        """The live fork children whose harnesses hold this episode's key (`Episode.key_of`)."""
 
     async def episode(self, request: web.Request) -> tuple[Episode, float]:
         """The episode whose key the request carries, and when its current run's snapshot froze it."""
@@ -84,13 +96,17 @@ class Authentication:
             raise GatewayError(401, "missing or unknown API key: use this sandbox's OPENAI_API_KEY or ANTHROPIC_API_KEY",
                                "authentication_error")  # fmt: skip
         episode, resumed_at, live = found
+        if len(live) > 1:
+            raise GatewayError(409, f"this connection ({peer}) can be the live run of each of {', '.join(e.id for e in live)}, "
+                               f"which hold one gateway key (a fork's family) on one node; it cannot be told which "
+                               "asks, and nothing is recorded", "conflict_error")  # fmt: skip
+        if live:
+            return live[0], resumed_at
         if episode.state.terminal:
             raise GatewayError(403, f"episode {episode.id} has ended ({episode.state})", "permission_error")
-        if not live:
-            raise GatewayError(409, f"episode {episode.id} is {episode.state} on {episode.node or 'no node'}; "
-                               f"this connection ({peer}) is not its live run, and nothing is recorded",
-                               "conflict_error")  # fmt: skip
-        return episode, resumed_at
+        raise GatewayError(409, f"episode {episode.id} is {episode.state} on {episode.node or 'no node'}; "
+                           f"this connection ({peer}) is not its live run, nor a live fork child's holding its "
+                           "key, and nothing is recorded", "conflict_error")  # fmt: skip
 
     def _peer(self, request: web.Request) -> Peer:
         """Who sent the request: over TLS, the node its certificate names (the handshake took
@@ -103,8 +119,12 @@ class Authentication:
             host, node_of(certified_identity(transport.get_extra_info("peercert") if transport else None))
         )
 
-    def _found(self, token: str, peer: Peer) -> tuple[Episode, float, bool] | None:
+    def _found(self, token: str, peer: Peer) -> tuple[Episode, float, list[Episode]] | None:
+        """The key's episode, when the peer's episode's current run was frozen, and the holders of
+        the key (the episode and its live fork children) whose live run the peer can be."""
         episode = self.episodes(token)
         if episode is None:
             return None
-        return episode, self.resumed_at(episode), self.live_from(episode, peer)
+        holders = [episode, *self.family(episode.id)]
+        live = [e for e in holders if not e.state.terminal and self.live_from(e, peer)]
+        return episode, self.resumed_at(live[0] if len(live) == 1 else episode), live

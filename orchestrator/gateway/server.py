@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -49,7 +49,8 @@ class Gateway:
     `episodes` maps a gateway key to its episode; `resumed_at` says when the snapshot of the
     episode's current run froze it; `live_from` whether a peer can be its live run
     (`authentication`). `live_run` reads the episode's run in the transaction that records a
-    turn (`recording`); `max_staleness` is a group member's bound (`answering`)."""
+    turn (`recording`); `max_staleness` is a group member's bound (`answering`); `family` gives the
+    live fork children that hold an episode's key (`authentication`)."""
 
     def __init__(
         self,
@@ -61,6 +62,7 @@ class Gateway:
         renderer: ChatRenderer | None = None,
         live_run: Callable[[Connection, str], tuple[int, str]] | None = None,
         max_staleness: Callable[[Episode], int | None] | None = None,
+        family: Callable[[str], Sequence[Episode]] | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -83,7 +85,9 @@ class Gateway:
             settings, ledger, self._pool, self.metrics, self.probe, self.dialect, self.renderer, relay, delivery,
             max_staleness or (lambda e: None),
         )  # fmt: skip
-        authentication = Authentication(settings, self._pool, episodes, resumed_at, live_from)
+        authentication = Authentication(
+            settings, self._pool, episodes, resumed_at, live_from, family or (lambda episode_id: ())
+        )
         self._routes = Routes(settings, self._pool, authentication, answers, self.upstream, recorder)
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None

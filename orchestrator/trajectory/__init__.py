@@ -6,7 +6,8 @@ matched to the turn it replays or continues, and what a trainer takes of it.
 the PostgreSQL store's database (`schema`), each with its edge in the tree (`edges`); `policy`
 keeps the policy versions a trainer publishes beside them, `outages` the model server's failures
 and `verifications` the rewards; `samples` lays an episode's turns out as training samples, with
-each token's staleness, `exports` as per-call records, `trees` as tree samples and `interchange`
+each token's staleness, `exports` as per-call records, `trees` as tree samples (a fork's
+children's as one set of trees), `forks` shares a fork child's parent's turns with it and `interchange`
 as ATIF (`dataset` writes them to Parquet or JSONL). The gateway writes it and the control loop
 and API read it; it imports only the state room's databases and the domain.
 """
@@ -14,11 +15,12 @@ and API read it; it imports only the state room's databases and the domain.
 from orchestrator.trajectory.canonical import CanonicalRequest
 from orchestrator.trajectory.edges import Edge
 from orchestrator.trajectory.exports import CallRecord, ExportSettings, call_records
+from orchestrator.trajectory.forks import ForkOrigin
 from orchestrator.trajectory.interchange import atif
 from orchestrator.trajectory.ledger import Ledger
 from orchestrator.trajectory.policy import PolicyVersions, PublishedPolicy
 from orchestrator.trajectory.samples import Sample, samples
-from orchestrator.trajectory.trees import TreeSamples, TreeStream, tree_samples
+from orchestrator.trajectory.trees import TreeSamples, TreeStream, fork_tree_samples, tree_samples
 from orchestrator.trajectory.turns import Branch, Lineage, Sampling, Turn
 from orchestrator.trajectory.verifications import Verification
 
@@ -28,6 +30,7 @@ __all__ = [
     "CanonicalRequest",
     "Edge",
     "ExportSettings",
+    "ForkOrigin",
     "Ledger",
     "Lineage",
     "PolicyVersions",
@@ -40,6 +43,7 @@ __all__ = [
     "Verification",
     "atif",
     "call_records",
+    "fork_tree_samples",
     "samples",
     "tree_samples",
 ]

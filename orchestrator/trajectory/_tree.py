@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from orchestrator.state.sql import Connection
 from orchestrator.trajectory import edges
 from orchestrator.trajectory.canonical import CanonicalRequest
+from orchestrator.trajectory.forks import Scope
 from orchestrator.trajectory.turns import Lineage
 
 
@@ -31,7 +32,7 @@ class Place:
 
 def place(
     db: Connection,
-    episode_id: str,
+    scope: Scope,
     run: int,
     current: int,
     resumed_at: float,
@@ -40,10 +41,12 @@ def place(
 ) -> Place:
     """Place a turn sampled for `run` (the episode is on run `current` now) whose prompt stands to
     its parent as `lineage` says, abandoning the stale siblings it diverges from (see
-    `Ledger.record`)."""
+    `Ledger.record`). In a fork child (`scope`), the parent may be a turn it shares with its
+    parent episode; only the child's own turns are ever abandoned."""
+    episode_id = scope.episode_id
     parent_id = lineage.parent_id
     parent = (
-        db.execute("SELECT branch FROM turns WHERE id = ?", (parent_id,)).fetchone()
+        db.execute("SELECT branch, episode_id FROM turns WHERE id = ?", (parent_id,)).fetchone()
         if parent_id is not None
         else None
     )
@@ -66,8 +69,9 @@ def place(
         ).fetchone()
         is not None
     )
-    next_branch = next_branch_of(db, episode_id)
+    next_branch = next_branch_of(db, scope)
     base = parent["branch"] if parent is not None else 0
+    shared = parent is not None and parent["episode_id"] != episode_id
     for s in stale:
         # The diverged continuation keeps its turns under a new branch number; the new turn
         # takes over the branch it was on.
@@ -76,7 +80,8 @@ def place(
         next_branch += int(moved)
     edge, edge_parent, branch = _edge(
         db,
-        episode_id,
+        scope,
+        shared,
         edges.shape(request),
         request.fingerprint,
         parent_id,
@@ -85,13 +90,14 @@ def place(
         next_branch,
     )
     if overtaken:  # a branch of its own, past any `_edge` just took
-        branch = next_branch_of(db, episode_id)
+        branch = next_branch_of(db, scope)
     return Place(edge, edge_parent, branch, overtaken)
 
 
 def _edge(
     db: Connection,
-    episode_id: str,
+    scope: Scope,
+    shared: bool,
     shape: edges.Shape,
     fingerprint: str,
     parent_id: int | None,
@@ -99,17 +105,24 @@ def _edge(
     diverged: bool,
     next_branch: int,
 ) -> tuple[edges.Edge, int | None, int]:
-    """The new turn's edge, the turn it hangs from and its branch (see `edges`)."""
+    """The new turn's edge, the turn it hangs from and its branch (see `edges`). `shared`: the
+    parent is a turn the fork child shares with its parent episode, and the first of the child's
+    own turns below it hangs from it by a fork edge. A turn with no parent is told among every
+    turn in scope: a fork child's primary conversation is the one it shares."""
+    episode_id = scope.episode_id
     if parent_id is not None:
         if shape.asks_for_summary:
             return edges.Edge.COMPACTION, parent_id, next_branch
         if _held(db, episode_id, parent_id, base):
             return edges.Edge.PARALLEL, parent_id, next_branch
-        return (edges.Edge.DIVERGENCE if diverged else edges.Edge.CONTINUATION), parent_id, base
-    live = "episode_id = ? AND abandoned = 0"
+        if diverged:
+            return edges.Edge.DIVERGENCE, parent_id, base
+        return (edges.Edge.FORK if shared else edges.Edge.CONTINUATION), parent_id, base
+    within, params = scope.where()
+    live = f"{within} AND abandoned = 0"
     compactions = db.execute(
         f"SELECT id, branch, answer, edge_parent FROM turns WHERE {live} AND edge = ? ORDER BY id DESC",
-        (episode_id, edges.Edge.COMPACTION.value),
+        (*params, edges.Edge.COMPACTION.value),
     ).fetchall()
     summaries = {c["id"]: edges.answer_text(json.loads(c["answer"])) for c in compactions}
     if shape.continues_summary(summaries.values()):
@@ -122,14 +135,14 @@ def _edge(
     if shape.first_user:
         for row in db.execute(
             f"SELECT id, spawns FROM turns WHERE {live} AND spawns <> '[]' ORDER BY id DESC",
-            (episode_id,),
+            params,
         ):
             if any(p in shape.first_user for p in json.loads(row["spawns"])):
                 return edges.Edge.SUBAGENT, row["id"], next_branch
     primary = db.execute(
-        f"SELECT id, tools_key, fingerprint FROM turns WHERE {live} AND parent_id IS NULL AND branch = 0"
-        " ORDER BY id LIMIT 1",
-        (episode_id,),
+        f"SELECT id, episode_id, tools_key, fingerprint FROM turns WHERE {live} AND parent_id IS NULL"
+        " AND branch = 0 ORDER BY id LIMIT 1",
+        params,
     ).fetchone()
     if primary is None:
         return edges.Edge.ROOT, None, 0
@@ -137,7 +150,12 @@ def _edge(
         return edges.Edge.PARALLEL, None, next_branch
     if not shape.tools and primary["tools_key"]:
         return edges.Edge.SIDE_CALL, None, next_branch
-    if shape.tools and not primary["tools_key"] and not _has_children(db, primary["id"]):
+    if (
+        shape.tools
+        and not primary["tools_key"]
+        and primary["episode_id"] == episode_id  # a shared turn is its episode's, as it was recorded
+        and not _has_children(db, primary["id"])
+    ):
         # What began the episode listing no tools, alone, was a side call (a title, a topic
         # check) made before the primary conversation's first request was recorded.
         db.execute(
@@ -159,12 +177,13 @@ def _held(db: Connection, episode_id: str, parent_id: int, branch: int) -> bool:
     )
 
 
-def next_branch_of(db: Connection, episode_id: str) -> int:
-    """The branch number past every one the episode has used."""
+def next_branch_of(db: Connection, scope: Scope) -> int:
+    """The branch number past every one the episode has used, and every one of the turns it
+    shares with its fork's parent."""
+    within, params = scope.where()
     return int(
         db.execute(
-            "SELECT COALESCE(MAX(branch), -1) + 1 AS branch FROM turns WHERE episode_id = ?",
-            (episode_id,),
+            f"SELECT COALESCE(MAX(branch), -1) + 1 AS branch FROM turns WHERE {within}", params
         ).fetchone()["branch"]
     )
 

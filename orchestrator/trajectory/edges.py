@@ -10,6 +10,8 @@ The rules (also in docs/trajectory.md):
   sibling, on a branch of its own, if a live child of the parent holds that branch; a **restore
   divergence** if it takes the branch over from children the restored harness never had (they
   are abandoned).
+- In a fork child, a request whose parent is a turn it shares with its parent episode (recorded
+  before the fork's snapshot) is a **fork** from it, on its branch, unless one of the above.
 - A request with no parent, in this order: one whose first user message carries on from a
   summary ("This session is being continued from a previous conversation", or a recorded
   compaction's answer) is a **continuation** across that compaction, hung from the compaction
@@ -49,7 +51,8 @@ class Edge(StrEnum):
     COMPACTION = "compaction"
     DIVERGENCE = "divergence"
     FORK = "fork"
-    """Reserved: an episode forked from another's turn."""
+    """A fork child's first turn below a turn it shares with its parent episode (recorded before
+    the fork's snapshot): the child's conversation goes on from there, on that turn's branch."""
 
 
 SUMMARY_REQUEST = re.compile(r"\bsummar(y|ise|ize)\b[^\n]{0,80}\b(the|this)\s+conversation\b", re.IGNORECASE)

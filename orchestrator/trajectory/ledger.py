@@ -14,6 +14,11 @@ marked abandoned and the new turn continues the parent's branch. Other children 
 calls, subagents or compactions, and stay live on branches of their own. A completion request is
 matched the same way with its prompt text as the conversation.
 
+A fork child's trajectory begins with its parent's turns up to the fork's snapshot's cursor,
+shared, not copied (`forks`): a child's request may continue one of them (its first turn hangs
+from it by a `fork` edge), but is never answered from them, nor from a sibling's turns: each
+child samples its own.
+
 `Ledger` matches, records and notes deliveries; the turns it returns are `turns`' records, read
 from their rows by `_rows`, and a new turn's place in the tree is worked out by `_tree`. Beside
 the turns, in the same database: `ledger.policy` (`policy`), `ledger.outages` (`outages`) and
@@ -24,24 +29,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orchestrator.domain import Conflict, FailedPrecondition
+from orchestrator.domain import Conflict, FailedPrecondition, StandingBy
 from orchestrator.state.database import Database
 from orchestrator.state.postgres_database import PostgresDatabase
 from orchestrator.state.sql import Connection, SqlDatabase
-from orchestrator.trajectory import _tree, schema
+from orchestrator.trajectory import _tree, forks, schema
 from orchestrator.trajectory._rows import BUT_BODIES, TurnRows, packed
 from orchestrator.trajectory.canonical import CanonicalRequest
+from orchestrator.trajectory.forks import ForkOrigin, Scope
 from orchestrator.trajectory.outages import Outages
 from orchestrator.trajectory.policy import PolicyVersions
 from orchestrator.trajectory.turns import PLAIN, Branch, Lineage, Sampling, Turn, extension
 from orchestrator.trajectory.verifications import Verifications
 
 T = TypeVar("T")
+
+MAX_FORK_DEPTH = 1000
+"""The most fork generations a trajectory is followed back through."""
+MAX_SCOPES_HELD = 100_000
+"""How many episodes' scopes (`scope`) are held in memory at most."""
 
 
 class Ledger:
@@ -50,9 +62,16 @@ class Ledger:
     database finds every turn. Record before deliver: a turn's commit is durable before its
     response leaves."""
 
-    def __init__(self, database: SqlDatabase, *, owned: bool) -> None:
-        """A ledger on a database that has its tables; `close` closes it only if `owned`."""
+    def __init__(
+        self, database: SqlDatabase, *, owned: bool, origins: Callable[[str], ForkOrigin | None] | None = None
+    ) -> None:
+        """A ledger on a database that has its tables; `close` closes it only if `owned`.
+        `origins` says where an episode was forked from (None: it was not), as the state store
+        has it; the ledger asks once per episode, and keeps a fork's origin itself."""
         self._database = database
+        self._origins = origins or (lambda episode_id: None)
+        self._scopes: dict[str, Scope] = {}
+        self._scopes_lock = threading.Lock()
         self._owned = owned
         self._tx = database.tx
         self._read = database.read
@@ -65,7 +84,7 @@ class Ledger:
         """What each episode's verifier found, in the same database."""
 
     @classmethod
-    def sqlite(cls, path: Path) -> Ledger:
+    def sqlite(cls, path: Path, origins: Callable[[str], ForkOrigin | None] | None = None) -> Ledger:
         """A ledger of its own on the SQLite file at `path`."""
         database = Database(path, "")
         columns = {r["name"] for r in database.db.execute("PRAGMA table_info(turns)")}
@@ -77,18 +96,68 @@ class Ledger:
         for statement in schema.added_columns(columns, "INTEGER") if columns else ():
             database.db.execute(statement)
         database.db.executescript(schema.SQLITE)
-        return cls(database, owned=True)
+        return cls(database, owned=True, origins=origins)
 
     @classmethod
-    def postgres(cls, database: PostgresDatabase) -> Ledger:
+    def postgres(
+        cls, database: PostgresDatabase, origins: Callable[[str], ForkOrigin | None] | None = None
+    ) -> Ledger:
         """A ledger in the PostgreSQL state store's database, beside the store's tables, on its
         pool; the store closes it."""
         database.create(schema.POSTGRES + schema.POSTGRES_ADDED)
-        return cls(database, owned=False)
+        return cls(database, owned=False, origins=origins)
 
     def close(self) -> None:
         if self._owned:
             self._database.close()
+
+    # -- forks -------------------------------------------------------------------------------
+
+    def scope(self, episode_id: str) -> Scope:
+        """The turns the episode's trajectory holds: its own, and a fork child's ancestors' up to
+        the cursor of the snapshot each was forked from (`forks`)."""
+        with self._scopes_lock:
+            known = self._scopes.get(episode_id)
+        if known is not None:
+            return known
+        lineage: list[tuple[str, ForkOrigin]] = []
+        at = episode_id
+        while (origin := self._origin(at)) is not None and len(lineage) < MAX_FORK_DEPTH:
+            lineage.append((at, origin))
+            at = origin.parent
+        scope = forks.own(at)
+        for child, origin in reversed(lineage):  # the first of the line first
+            scope = forks.own(child).under(origin, scope)
+        with self._scopes_lock:
+            if len(self._scopes) >= MAX_SCOPES_HELD:  # read again as needed: a scope never changes
+                self._scopes.clear()
+            self._scopes[episode_id] = scope
+        return scope
+
+    def _origin(self, episode_id: str) -> ForkOrigin | None:
+        """Where the episode was forked from: as the ledger keeps it, else as `origins` says
+        (kept from then on, so that it outlives the snapshot)."""
+        with self._read() as db:
+            row = db.execute(
+                "SELECT parent, snapshot_id, cursor FROM fork_origins WHERE episode_id = ?", (episode_id,)
+            ).fetchone()
+        if row is not None:
+            return ForkOrigin(row["parent"], row["snapshot_id"], int(row["cursor"]))
+        origin = self._origins(episode_id)
+        if origin is None:
+            return None
+        if origin.parent == episode_id or origin.cursor < 0:
+            raise ValueError(f"episode {episode_id}: {origin} is no fork origin")
+        try:
+            with self._tx() as db:
+                db.execute(
+                    "INSERT INTO fork_origins (episode_id, parent, snapshot_id, cursor) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (episode_id) DO NOTHING",
+                    (episode_id, origin.parent, origin.snapshot_id, origin.cursor),
+                )
+        except StandingBy:  # a standby reads trajectories and writes nothing: the leader keeps it
+            pass
+        return origin
 
     # -- matching ----------------------------------------------------------------------------
 
@@ -108,24 +177,27 @@ class Ledger:
 
     def parent(self, episode_id: str, request: CanonicalRequest) -> Turn | None:
         """The recorded turn this request continues: the one whose conversation (its request plus
-        its answer) is the longest proper prefix of the request's (a read, no commit). Its bodies
-        (request, response, delivery) are not read: they are megabytes in a long conversation."""
+        its answer) is the longest proper prefix of the request's (a read, no commit); in a fork
+        child, one of its own or one its trajectory shares. Its bodies (request, response,
+        delivery) are not read: they are megabytes in a long conversation."""
+        scope = self.scope(episode_id)
         with self._read() as db:
-            return self._parent(db, episode_id, request)
+            return self._parent(db, scope, request)
 
-    def _parent(self, db: Connection, episode_id: str, request: CanonicalRequest) -> Turn | None:
+    def _parent(self, db: Connection, scope: Scope, request: CanonicalRequest) -> Turn | None:
+        within, params = scope.where()
         lengths: list[int] = []
         if request.kind == "completion":
             lengths = [r["after_len"] for r in db.execute(
-                "SELECT DISTINCT after_len FROM turns WHERE episode_id = ? AND kind = ?", (episode_id, request.kind)
+                f"SELECT DISTINCT after_len FROM turns WHERE {within} AND kind = ?", (*params, request.kind)
             )]  # fmt: skip
         hashes = request.prefix_hashes(lengths)
         if not hashes:
             return None
         row = db.execute(
-            f"SELECT {BUT_BODIES} FROM turns WHERE episode_id = ? AND after_hash IN ({','.join('?' * len(hashes))})"
+            f"SELECT {BUT_BODIES} FROM turns WHERE {within} AND after_hash IN ({','.join('?' * len(hashes))})"
             " ORDER BY after_len DESC, abandoned, id DESC LIMIT 1",
-            (episode_id, *hashes),
+            (*params, *hashes),
         ).fetchone()
         return self._rows.turn(db, row) if row is not None else None
 
@@ -187,6 +259,7 @@ class Ledger:
         same commit). `spawns`: the `prompt` arguments of its tool calls (`edges.spawns`), which
         link a subagent to it.
         """
+        scope = self.scope(episode_id)
         with self._tx() as db:
             current = run
             if live_run is not None:
@@ -194,8 +267,8 @@ class Ledger:
                 if ended:
                     raise Conflict(ended)
             if lineage is None:
-                lineage = extension(self._parent(db, episode_id, request), prompt_token_ids)
-            place = _tree.place(db, episode_id, run, current, resumed_at, lineage, request)
+                lineage = extension(self._parent(db, scope, request), prompt_token_ids)
+            place = _tree.place(db, scope, run, current, resumed_at, lineage, request)
             parent_id = lineage.parent_id
             after_hash, after_len = request.after(answer)
             now = time.time()
@@ -283,20 +356,23 @@ class Ledger:
         return {"turn": int(row["turn"]), "turns": int(row["turns"])}
 
     def turns(self, episode_id: str) -> list[Turn]:
+        """The episode's turns in id order; a fork child's begin with those it shares with its
+        ancestors (`Turn.shared`, `forks.shared_view`)."""
+        scope = self.scope(episode_id)
+        within, params = scope.where()
         with self._read() as db:
-            rows = db.execute(
-                "SELECT * FROM turns WHERE episode_id = ? ORDER BY id", (episode_id,)
-            ).fetchall()
+            rows = db.execute(f"SELECT * FROM turns WHERE {within} ORDER BY id", params).fetchall()
             out: list[Turn] = []
             sequences: dict[int, list[int]] = {}
             for r in rows:  # a parent's id is below its children's
                 turn = self._rows.turn(db, r, sequences)
                 sequences[turn.id] = turn.prompt_token_ids + turn.token_ids
                 out.append(turn)
-        return out
+        return forks.shared_view(episode_id, out) if scope.forked else out
 
     def branches(self, episode_id: str) -> list[Branch]:
-        """Every branch with its turns; branch 0 is the main one."""
+        """Every branch with its turns; branch 0 is the main one. A fork child's hold the turns
+        it shares with its parent (`Turn.shared`), with their branch numbers."""
         by_branch: dict[int, list[Turn]] = {}
         for t in self.turns(episode_id):
             by_branch.setdefault(t.branch, []).append(t)
@@ -317,12 +393,13 @@ class Ledger:
         """Abandon every live turn of an episode that runs again from the start, so that its new
         run's requests are sampled afresh, never replayed from these; they move past every branch
         number, so that the new run's primary conversation is main (branch 0) again. How many."""
+        scope = self.scope(episode_id)
         with self._tx() as db:
             live = db.execute(
                 "SELECT COUNT(*) AS n FROM turns WHERE episode_id = ? AND abandoned = 0", (episode_id,)
             ).fetchone()
             db.execute(
                 "UPDATE turns SET abandoned = 1, branch = branch + ? WHERE episode_id = ? AND abandoned = 0",
-                (_tree.next_branch_of(db, episode_id), episode_id),
+                (_tree.next_branch_of(db, scope), episode_id),
             )
             return int(live["n"])

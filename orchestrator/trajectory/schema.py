@@ -12,9 +12,10 @@ A turn whose prompt extends its parent's prompt and sampled ids stores only the 
 adds (`prompt_token_ids`), after the first `prompt_base` of them, which are its parent's: an
 episode's prompts take room in proportion to its tokens, not to the square of them.
 
-`policy_versions` holds every policy version a trainer published (`policy.py`), and
-`upstream_failures` each run's last model-server failure (`outages.py`); a database from before
-them gains the tables when a ledger opens it.
+`policy_versions` holds every policy version a trainer published (`policy.py`),
+`upstream_failures` each run's last model-server failure (`outages.py`), and `fork_origins` where
+each fork child was forked from (its parent, the snapshot and that snapshot's ledger cursor,
+`forks.py`); a database from before them gains the tables when a ledger opens it.
 
 Columns added since the table first shipped are in `ADDED`, and a ledger opened on an older
 table adds them (`Ledger.sqlite`, `Ledger.postgres`); older turns read as text-mode turns whose
@@ -80,6 +81,12 @@ CREATE TABLE IF NOT EXISTS verifications (
 CREATE TABLE IF NOT EXISTS policy_versions (
     version INTEGER PRIMARY KEY,
     published_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fork_origins (
+    episode_id TEXT PRIMARY KEY,
+    parent TEXT NOT NULL,
+    snapshot_id TEXT NOT NULL,
+    cursor INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS upstream_failures (
     episode_id TEXT NOT NULL,
@@ -150,6 +157,12 @@ CREATE TABLE IF NOT EXISTS verifications (
 CREATE TABLE IF NOT EXISTS policy_versions (
     version BIGINT PRIMARY KEY,
     published_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fork_origins (
+    episode_id TEXT PRIMARY KEY,
+    parent TEXT NOT NULL,
+    snapshot_id TEXT NOT NULL,
+    cursor BIGINT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS upstream_failures (
     episode_id TEXT NOT NULL,

@@ -20,6 +20,11 @@ contain it. Its loss mask is 1 in the first stream that holds it only, so that s
 `loss_mask * weight * token_loss` over a tree's streams gives the mean over its kept paths of
 each path's summed loss, with each shared token trained once. Live turns on no kept path are
 listed as dropped.
+
+The fork children of one snapshot export as one set of trees (`fork_tree_samples`): the turns
+they share with their parent are one prefix of one tree, which every child's main path keeps,
+so the prefix is trained once, with weight 1, and each child's own turns with the weight of the
+paths holding them.
 """
 
 from __future__ import annotations
@@ -88,11 +93,52 @@ def _distribution(turn: ExportTurn) -> tuple[float, float, int]:
 def tree_samples(turns: Sequence[ExportTurn], settings: ExportSettings = DEFAULTS) -> TreeSamples:
     """The episode's trees as at most `settings.max_paths` streams each (see the module
     docstring)."""
+    roots, children, masked_ids = _forest(turns, settings)
+    mains = {root.id: [_main_path(root, children)] for root in roots}
+    return _samples(roots, children, mains, masked_ids, settings.max_paths)
+
+
+def fork_tree_samples(
+    members: Sequence[Sequence[ExportTurn]], settings: ExportSettings = DEFAULTS
+) -> TreeSamples:
+    """The trees of the fork children of one snapshot (a GRPO group forked from a set-up, or a
+    search's siblings) as one export: each member's turns as its trajectory reads them, the
+    prefix it shares with the others included. A turn they share is one turn of one tree, so the
+    shared prefix is trained once, with the tree's weights, and each member's own turns hang from
+    it. Every member's main path is kept (its rollout), then, up to `settings.max_paths` paths a
+    tree, those that add the most; a turn masked in any member's trajectory is masked."""
+    merged: dict[int, ExportTurn] = {}
+    hidden: set[int] = set()
+    for turns in members:
+        for t in turns:
+            merged.setdefault(t.id, t)
+            if masked(t, settings):
+                hidden.add(t.id)
+    roots, children, masked_ids = _forest(list(merged.values()), settings, hidden)
+    by_id = {t.id: t for t in merged.values()}
+    below = {root.id: root for root in roots}
+    mains: dict[int, list[list[ExportTurn]]] = {root.id: [] for root in roots}
+    for turns in members:
+        own_roots, own_children, _ = _forest(turns, settings, hidden)
+        for root in own_roots:
+            path = [by_id[t.id] for t in _main_path(root, own_children)]
+            if path and path[0].id in below and path not in mains[path[0].id]:
+                mains[path[0].id].append(path)
+    return _samples(roots, children, mains, masked_ids, settings.max_paths)
+
+
+def _forest(
+    turns: Sequence[ExportTurn], settings: ExportSettings, hidden: set[int] | None = None
+) -> tuple[list[ExportTurn], dict[int, list[ExportTurn]], list[int]]:
+    """The roots of the turns' trees, each turn's children joined to it, and the masked turns
+    (those `settings` masks, and `hidden`)."""
     if settings.max_paths < 1:
         raise ValueError(f"max_paths must be at least 1, not {settings.max_paths}")
     ordered = sorted(turns, key=lambda t: t.id)
-    out = TreeSamples(streams=[], masked_turns=[t.id for t in ordered if masked(t, settings)])
-    usable = [t for t in ordered if not masked(t, settings) and t.prompt_token_ids]
+    hidden = hidden or set()
+    masked_ids = [t.id for t in ordered if masked(t, settings) or t.id in hidden]
+    left_out = set(masked_ids)
+    usable = [t for t in ordered if t.id not in left_out and t.prompt_token_ids]
     by_id = {t.id: t for t in usable}
     children: dict[int, list[ExportTurn]] = {}
     roots: list[ExportTurn] = []
@@ -102,12 +148,24 @@ def tree_samples(turns: Sequence[ExportTurn], settings: ExportSettings = DEFAULT
             children.setdefault(parent.id, []).append(t)
         else:
             roots.append(t)
-    mains = {root.id: _main_path(root, children) for root in roots}
+    return roots, children, masked_ids
+
+
+def _samples(
+    roots: list[ExportTurn],
+    children: Mapping[int, list[ExportTurn]],
+    mains: Mapping[int, list[list[ExportTurn]]],
+    masked_ids: list[int],
+    max_paths: int,
+) -> TreeSamples:
+    """The trees' streams: each tree keeps its `mains` paths, then the paths that add the most,
+    up to `max_paths` in all."""
+    out = TreeSamples(streams=[], masked_turns=masked_ids)
     # Main's trees first, in its order across compactions.
-    roots.sort(key=lambda r: (not mains[r.id], r.id))
+    roots = sorted(roots, key=lambda r: (not any(mains[r.id]), r.id))
     for index, root in enumerate(roots):
         paths = _paths(root, children)
-        kept = _keep(paths, mains[root.id], settings.max_paths)
+        kept = _keep(paths, [m for m in mains[root.id] if m], max_paths)
         on_kept = {t.id for p in kept for t in p}
         out.dropped_turns += sorted(t.id for p in paths for t in p if t.id not in on_kept)
         out.streams += _streams(index, kept)
@@ -128,9 +186,9 @@ def _paths(root: ExportTurn, children: Mapping[int, list[ExportTurn]]) -> list[l
     return sorted(paths, key=lambda p: p[-1].id)
 
 
-def _keep(paths: list[list[ExportTurn]], main: list[ExportTurn], cap: int) -> list[list[ExportTurn]]:
-    kept: list[list[ExportTurn]] = [main] if main else []
-    held = {t.id for t in main}
+def _keep(paths: list[list[ExportTurn]], mains: list[list[ExportTurn]], cap: int) -> list[list[ExportTurn]]:
+    kept: list[list[ExportTurn]] = list(mains)
+    held = {t.id for main in mains for t in main}
     while len(kept) < cap:
         best: tuple[int, int, int] | None = None
         pick: list[ExportTurn] | None = None
@@ -146,7 +204,7 @@ def _keep(paths: list[list[ExportTurn]], main: list[ExportTurn], cap: int) -> li
     return kept
 
 
-_OFF_MAIN = frozenset({Edge.SIDE_CALL, Edge.SUBAGENT, Edge.COMPACTION, Edge.PARALLEL, Edge.FORK})
+_OFF_MAIN = frozenset({Edge.SIDE_CALL, Edge.SUBAGENT, Edge.COMPACTION, Edge.PARALLEL})
 
 
 def on_main(turn: ExportTurn) -> bool:

@@ -109,6 +109,9 @@ class Turn:
     edge_parent: int | None = None
     """The turn it hangs from: its parent, the turn whose tool call spawned a subagent, the
     compaction a conversation continues from; None for a root, a side call, an unlinked subagent."""
+    shared: bool = False
+    """Read in a fork child's trajectory: the turn is an ancestor's (`episode_id`), recorded
+    before the snapshot the child was forked from, and shared with it, not copied (`forks`)."""
 
     @property
     def delivery_uncertain(self) -> bool:

@@ -8,14 +8,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
 from orchestrator.state import PostgresStateStore
 from orchestrator.trajectory import Ledger
+from orchestrator.trajectory.forks import ForkOrigin
 from tests.postgres import PostgresServer
 
-OpenLedger = Callable[[], Ledger]
+
+class OpenLedger(Protocol):
+    def __call__(self, origins: Callable[[str], ForkOrigin | None] | None = None) -> Ledger:
+        """Another ledger on the test's database; `origins` as `Ledger.sqlite` takes it."""
+
+
 DATABASES = ["sqlite", "postgres"]
 """The params of a fixture built on `opener`."""
 
@@ -32,12 +39,12 @@ def opener(request: pytest.FixtureRequest, path: Path) -> Iterator[OpenLedger]:
     ledgers: list[Ledger] = []
     stores: list[PostgresStateStore] = []
 
-    def open_() -> Ledger:
+    def open_(origins: Callable[[str], ForkOrigin | None] | None = None) -> Ledger:
         if url:
             stores.append(PostgresStateStore(url))
-            ledgers.append(Ledger.postgres(stores[-1].database))
+            ledgers.append(Ledger.postgres(stores[-1].database, origins))
         else:
-            ledgers.append(Ledger.sqlite(path))
+            ledgers.append(Ledger.sqlite(path, origins))
         return ledgers[-1]
 
     try:

@@ -94,6 +94,7 @@ def make_world(
     model: ReferenceModelServer,
     ledger: Ledger | None = None,
     max_staleness: Callable[[Episode], int | None] | None = None,
+    family: bool = False,
     **settings: Any,
 ) -> World:
     ledger = ledger or Ledger.sqlite(tmp_path / "ledger.db")
@@ -110,6 +111,10 @@ def make_world(
         lambda e, peer: live_peer(e, peer, NODES.get(e.node, "")),
         live_run=lambda db, episode_id: _live_run(episodes[episode_id]),
         max_staleness=max_staleness,
+        # As the state store's `keyed_by`: the live fork children holding the episode's key.
+        family=(lambda owner: [e for e in episodes.values() if e.key_of == owner and not e.state.terminal])
+        if family
+        else None,
     ).start()
     return World(gateway, ledger, model, episodes, resumed)
 
