@@ -15,7 +15,7 @@ node a; the agent takes a leave-running snapshot of it into a local store. Then,
   children_rss_mib (the children's programs' resident sets, summed, once all are resident and
   idle) and its ratio to the parent's resident set.
 
-Writes bench/fork.json and prints a table. The children are idle: they touch no page after the
+Writes bench/fork.json and bench/fork.png (each figure against its target) and prints a table. The children are idle: they touch no page after the
 fork, so what they hold is what the lazy restore brings in on its own.
 """
 
@@ -129,6 +129,36 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Time until all N children run, and their resident sets, each against its baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for r in results:
+        n = [f["children"] for f in r["forks"]]
+        axes[0].plot(n, [f["running_vs_one_restore"] for f in r["forks"]], "-o", label=f"{r['size_mib']} MiB")
+        axes[1].plot(n, [f["rss_vs_parent"] for f in r["forks"]], "-o", label=f"{r['size_mib']} MiB")
+    for ax, label, target in (
+        (axes[0], "all running, x one lazy restore", 2.0),
+        (axes[1], "children's RSS, x the parent's", 4.0),
+    ):
+        ax.axhline(target, color="grey", linestyle=":", label=f"target {target:g}x")
+        ax.set(
+            xlabel="children",
+            ylabel=label,
+            xscale="log",
+            xticks=[1, 4, 8, 16],
+            xticklabels=["1", "4", "8", "16"],
+        )
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="64,512")
@@ -155,8 +185,9 @@ def main() -> None:
     (args.out / "fork.json").write_text(
         json.dumps({"machine": machine(), "results": results}, indent=1) + "\n"
     )
+    plot(results, args.out / "fork.png")
     print(table(results))
-    print(f"wrote {args.out / 'fork.json'}")
+    print(f"wrote {args.out / 'fork.json'} and {args.out / 'fork.png'}")
 
 
 if __name__ == "__main__":
