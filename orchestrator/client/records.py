@@ -159,6 +159,10 @@ class TurnInfo(_Plain):
     """The turn it hangs from; 0 for none."""
     delivery_uncertain: bool = False
     """A delivery was under way when the orchestrator stopped: the harness may have the turn."""
+    shared: bool = False
+    """In a fork child's trajectory: a turn of its parent's, up to the fork's snapshot, shared."""
+    episode_id: str = ""
+    """The episode that recorded the turn."""
 
 
 @dataclass(frozen=True)

@@ -653,7 +653,7 @@ class Sampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("id", "index", "branch", "replayed", "replays", "abandoned", "token_ids", "logprobs", "policy_version", "parent_id", "run", "created_at", "prompt_tokens", "prompt_token_ids", "finish_reason", "mode", "prefix_exact", "prefix_checked", "common_prefix", "break_reason", "sampling", "logprobs_exact", "edge", "edge_parent", "delivery_uncertain")
+    __slots__ = ("id", "index", "branch", "replayed", "replays", "abandoned", "token_ids", "logprobs", "policy_version", "parent_id", "run", "created_at", "prompt_tokens", "prompt_token_ids", "finish_reason", "mode", "prefix_exact", "prefix_checked", "common_prefix", "break_reason", "sampling", "logprobs_exact", "edge", "edge_parent", "delivery_uncertain", "shared", "episode_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     BRANCH_FIELD_NUMBER: _ClassVar[int]
@@ -679,6 +679,8 @@ class Turn(_message.Message):
     EDGE_FIELD_NUMBER: _ClassVar[int]
     EDGE_PARENT_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_UNCERTAIN_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     id: int
     index: int
     branch: int
@@ -704,7 +706,9 @@ class Turn(_message.Message):
     edge: str
     edge_parent: int
     delivery_uncertain: bool
-    def __init__(self, id: _Optional[int] = ..., index: _Optional[int] = ..., branch: _Optional[int] = ..., replayed: _Optional[bool] = ..., replays: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[str] = ..., parent_id: _Optional[int] = ..., run: _Optional[int] = ..., created_at: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., mode: _Optional[str] = ..., prefix_exact: _Optional[bool] = ..., prefix_checked: _Optional[bool] = ..., common_prefix: _Optional[int] = ..., break_reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ..., edge: _Optional[str] = ..., edge_parent: _Optional[int] = ..., delivery_uncertain: _Optional[bool] = ...) -> None: ...
+    shared: bool
+    episode_id: str
+    def __init__(self, id: _Optional[int] = ..., index: _Optional[int] = ..., branch: _Optional[int] = ..., replayed: _Optional[bool] = ..., replays: _Optional[int] = ..., abandoned: _Optional[bool] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[str] = ..., parent_id: _Optional[int] = ..., run: _Optional[int] = ..., created_at: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., mode: _Optional[str] = ..., prefix_exact: _Optional[bool] = ..., prefix_checked: _Optional[bool] = ..., common_prefix: _Optional[int] = ..., break_reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., logprobs_exact: _Optional[bool] = ..., edge: _Optional[str] = ..., edge_parent: _Optional[int] = ..., delivery_uncertain: _Optional[bool] = ..., shared: _Optional[bool] = ..., episode_id: _Optional[str] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("token_ids", "loss_mask", "logprobs", "policy_versions", "turn_ids", "branch", "sampling", "logprobs_exact", "published_version", "staleness", "staleness_known")
