@@ -126,15 +126,54 @@ def test_claude_code_survives_preemption_mid_stream(
     make_stack: Callable[..., LocalStack], model: ReferenceModelServer, harness_images: Path
 ) -> None:
     stack = make_stack(nodes=2, slots=1, upstream=model.url, images=harness_images, model=TOKENS)
-    spec = {
-        "image": "harnesses",
-        "command": ["sh", "-c", f"mkdir -p /work && cd /work && exec claude -p '{TASK}' --dangerously-skip-permissions"],
-        "env": {"HOME": "/root", "IS_SANDBOX": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-                "DISABLE_AUTOUPDATER": "1"},
-        "resources": {"memory_mb": 2048},
-    }  # fmt: skip
-    turns = _preempted_mid_generation_and_finished(stack, model, spec, "messages")
+    turns = _preempted_mid_generation_and_finished(stack, model, CLAUDE_SPEC, "messages")
     assert all(t.delivered.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n') for t in turns)
+
+
+@pytest.mark.timeout(900)
+def test_claude_code_forked_3_ways_mid_episode_gives_3_children_that_succeed_on_policy(
+    make_stack: Callable[..., LocalStack], model: ReferenceModelServer, harness_images: Path
+) -> None:
+    """Claude Code, stopped at a snapshot after two recorded turns and forked 3 ways: each child
+    finishes; its trajectory begins with the parent's turns, shared up to the fork's snapshot,
+    and goes on from them by a fork edge; the children's first turns of their own are three
+    samples, not one replayed; every child's turns reproduce under a teacher-forced pass."""
+    stack = make_stack(nodes=2, slots=2, upstream=model.url, images=harness_images, model=TOKENS)
+    with stack.client() as c:
+        parent = c.submit(CLAUDE_SPEC).id
+        c.wait(parent, ["RUNNING"], timeout_s=120)
+        wait_until(lambda: len(_turns(stack, parent)) >= 2, 180, "two recorded turns")
+        snapshot, children = c.fork(parent, 3, now=True, stop=True)
+        for child in children:
+            final = c.wait(child.id, ["SUCCEEDED", "FAILED"], timeout_s=400)
+            assert final.state == "SUCCEEDED" and final.exit_code == 0, (
+                final.reason,
+                c.trajectory(child.id).verifier_log,
+            )
+            main = c.trajectory(child.id, include_branches=True).main.turns
+            assert main[0].shared and main[0].episode_id == parent and not main[-1].shared
+        cursor = next(s for s in c.snapshots(parent) if s.id == snapshot).trajectory_cursor
+        c.cancel(parent)
+    firsts = []
+    for child in children:
+        turns = _turns(stack, child.id)
+        shared = [t for t in turns if t.shared]
+        own = [t for t in turns if not t.shared]
+        assert shared and own, [(t.id, t.episode_id, t.shared) for t in turns]
+        assert {t.episode_id for t in shared} == {parent} and max(t.id for t in shared) <= cursor["turn"]
+        assert any(t.edge == "fork" for t in own), [(t.id, t.edge, t.edge_parent) for t in own]
+        assert_on_policy(turns, model.model)
+        firsts.append(tuple(min(own, key=lambda t: t.id).token_ids))
+    assert len(set(firsts)) == 3, "siblings sample their own first turns"
+
+
+CLAUDE_SPEC = {
+    "image": "harnesses",
+    "command": ["sh", "-c", f"mkdir -p /work && cd /work && exec claude -p '{TASK}' --dangerously-skip-permissions"],
+    "env": {"HOME": "/root", "IS_SANDBOX": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1"},
+    "resources": {"memory_mb": 2048},
+}  # fmt: skip
 
 
 def codex_config(gateway_port: int) -> str:
