@@ -217,7 +217,11 @@ def test_a_bad_identity_is_refused_naming_the_field_and_leaves_nothing(
     make_node: NodeFactory, tmp_path: Path
 ) -> None:
     a, b = _nodes(make_node, tmp_path)
-    a.create("ep-src-r1", SandboxSpec(image="base", command=("sleep", "600"), address="10.201.0.30"))
+    ready = ("python3", "-c", "import time; print('ready', flush=True); time.sleep(600)")
+    a.create("ep-src-r1", SandboxSpec(image="base", command=ready, address="10.201.0.30"))
+    # Checkpointed once it runs: a task still loading its program from a busy disk cannot be
+    # frozen (D state), and CRIU gives up on it.
+    wait_for_log(a, "ep-src-r1", lambda t: "ready" in t)
     a.checkpoint_to_store("ep-src-r1", SnapshotTarget("ep-src-s1", "ep-src", 1, "manual"), leave_running=True)
     digest = recorded(a, "ep-src-s1")
     mark = ForkMark("ep-kid", "ep-src", "ep-src-s1", 0, 2)
