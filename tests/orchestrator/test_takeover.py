@@ -128,7 +128,7 @@ def test_a_leader_whose_database_link_goes_silent_stops_within_the_lease_term(
     url = postgres.database()
     cut_off = postgres.url(url.rsplit("/", 1)[1], HOSTS[1])
     cluster = make_cluster(nodes=1, slots=1, lost_after=10, database_url=[cut_off, url], replicas=2)
-    spec = {"image": "base", "command": ["python3", "-c", counter(240)]}  # a minute
+    spec = {"image": "base", "command": ["python3", "-c", counter(160)]}  # 40 s: past the takeover
     with cluster.client(0) as c:
         episode = c.submit(spec)
         c.wait(episode.id, ["RUNNING"], timeout_s=60)
