@@ -37,14 +37,7 @@ def add_episode_commands(sub: Subparsers) -> None:
         metavar="SNAPSHOT_ID",
         help="start each episode from this committed snapshot of any episode instead of a spec; empty: none",
     )
-    s.add_argument(
-        "--label",
-        type=_label,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --from-snapshot, a label each episode carries besides the snapshot's episode's (repeatable)",
-    )
+    _added_labels(s, "with --from-snapshot, a label each episode carries besides the snapshot's episode's")
     s.add_argument(
         "--request-id",
         default="",
@@ -219,14 +212,7 @@ def add_episode_commands(sub: Subparsers) -> None:
     source.add_argument(
         "--stop", action="store_true", help="checkpoint now and stop the episode there (held)"
     )
-    f.add_argument(
-        "--label",
-        type=_label,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a label each child carries besides the episode's (repeatable)",
-    )
+    _added_labels(f, "a label each child carries besides the episode's")
 
     c = command(
         sub,
@@ -374,6 +360,13 @@ def _count(text: str) -> int:
     if count < 1:
         raise argparse.ArgumentTypeError(f"{count} episodes: give at least 1")
     return count
+
+
+def _added_labels(p: argparse.ArgumentParser, text: str) -> None:
+    """--label KEY=VALUE, repeatable: labels the new episodes carry."""
+    p.add_argument(
+        "--label", type=_label, action="append", default=[], metavar="KEY=VALUE", help=f"{text} (repeatable)"
+    )
 
 
 def _label(text: str) -> tuple[str, str]:
