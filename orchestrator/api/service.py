@@ -113,7 +113,9 @@ class StasisService(pb_grpc.StasisServicer):
         for i, submit in enumerate(submits):
             try:
                 if submit.from_snapshot:
-                    record, parent = self.control.forks.source(submit.from_snapshot, "from_snapshot")
+                    field = where.format(i) + "from_snapshot"
+                    record, parent = self.control.forks.source(submit.from_snapshot, field)
+                    self.control.forks.check_restorable(record.id, field)
                     spec = forking.spec_from_snapshot(
                         submit, record, parent, lambda image, field: self._pin(image, field, pinned)
                     )
@@ -126,8 +128,6 @@ class StasisService(pb_grpc.StasisServicer):
             except InvalidArgument as exc:
                 raise InvalidArgument(where.format(i) + exc.field, exc.problem) from None
             specs.append((spec, submit.request_id))
-        for origin in {o.snapshot_id: o for o in origins if o is not None}.values():
-            self.control.forks.check_restorable(origin.snapshot_id)
         episodes = self.store.episodes.submit_many(specs, self.control.pool_of_addresses, group, origins)
         self.control.wake()
         return episodes

@@ -55,6 +55,10 @@ LIST_PAGE = 1000
 T = TypeVar("T")
 
 
+FORK_TIMEOUT_S = 660.0
+"""How long a ForkEpisode call may take: the orchestrator waits up to 600 s for a checkpoint."""
+
+
 class StasisClient:
     """Talks to one orchestrator. Calls that change state carry a request id and are retried
     while the orchestrator is unreachable, so a retry never does the work twice.
@@ -136,10 +140,12 @@ class StasisClient:
                 ) from None
             raise StasisError(f"{code.name}: {details}") from None
 
-    def _call(self, method: Callable[..., T], request: Any, *, retried: bool = True) -> T:
+    def _call(
+        self, method: Callable[..., T], request: Any, *, retried: bool = True, timeout_s: float = 0.0
+    ) -> T:
         def once() -> T:
             with self._translated():
-                return method(request, timeout=self.timeout_s)
+                return method(request, timeout=max(timeout_s, self.timeout_s))
 
         if not retried:
             return once()
@@ -235,7 +241,9 @@ class StasisClient:
             episode_id=episode_id, count=count, snapshot_id=snapshot_id, now=now, stop=stop,
             labels=dict(labels or {}), request_id=request_id or str(uuid.uuid4()),
         )  # fmt: skip
-        reply = self._call(self._stub.ForkEpisode, request)
+        # A fork taken now waits for its checkpoint (up to 10 minutes); a retry of it, under the
+        # same request id, returns the first call's children.
+        reply = self._call(self._stub.ForkEpisode, request, timeout_s=FORK_TIMEOUT_S)
         return reply.snapshot_id, [_episode(e) for e in reply.children]
 
     def groups(self, group_id: str = "") -> list[GroupInfo]:

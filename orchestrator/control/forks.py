@@ -32,6 +32,7 @@ from orchestrator.domain import (
     SnapshotRecord,
 )
 from orchestrator.state import StateStore
+from orchestrator.state.records import MAX_REQUEST_ID
 from snapshots import SnapshotStore
 
 MAX_CHILDREN = 1000
@@ -70,7 +71,9 @@ class Forks:
         group: Group | None = None,
         request_id: str = "",
     ) -> tuple[SnapshotRecord, list[Episode]]:
-        """The snapshot forked and the children, in fork index order."""
+        """The snapshot forked and the children, in fork index order. Everything is checked
+        before anything is done; a retry with the same request id returns the first call's
+        children, and takes no second snapshot."""
         if not 1 <= count <= MAX_CHILDREN:
             raise InvalidArgument("count", f"is {count}; a fork makes 1 to {MAX_CHILDREN} children")
         if stop and not now:
@@ -79,16 +82,35 @@ class Forks:
             raise InvalidArgument("snapshot_id", "is given with now; fork a named snapshot or one taken now")
         if group is not None and group.size != count:
             raise InvalidArgument("group.size", f"is {group.size}, but the fork makes {count} children")
+        if len(request_id) + 1 + len(str(count - 1)) > MAX_REQUEST_ID:
+            raise InvalidArgument(
+                "request_id", f"has {len(request_id)} characters; child i of the fork carries it as"
+                f" <request_id>/<i>, of at most {MAX_REQUEST_ID}"
+            )  # fmt: skip
+        asked = {
+            "episode_id": episode_id, "count": count, "snapshot_id": snapshot_id, "now": now, "stop": stop,
+            "labels": dict(labels or {}), "group": group.id if group else "",
+        }  # fmt: skip
+        if request_id and (known := self.store.requests.known(request_id, "ForkEpisode", asked)):
+            children = [self.store.episodes.get(child) for child in known.split(",")]
+            source = self.store.snapshots.get(children[0].forked_from)
+            assert source is not None, (
+                f"the fork {request_id} forked {children[0].forked_from}, now unrecorded"
+            )
+            return source, children
         parent = self.store.episodes.get(episode_id)
-        if now:
-            source = self._taken_now(parent, stop)
-        else:
-            source = self._named(parent, snapshot_id or parent.last_snapshot_id, "snapshot_id")
         specs = [
             (child_spec(parent.spec, labels or {}, index), f"{request_id}/{index}" if request_id else "")
             for index in range(count)
         ]
-        return source, self.start_from(source, parent, specs, group)
+        if now:
+            source = self._taken_now(parent, stop)
+        else:
+            source = self._named(parent, snapshot_id or parent.last_snapshot_id, "snapshot_id")
+        children = self.start_from(source, parent, specs, group)
+        if request_id:
+            self.store.requests.remember(request_id, "ForkEpisode", asked, ",".join(c.id for c in children))
+        return source, children
 
     def start_from(
         self,
@@ -98,7 +120,7 @@ class Forks:
         group: Group | None = None,
     ) -> list[Episode]:
         """Commit children that restore `source` (taken by `parent`), one per spec and request id."""
-        self.check_restorable(source.id)
+        self.check_restorable(source.id, "snapshot_id")
         origins = [Origin(source.id, parent, index) for index in range(len(specs))]
         children = self.store.episodes.submit_many(specs, self.addresses, group, origins)
         self._wake()
@@ -121,18 +143,18 @@ class Forks:
             raise NotFound(f"{field}: episode {parent.id} has no snapshot {snapshot_id!r}")
         return record
 
-    def check_restorable(self, snapshot_id: str) -> None:
-        """FailedPrecondition unless a child could restore the snapshot now."""
+    def check_restorable(self, snapshot_id: str, field: str) -> None:
+        """FailedPrecondition, naming `field`, unless a child could restore the snapshot now."""
         record = self.store.snapshots.get(snapshot_id)
         if record is None:
-            raise NotFound(f"no snapshot {snapshot_id!r} is recorded")
+            raise NotFound(f"{field}: no snapshot {snapshot_id!r} is recorded")
         if not record.manifest_digest:
             raise FailedPrecondition(
-                f"snapshot {record.id} was recorded without its manifest's digest; it is never restored"
+                f"{field}: snapshot {record.id} was recorded without its manifest's digest; it is never restored"
             )
         if not self.snapshots.exists(record.id):
             raise FailedPrecondition(
-                f"snapshot {record.id} is no longer in the store (retention collected it)"
+                f"{field}: snapshot {record.id} is no longer in the store (retention collected it)"
             )
 
     def _taken_now(self, parent: Episode, stop: bool) -> SnapshotRecord:
@@ -169,5 +191,10 @@ class Forks:
 
 
 def child_spec(spec: EpisodeSpec, labels: Mapping[str, str], index: int) -> EpisodeSpec:
-    """A child's spec: its parent's, with `labels` added and its fork index in its environment."""
-    return replace(spec, labels={**spec.labels, **labels}, env={**spec.env, FORK_INDEX_ENV: str(index)})
+    """A child's spec: its parent's, with `labels` added and its fork index in its environment;
+    a bad label is refused naming it (`labels.<key>`)."""
+    child = replace(spec, labels={**spec.labels, **labels}, env={**spec.env, FORK_INDEX_ENV: str(index)})
+    try:
+        return child.validate()
+    except InvalidArgument as exc:
+        raise InvalidArgument(exc.field.removeprefix("spec."), exc.problem) from None

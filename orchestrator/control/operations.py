@@ -200,10 +200,10 @@ class Operations:
         does not share with the episode that took its snapshot; and, restoring that snapshot,
         its `ForkMark`."""
         fork = None
-        if e.forked_from and e.last_snapshot_id == e.forked_from:
+        if e.restores_its_fork:
             fork = ForkMark(
                 episode_id=e.id, parent_episode_id=e.fork_parent, snapshot_id=e.forked_from,
-                index=e.fork_index, count=len(self.store.snapshots.forks([e.forked_from]).get(e.forked_from, [])),
+                index=e.fork_index, count=self.store.snapshots.fork_size(e.forked_from),
             )  # fmt: skip
         return RestoreIdentity(address=e.address, hostname=e.id, fork=fork)
 
@@ -213,15 +213,16 @@ class Operations:
         the store still holds; a fork child's line goes back to the snapshot it was forked from.
         Only the records' lineage is followed, never a manifest's."""
         at = self.store.snapshots.get(e.last_snapshot_id)
-        parent = at.parent_id if at is not None and at.id != e.forked_from else ""
-        if at is not None and not parent and at.id != e.forked_from:
-            parent = e.forked_from  # a child's first snapshot: before it, the one it was forked from
+        parent = at.parent_id if at is not None and not e.restores_its_fork else ""
+        if at is not None and not e.restores_its_fork:
+            parent = parent or e.forked_from  # a child's first snapshot: before it, its fork's
         while parent:
             record = self.store.snapshots.get(parent)
             if record is not None and record.manifest_digest and self.snapshots.exists(parent):
                 break
-            # Never past the fork: what the parent was before it is not the child's.
-            parent = record.parent_id if record is not None and parent != e.forked_from else ""
+            # A child's own line ends at its fork's snapshot; never past it: what the parent was
+            # before it is not the child's.
+            parent = "" if parent == e.forked_from else (record.parent_id if record else "") or e.forked_from
         if not parent:
             return False
         self.outcomes.transition_or_cleanup(
@@ -266,8 +267,7 @@ class Operations:
             snapshot_id=e.pending_snapshot_id,
             episode_id=e.id,
             sequence=pending.sequence,
-            # A fork child's first snapshot has no parent: the store keeps a line within an episode.
-            parent_id=e.last_snapshot_id if e.last_snapshot_id != e.forked_from else "",
+            parent_id=e.snapshot_parent,
             reason=e.pending_reason,
             trajectory_cursor=self._cursor(e),
         )

@@ -93,8 +93,8 @@ class Outcomes:
         """A restore that failed: retried later, or, if `final`, the end of the episode; a group
         member starts over from the beginning instead (`start_over`), as no fault of its spec
         keeps a restore from working."""
-        if final and e.group_id:
-            self.start_over(e, reason)
+        if final and e.group_id and not e.restores_its_fork:
+            self.start_over(e, reason)  # a fork child's start is that snapshot: no way round it
         elif final:
             self.transition_or_cleanup(e, S.FAILED, reason, node="", sandbox_id="")
         else:
@@ -164,7 +164,7 @@ class Outcomes:
         except SnapshotError:
             return False
         pending = ids.SnapshotId.parse(e.pending_snapshot_id)
-        asked = (e.id, pending.sequence if pending else 0, e.last_snapshot_id or None, e.node)
+        asked = (e.id, pending.sequence if pending else 0, e.snapshot_parent or None, e.node)
         found = (manifest.episode_id, manifest.seq, manifest.parent_id, manifest.node)
         if found != asked:
             log.warning(

@@ -111,6 +111,17 @@ class Episode:
         earlier = (*earlier, *(start,) * (run - 1 - len(earlier)))  # runs that never ran wrote nothing
         return (*((-1,) * len(earlier) if fresh else earlier), start)
 
+    @property
+    def snapshot_parent(self) -> str:
+        """The parent the episode's next snapshot names: its resume point, but none for a fork
+        child's first own snapshot (the store keeps a line within one episode)."""
+        return "" if self.last_snapshot_id == self.forked_from else self.last_snapshot_id
+
+    @property
+    def restores_its_fork(self) -> bool:
+        """A fork child whose resume point is still the snapshot it was forked from."""
+        return bool(self.forked_from) and self.last_snapshot_id == self.forked_from
+
     def from_the_start(self) -> tuple[EpisodeState, dict[str, Any]]:
         """Where the episode goes to run again from its start, and what that resets: a fresh
         episode back to PENDING, to run its command; a fork child back to the snapshot it was

@@ -18,6 +18,10 @@ COLUMNS = (
 """The columns of `snapshots`, in the order of `records.snapshot_row`."""
 
 
+_IN_BATCH = 500
+"""Snapshot ids one query names at most: SQLite's statements take a bounded number of values."""
+
+
 class Snapshots(Protocol):
     def add(self, snapshot: SnapshotRecord, **changes: Any) -> Episode:
         """Record a snapshot that needs no state change (an autosave): it becomes its episode's
@@ -32,9 +36,14 @@ class Snapshots(Protocol):
     def forks(self, snapshot_ids: Collection[str]) -> dict[str, list[str]]:
         """The episodes forked from each of `snapshot_ids` that has any, in fork index order."""
 
+    def fork_size(self, snapshot_id: str) -> int:
+        """How many children the largest fork of the snapshot made: one more than the largest
+        fork index among them (each fork, or batch of submits, numbers its own from 0)."""
+
     def anchors(self) -> tuple[dict[str, str], list[str]]:
         """What snapshot retention must keep of live episodes: each one's resume point (its
-        last recorded snapshot) by episode id, and the snapshots being taken."""
+        last recorded snapshot) by episode id; and the snapshots being taken, with those a live
+        fork child would restore to run again from its start (`Episode.from_the_start`)."""
 
 
 def insert(sql: Sql, db: Connection, snapshot: SnapshotRecord) -> None:
@@ -79,24 +88,33 @@ class SqlSnapshots:
         return records.snapshot_from_row(row) if row is not None else None
 
     def forks(self, snapshot_ids: Collection[str]) -> dict[str, list[str]]:
-        if not snapshot_ids:
-            return {}
         found: dict[str, list[str]] = {}
+        wanted = list(snapshot_ids)
         with self._sql.read() as db:
-            rows = db.execute(
-                f"SELECT id, forked_from FROM episodes WHERE forked_from IN ({','.join('?' * len(snapshot_ids))})"
-                " ORDER BY fork_index, submitted_at, id",
-                tuple(snapshot_ids),
-            ).fetchall()
-        for r in rows:
-            found.setdefault(r["forked_from"], []).append(r["id"])
+            for start in range(0, len(wanted), _IN_BATCH):
+                part = wanted[start : start + _IN_BATCH]
+                rows = db.execute(
+                    f"SELECT id, forked_from FROM episodes WHERE forked_from IN ({','.join('?' * len(part))})"
+                    " ORDER BY fork_index, submitted_at, id",
+                    tuple(part),
+                ).fetchall()
+                for r in rows:
+                    found.setdefault(r["forked_from"], []).append(r["id"])
         return found
+
+    def fork_size(self, snapshot_id: str) -> int:
+        with self._sql.read() as db:
+            row = db.execute(
+                "SELECT MAX(fork_index) AS largest FROM episodes WHERE forked_from = ?", (snapshot_id,)
+            ).fetchone()
+        return int(row["largest"]) + 1 if row is not None and row["largest"] is not None else 0
 
     def anchors(self) -> tuple[dict[str, str], list[str]]:
         with self._sql.read() as db:
             rows = db.execute(
-                "SELECT id, last_snapshot_id, pending_snapshot_id FROM episodes"
-                " WHERE finished_at = 0 AND (last_snapshot_id != '' OR pending_snapshot_id != '')"
+                "SELECT id, last_snapshot_id, pending_snapshot_id, forked_from FROM episodes WHERE finished_at = 0"
+                " AND (last_snapshot_id != '' OR pending_snapshot_id != '' OR forked_from != '')"
             ).fetchall()
         resume = {r["id"]: r["last_snapshot_id"] for r in rows if r["last_snapshot_id"]}
-        return resume, [r["pending_snapshot_id"] for r in rows if r["pending_snapshot_id"]]
+        kept = {r[column] for r in rows for column in ("pending_snapshot_id", "forked_from") if r[column]}
+        return resume, sorted(kept)
