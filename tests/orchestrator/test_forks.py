@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from orchestrator.api.service import StasisService
-from orchestrator.control import ForkMark, RestoreIdentity
+from orchestrator.control import AgentUnavailable, ForkMark, RestoreIdentity
 from orchestrator.control.retention import collect_snapshots
 from orchestrator.domain import EpisodeState, RewardSpec, ids
 from protos.shared import wire
@@ -215,3 +215,78 @@ def test_retention_keeps_a_childs_source_after_its_parent_ended_and_a_collected_
     assert not loop.snapshots.exists(reply.snapshot_id), "no live episode names it any more"
     code, message = _refused(lambda: _fork(service, parent, 1, snapshot_id=reply.snapshot_id))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "no longer in the store" in message
+
+
+@pytest.mark.timeout(60)
+def test_a_childs_first_snapshot_whose_reply_was_lost_is_recorded_from_the_store(
+    forks: tuple[Loop, StasisService],
+) -> None:
+    """The snapshot names no parent (the fork's is another episode's): the lost reply is settled
+    from the store all the same, not taken for someone else's."""
+    loop, service = forks
+    parent = loop.running()
+    (child,) = _fork(service, parent, 1, now=True, stop=True).children
+    loop.until("child running", lambda: loop.state(child.id) == S.RUNNING)
+    agent = loop.node(loop.store.episodes.get(child.id).node)
+    agent.commit_then_fail = AgentUnavailable("reply lost", delay=0.1)
+    loop.control.commands.preempt(child.id, "reply will be lost")
+    loop.until("child preempted", lambda: loop.state(child.id) == S.PREEMPTED)
+    (own,) = loop.store.snapshots.of(child.id)
+    assert own.parent_id == "" and loop.store.episodes.get(child.id).last_snapshot_id == own.id
+
+
+@pytest.mark.timeout(60)
+def test_retention_keeps_the_fork_a_child_with_snapshots_of_its_own_may_run_again_from(
+    forks: tuple[Loop, StasisService],
+) -> None:
+    loop, service = forks
+    parent = loop.running()
+    reply = _fork(service, parent, 1, now=True, stop=True)
+    child = reply.children[0].id
+    loop.until("child running", lambda: loop.state(child) == S.RUNNING)
+    loop.control.commands.preempt(child, "a snapshot of its own")
+    loop.until("child preempted", lambda: loop.state(child) == S.PREEMPTED)
+    loop.control.commands.cancel(parent)
+    collect_snapshots(loop.control.settings, loop.store, loop.snapshots)
+    assert loop.snapshots.exists(reply.snapshot_id), "from_the_start restores it"
+
+
+@pytest.mark.timeout(60)
+def test_a_group_child_whose_fork_cannot_be_restored_fails_naming_it_rather_than_start_over_on_it(
+    forks: tuple[Loop, StasisService],
+) -> None:
+    loop, service = forks
+    parent = loop.running()
+    group = pb.EpisodeGroup(id="g-fork", task_id="t", size=2)
+    reply = _fork(service, parent, 2, now=True, stop=True, group=group)
+    loop.snapshots.delete(reply.snapshot_id)
+    children = [c.id for c in reply.children]
+    loop.until("both final", lambda: all(loop.state(c).terminal for c in children))
+    for c in children:
+        e = loop.store.episodes.get(c)
+        assert e.state == S.FAILED and reply.snapshot_id in e.reason, e.reason
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_retried_under_its_request_id_returns_its_children_and_takes_no_second_snapshot(
+    forks: tuple[Loop, StasisService],
+) -> None:
+    loop, service = forks
+    parent = loop.running()
+    first = _fork(service, parent, 2, now=True, request_id="fork-1")
+    again = _fork(service, parent, 2, now=True, request_id="fork-1")
+    assert [c.id for c in again.children] == [c.id for c in first.children]
+    assert again.snapshot_id == first.snapshot_id and len(loop.store.snapshots.of(parent)) == 1
+    code, message = _refused(lambda: _fork(service, parent, 3, now=True, request_id="fork-1"))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "request" in message, message
+
+
+@pytest.mark.timeout(60)
+def test_a_bad_fork_is_refused_before_the_episode_is_checkpointed(forks: tuple[Loop, StasisService]) -> None:
+    loop, service = forks
+    parent = loop.running()
+    code, message = _refused(lambda: _fork(service, parent, 2, now=True, stop=True, labels={"bad key!": "x"}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and message.startswith("labels."), message
+    code, message = _refused(lambda: _fork(service, parent, 2, now=True, request_id="r" * 199))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and message.startswith("request_id:"), message
+    assert loop.state(parent) == S.RUNNING and loop.store.snapshots.of(parent) == []
