@@ -38,6 +38,16 @@ def _fork(service: StasisService, episode_id: str, count: int, **fields: object)
     return service.ForkEpisode(request, Context())  # type: ignore[arg-type]
 
 
+def _running_child(loop: Loop, service: StasisService) -> tuple[str, str, str]:
+    """A running episode stopped at a fork of one child, and the child once it runs: the
+    parent's id, the snapshot's and the child's."""
+    parent = loop.running()
+    reply = _fork(service, parent, 1, now=True, stop=True)
+    child = reply.children[0].id
+    loop.until("child running", lambda: loop.state(child) == S.RUNNING)
+    return parent, reply.snapshot_id, child
+
+
 def _refused(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
     """The status code and details the call was refused with."""
     with pytest.raises(Aborted) as err:
@@ -81,19 +91,17 @@ def test_a_child_is_an_episode_of_its_own_that_snapshots_and_resumes_without_its
     forks: tuple[Loop, StasisService],
 ) -> None:
     loop, service = forks
-    parent = loop.running()
-    (child,) = _fork(service, parent, 1, now=True, stop=True).children
+    parent, _, child = _running_child(loop, service)
     parent_now = loop.store.episodes.get(parent)
     assert parent_now.state == S.PREEMPTED and parent_now.held, "stopped at the snapshot, held"
-    loop.until("child running", lambda: loop.state(child.id) == S.RUNNING)
 
-    loop.control.commands.preempt(child.id, "by hand")
-    loop.until("child preempted", lambda: loop.state(child.id) == S.PREEMPTED)
-    (own,) = loop.store.snapshots.of(child.id)
+    loop.control.commands.preempt(child, "by hand")
+    loop.until("child preempted", lambda: loop.state(child) == S.PREEMPTED)
+    (own,) = loop.store.snapshots.of(child)
     assert own.parent_id == "", "the store keeps a line within an episode; the fork is the episode's"
-    loop.control.commands.resume(child.id)
-    loop.until("child running again", lambda: loop.state(child.id) == S.RUNNING)
-    e = loop.store.episodes.get(child.id)
+    loop.control.commands.resume(child)
+    loop.until("child running again", lambda: loop.state(child) == S.RUNNING)
+    e = loop.store.episodes.get(child)
     assert e.restored_from == own.id and e.runs == 2
     assert loop.node(e.node).identities[e.sandbox_id] == RestoreIdentity(address=e.address, hostname=e.id)
 
@@ -224,15 +232,13 @@ def test_a_childs_first_snapshot_whose_reply_was_lost_is_recorded_from_the_store
     """The snapshot names no parent (the fork's is another episode's): the lost reply is settled
     from the store all the same, not taken for someone else's."""
     loop, service = forks
-    parent = loop.running()
-    (child,) = _fork(service, parent, 1, now=True, stop=True).children
-    loop.until("child running", lambda: loop.state(child.id) == S.RUNNING)
-    agent = loop.node(loop.store.episodes.get(child.id).node)
+    _, _, child = _running_child(loop, service)
+    agent = loop.node(loop.store.episodes.get(child).node)
     agent.commit_then_fail = AgentUnavailable("reply lost", delay=0.1)
-    loop.control.commands.preempt(child.id, "reply will be lost")
-    loop.until("child preempted", lambda: loop.state(child.id) == S.PREEMPTED)
-    (own,) = loop.store.snapshots.of(child.id)
-    assert own.parent_id == "" and loop.store.episodes.get(child.id).last_snapshot_id == own.id
+    loop.control.commands.preempt(child, "reply will be lost")
+    loop.until("child preempted", lambda: loop.state(child) == S.PREEMPTED)
+    (own,) = loop.store.snapshots.of(child)
+    assert own.parent_id == "" and loop.store.episodes.get(child).last_snapshot_id == own.id
 
 
 @pytest.mark.timeout(60)
@@ -240,15 +246,12 @@ def test_retention_keeps_the_fork_a_child_with_snapshots_of_its_own_may_run_agai
     forks: tuple[Loop, StasisService],
 ) -> None:
     loop, service = forks
-    parent = loop.running()
-    reply = _fork(service, parent, 1, now=True, stop=True)
-    child = reply.children[0].id
-    loop.until("child running", lambda: loop.state(child) == S.RUNNING)
+    parent, source, child = _running_child(loop, service)
     loop.control.commands.preempt(child, "a snapshot of its own")
     loop.until("child preempted", lambda: loop.state(child) == S.PREEMPTED)
     loop.control.commands.cancel(parent)
     collect_snapshots(loop.control.settings, loop.store, loop.snapshots)
-    assert loop.snapshots.exists(reply.snapshot_id), "from_the_start restores it"
+    assert loop.snapshots.exists(source), "from_the_start restores it"
 
 
 @pytest.mark.timeout(60)
