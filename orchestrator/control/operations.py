@@ -213,9 +213,8 @@ class Operations:
         the store still holds; a fork child's line goes back to the snapshot it was forked from.
         Only the records' lineage is followed, never a manifest's."""
         at = self.store.snapshots.get(e.last_snapshot_id)
-        parent = at.parent_id if at is not None and not e.restores_its_fork else ""
-        if at is not None and not e.restores_its_fork:
-            parent = parent or e.forked_from  # a child's first snapshot: before it, its fork's
+        # Before a child's first snapshot of its own comes its fork's.
+        parent = (at.parent_id or e.forked_from) if at is not None and not e.restores_its_fork else ""
         while parent:
             record = self.store.snapshots.get(parent)
             if record is not None and record.manifest_digest and self.snapshots.exists(parent):
