@@ -115,7 +115,7 @@ class StasisService(pb_grpc.StasisServicer):
                 if submit.from_snapshot:
                     field = where.format(i) + "from_snapshot"
                     record, parent = self.control.forks.source(submit.from_snapshot, field)
-                    self.control.forks.check_restorable(record.id, field)
+                    self.control.forks.check_restorable(record, field)
                     spec = forking.spec_from_snapshot(
                         submit, record, parent, lambda image, field: self._pin(image, field, pinned)
                     )
@@ -144,7 +144,7 @@ class StasisService(pb_grpc.StasisServicer):
         )  # fmt: skip
         now = time.time()
         return pb.ForkEpisodeResponse(
-            snapshot_id=children[0].forked_from if children else source.id,
+            snapshot_id=source.id,
             children=[episode_to_pb(e, now) for e in children],
         )
 

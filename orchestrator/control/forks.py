@@ -120,7 +120,7 @@ class Forks:
         group: Group | None = None,
     ) -> list[Episode]:
         """Commit children that restore `source` (taken by `parent`), one per spec and request id."""
-        self.check_restorable(source.id, "snapshot_id")
+        self.check_restorable(source, "snapshot_id")
         origins = [Origin(source.id, parent, index) for index in range(len(specs))]
         children = self.store.episodes.submit_many(specs, self.addresses, group, origins)
         self._wake()
@@ -143,11 +143,8 @@ class Forks:
             raise NotFound(f"{field}: episode {parent.id} has no snapshot {snapshot_id!r}")
         return record
 
-    def check_restorable(self, snapshot_id: str, field: str) -> None:
+    def check_restorable(self, record: SnapshotRecord, field: str) -> None:
         """FailedPrecondition, naming `field`, unless a child could restore the snapshot now."""
-        record = self.store.snapshots.get(snapshot_id)
-        if record is None:
-            raise NotFound(f"{field}: no snapshot {snapshot_id!r} is recorded")
         if not record.manifest_digest:
             raise FailedPrecondition(
                 f"{field}: snapshot {record.id} was recorded without its manifest's digest; it is never restored"
