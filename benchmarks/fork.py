@@ -7,22 +7,28 @@ node a; the agent takes a leave-running snapshot of it into a local store. Then,
 (both lazy, as a cluster's nodes are), on the same host:
 
 - baseline_restore_ms: one lazy restore of that snapshot, with an address of its own, until
-  it runs;
+  it runs; baseline_cpu_ms, the CPU time it took (the agent's and its tools', CRIU's and runc's);
 - for each N: N fork children restored at once, alternately on b and c, each with its own
   address, host name and ForkMark (`Identity`), as the orchestrator places them:
-  all_running_ms (until the last runs) and its ratio to the baseline;
-  all_resident_ms (until every child's memory is in, the lazy transfer done);
-  children_rss_mib (the children's programs' resident sets, summed, once all are resident and
-  idle) and its ratio to the parent's resident set.
+  all_running_ms (until the last runs) and its ratio to the baseline; cpu_floor_ms, N times the
+  baseline's CPU time over the host's cores, below which no N restores on this host can finish,
+  and the ratio to that;
+  children_rss_mib (the children's programs' resident sets and their CRIU daemons', summed, after
+  a second idle) and its ratio to the parent's resident set;
+  all_whole_ms (from releasing the children's held memory until every child has all of it, what a
+  checkpoint of each waits for first).
 
-Writes bench/fork.json and bench/fork.png (each figure against its target) and prints a table. The children are idle: they touch no page after the
-fork, so what they hold is what the lazy restore brings in on its own.
+Writes bench/fork.json and bench/fork.png (each figure against its target) and prints a table.
+The children are idle: they touch no page after the fork, so what they hold is what a fork child
+takes on its own (its memory held, `lazy.Transfer(hold=True)`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import shutil
 import signal
 import sys
@@ -52,6 +58,25 @@ def _resident(node: Node, sandbox_id: str) -> None:
         time.sleep(0.005)
 
 
+def daemons_rss_mib() -> float:
+    """The resident sets of every CRIU lazy-pages daemon on the host, summed."""
+    held = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if proc.name.isdigit() and argv[1:2] == [b"lazy-pages"]:
+                held += rss_mib(int(proc.name))
+        except OSError:  # gone
+            continue
+    return held
+
+
+def cpu_s() -> float:
+    """CPU time of this process and of the children it reaped (runc, and CRIU under it)."""
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
 def run(size: int, counts: list[int], a: Node, b: Node, c: Node) -> dict[str, Any]:
     parent = f"bench-fork-{size}"
     spec = SandboxSpec(
@@ -68,14 +93,15 @@ def run(size: int, counts: list[int], a: Node, b: Node, c: Node) -> dict[str, An
         parent, SnapshotTarget(snapshot, parent, 1, "fork"), leave_running=True
     )
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_s()
     b.restore_from_store("bench-base", snapshot, manifest.digest, identity=Identity(address="10.254.0.3"))
-    baseline_ms = _ms(started)
+    baseline_ms, baseline_cpu_ms = _ms(started), round((cpu_s() - cpu) * 1000, 1)
     _resident(b, "bench-base")
     b.delete("bench-base")
 
     entry: dict[str, Any] = {
-        "size_mib": size, "parent_rss_mib": round(parent_rss, 1), "baseline_restore_ms": baseline_ms, "forks": []
+        "size_mib": size, "parent_rss_mib": round(parent_rss, 1), "baseline_restore_ms": baseline_ms,
+        "baseline_cpu_ms": baseline_cpu_ms, "forks": [],
     }  # fmt: skip
     for n in counts:
         children = [(f"bench-child-{n}-{i}", b if i % 2 == 0 else c) for i in range(n)]
@@ -94,20 +120,25 @@ def run(size: int, counts: list[int], a: Node, b: Node, c: Node) -> dict[str, An
             done = [pool.submit(restore, i, child, node, n) for i, (child, node) in enumerate(children)]
             running = max(f.result() for f in done)
         all_running_ms = round((running - started) * 1000, 1)
-        for child, node in children:
-            _resident(node, child)
-        all_resident_ms = _ms(started)
         time.sleep(1.0)  # idle
         held = sum(rss_mib(_python_child(node.get(child).pid)) for child, node in children)
+        held += daemons_rss_mib()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(lambda pair: pair[1].arrivals.settle(pair[0]), children))
+        all_whole_ms = _ms(started)
         for child, node in children:
             node.delete(child)
+        floor_ms = n * baseline_cpu_ms / (os.cpu_count() or 1)
         fork = {
             "children": n,
             "all_running_ms": all_running_ms,
             "running_vs_one_restore": round(all_running_ms / baseline_ms, 2),
-            "all_resident_ms": all_resident_ms,
+            "cpu_floor_ms": round(floor_ms, 1),
+            "running_vs_cpu_floor": round(all_running_ms / floor_ms, 2),
             "children_rss_mib": round(held, 1),
             "rss_vs_parent": round(held / parent_rss, 2),
+            "all_whole_ms": all_whole_ms,
         }
         entry["forks"].append(fork)
         print(json.dumps({"size_mib": size, **fork}), flush=True)
@@ -117,14 +148,19 @@ def run(size: int, counts: list[int], a: Node, b: Node, c: Node) -> dict[str, An
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        f"{'size':>6} {'N':>3} {'running ms':>11} {'x 1 restore':>12} {'resident ms':>12} {'RSS MiB':>8} {'x parent':>9}"
+        f"{'size':>6} {'N':>3} {'running ms':>11} {'x 1 restore':>12} {'x CPU floor':>12} {'RSS MiB':>8}"
+        f" {'x parent':>9} {'whole ms':>9}"
     ]
     for r in results:
-        lines.append(f"{r['size_mib']:>6} {'1r':>3} {r['baseline_restore_ms']:>11} {'1.00':>12}")
+        lines.append(
+            f"{r['size_mib']:>6} {'1r':>3} {r['baseline_restore_ms']:>11} {'1.00':>12}"
+            f" {'(' + str(r['baseline_cpu_ms']) + ' ms CPU)':>12}"
+        )
         for f in r["forks"]:
             lines.append(
                 f"{r['size_mib']:>6} {f['children']:>3} {f['all_running_ms']:>11} {f['running_vs_one_restore']:>12}"
-                f" {f['all_resident_ms']:>12} {f['children_rss_mib']:>8} {f['rss_vs_parent']:>9}"
+                f" {f['running_vs_cpu_floor']:>12} {f['children_rss_mib']:>8} {f['rss_vs_parent']:>9}"
+                f" {f['all_whole_ms']:>9}"
             )
     return "\n".join(lines)
 

@@ -114,6 +114,17 @@ class SnapshotReader:
                 self._opened[path] = StoredFile(self.store._chunks, self.snapshot_id, entry, None)
             return self._opened[path]
 
+    def unlock(self) -> None:
+        """Release the store lock and read on without it: for a reader that lives as long as a
+        fork child's held memory, which may be hours, where the lock would keep garbage
+        collection off the whole store. The caller vouches that nothing collects the snapshot
+        meanwhile (the control plane keeps a fork's snapshot while any child of it lives); a
+        chunk gone anyway reads as SnapshotCorrupt, never as wrong bytes."""
+        with self._guard:
+            lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
     def close(self) -> None:
         """Close every file opened here and release the lock."""
         with self._guard:

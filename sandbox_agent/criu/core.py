@@ -157,9 +157,10 @@ class Criu:
             os.close(netns)
         return int(answer.restore.pid)
 
-    def lazy_pages(self, images: Path, work: Path, server: lazy.PageServer) -> lazy.Daemon:
-        """Start CRIU's lazy-pages daemon for one restore, fed by `server`."""
-        return lazy.Daemon(self.binary, images, work, server)
+    def lazy_pages(self, images: Path, work: Path, server: lazy.PageServer, *, hold: bool) -> lazy.Daemon:
+        """Start CRIU's lazy-pages daemon for one restore, fed by `server`; with `hold`, only
+        the pages faulted on until it is released."""
+        return lazy.Daemon(self.binary, images, work, server, hold=hold)
 
     def _shared(self, root: Path, mounts: Mounts, log_file: str) -> rpc.criu_opts:
         """The options a dump and a restore share."""

@@ -10,6 +10,12 @@ request fetches only the chunks under it, every chunk verified against its hash 
 What the restore itself reads (the small images, and the pages CRIU keeps eager: stacks, the
 vDSO's neighbours) is written first, by `prepare`.
 
+A transfer may be held (`Transfer(hold=True)`, CRIU's `--lazy-pages-hold`, a Stasis patch): the
+daemon then fetches only the pages the sandbox faults on, and nothing in the background, until
+`release`, or until the sandbox faulted HELD_BYTES in (it is busy, not idle). A fork's idle children so hold what they touch, not a copy of the parent's memory
+each. A held sandbox's memory is incomplete for as long as it runs held: whatever reads all of it
+(a checkpoint) releases it first and waits for the rest.
+
 Which pages are lazy, and where each lies, CRIU's pagemap images say (`pagemap`).
 
 A page that cannot be served (a chunk missing or corrupt, the store unreachable, the daemon
@@ -48,6 +54,9 @@ PS_IOV_GET = 7
 PS_IOV_CLOSE = 0x1023
 PS_IOV_FORCE_CLOSE = 0x1024
 PS_CMD_BITS = 16
+HELD_BYTES = 32 << 20
+"""A held transfer is released once its sandbox faulted this much in: it is busy, not idle, and
+would touch the rest page by page, each a round trip through the page server."""
 SOCKET_WAIT_S = 10.0
 """How long the lazy-pages daemon may take to open the socket the restore hands it tasks on."""
 
@@ -112,7 +121,8 @@ class PageServer:
     """Serves the lazy-pages daemon its pages from the snapshot store, on a thread of its own.
 
     `fault(message)` is called, before the daemon hears of it, when a page cannot be served;
-    it must stop the sandbox. `error` then says why, and `done` is set either way.
+    it must stop the sandbox. `error` then says why, and `done` is set either way. `busy()` is
+    called once it served `busy_after` bytes: a held transfer is then released (`Transfer`).
     """
 
     def __init__(
@@ -120,12 +130,18 @@ class PageServer:
         memory: Future[dict[int, Memory]],
         stored: Callable[[str], Readable],
         fault: Callable[[str], None],
+        busy: Callable[[], None] = lambda: None,
+        busy_after: int = 0,
     ) -> None:
         self._memory = memory
         """The processes' memory, as `prepare` gives it: no page is asked for before CRIU's
         restore, which waits for it (`Transfer.ready`)."""
         self._stored = stored
         self._fault = fault
+        self._busy = busy
+        self._busy_after = busy_after
+        self.served = 0
+        """Bytes of pages served so far."""
         self._ours, self.theirs = socket.socketpair()
         self.failure: Exception | None = None
         """Why a page could not be served (the snapshot store's own error, when it was the cause)."""
@@ -182,6 +198,9 @@ class PageServer:
         views = self._stored(memory.pages_file).read_views(run.offset + first * PAGE, count * PAGE)
         answer = HEADER.pack((PE_PRESENT << PS_CMD_BITS) | PS_IOV_ADD_F, count, vaddr, pid)
         _send_all(self._ours, [memoryview(answer), *views])
+        before, self.served = self.served, self.served + count * PAGE
+        if before < self._busy_after <= self.served:
+            self._busy()
 
     def _receive(self, size: int) -> bytes | None:
         data = b""
@@ -213,7 +232,9 @@ _IOV_MAX = 1024
 class Daemon:
     """CRIU's lazy-pages daemon for one restore, fed by a `PageServer`."""
 
-    def __init__(self, criu: str, images: Path, work: Path, server: PageServer) -> None:
+    def __init__(
+        self, criu: str, images: Path, work: Path, server: PageServer, *, hold: bool = False
+    ) -> None:
         self.work = work
         self.log = work / "lazy-pages.log"
         fd = server.theirs.fileno()
@@ -221,6 +242,7 @@ class Daemon:
             [
                 criu, "lazy-pages", "--images-dir", str(images), "--work-dir", str(work),
                 "--page-server", "--ps-socket", str(fd), "--log-file", self.log.name, "-v2",
+                *(["--lazy-pages-hold"] if hold else []),
             ],
             pass_fds=[fd],
             stdin=subprocess.DEVNULL,
@@ -229,6 +251,13 @@ class Daemon:
             process_group=0,  # a group of its own, which `stop` kills whole
         )  # fmt: skip
         server.theirs.close()  # the daemon holds its end now
+
+    def release(self) -> None:
+        """End a hold: the daemon then fetches the rest of the memory in the background. The
+        daemon blocks the signal from its start, before the socket `wait_ready` waits for."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGUSR1)
 
     def wait_ready(self) -> None:
         """Until the daemon listens for the restore's tasks (its socket in the work dir)."""
@@ -258,7 +287,7 @@ class Daemon:
 class DaemonStarter(Protocol):
     """What starts CRIU's lazy-pages daemon (`core.Criu`)."""
 
-    def lazy_pages(self, images: Path, work: Path, server: PageServer) -> Daemon: ...
+    def lazy_pages(self, images: Path, work: Path, server: PageServer, *, hold: bool) -> Daemon: ...
 
 
 class Transfer:
@@ -270,18 +299,34 @@ class Transfer:
         memory: Future[dict[int, Memory]],
         stored: Callable[[str], Readable],
         fault: Callable[[str], None],
+        *,
+        hold: bool = False,
     ) -> None:
         self.memory = memory
         """`prepare`'s result: the restore's other work goes on while it writes the pages CRIU
         restores itself."""
-        self.server = PageServer(memory, stored, fault)
+        self.server = PageServer(
+            memory, stored, fault, busy=self.release, busy_after=HELD_BYTES if hold else 0
+        )
         self.daemon: Daemon | None = None
+        self.hold_asked = hold
+        """Whether it was started held (its sandbox is not busy while its memory arrives)."""
+        self.held = hold
+        """Whether only the pages faulted on arrive, until `release`."""
+        self.abandoned = False
+        """Stopped because its sandbox went (`abandon`): no page was missed."""
 
     def start(self, criu: DaemonStarter, images: Path, work: Path) -> None:
         """Serve, and start the daemon for the restore's tasks (`runc restore --lazy-pages
         --work-path work`: they meet on a socket in that directory); `ready` waits for it."""
         self.server.start()
-        self.daemon = criu.lazy_pages(images, work, self.server)
+        self.daemon = criu.lazy_pages(images, work, self.server, hold=self.held)
+
+    def release(self) -> None:
+        """Let the rest of the memory arrive, if it was held."""
+        if self.held and self.daemon is not None:
+            self.daemon.release()
+        self.held = False
 
     def ready(self) -> None:
         """Until the memory is prepared and the daemon listens for the restore's tasks; if
@@ -312,6 +357,12 @@ class Transfer:
         if code != 0:
             return f"CRIU's lazy-pages daemon failed (exit {code}): {self.daemon.log_tail()}"
         return ""
+
+    def abandon(self) -> None:
+        """Stop the transfer of a sandbox that is gone. CRIU's daemon hears nothing of a
+        process's exit while it is held: it would wait for faults for good."""
+        self.abandoned = True
+        self.abort()
 
     def abort(self) -> None:
         if self.daemon is not None:

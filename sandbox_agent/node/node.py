@@ -134,13 +134,16 @@ class Node:
         """Freeze, dump memory and the writable layer into dest; then thaw, or stop and free the node.
 
         Memory and layer are captured in one freeze, so files match memory. A failed
-        checkpoint leaves the sandbox running and dest absent.
+        checkpoint leaves the sandbox running and dest absent. A fork child's held memory is let
+        in first (`Arrivals.settle`).
         """
+        self.arrivals.settle(sandbox_id)
         return checkpoint.checkpoint_to_dir(self.ctx, sandbox_id, dest, leave_running=leave_running)
 
     def checkpoint_to_store(
         self, sandbox_id: str, target: SnapshotTarget, *, leave_running: bool
     ) -> tuple[ckpt.CheckpointImage, Manifest]:
+        self.arrivals.settle(sandbox_id)
         return checkpoint.checkpoint_to_store(self.ctx, sandbox_id, target, leave_running=leave_running)
 
     def restore(
@@ -187,6 +190,7 @@ class Node:
 
     def delete(self, sandbox_id: str) -> None:
         remove.delete(self.ctx, sandbox_id)
+        self.arrivals.forget(sandbox_id)
 
     def get(self, sandbox_id: str) -> SandboxStatus:
         return self.sandboxes.status(self.sandboxes.record(sandbox_id))

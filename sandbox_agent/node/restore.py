@@ -25,6 +25,7 @@ from sandbox_agent.criu import lazy, pagemap
 from sandbox_agent.criu.userfaultfd import UserfaultfdGrant
 from sandbox_agent.errors import (
     AlreadyExists,
+    Busy,
     CheckpointCorrupt,
     FailedPrecondition,
     ImageMismatch,
@@ -46,6 +47,8 @@ from snapshots import SnapshotCorrupt, StoredFile, collector_paused
 
 log = logging.getLogger(__name__)
 
+SETTLE_S = 120.0
+"""How long a checkpoint waits for a held sandbox's memory once it released it."""
 CLOSE_REMOVE_S = 10.0
 """How long `close` waits for a sandbox to be removed once it stopped the sandbox's memory."""
 
@@ -143,6 +146,10 @@ class Arrivals:
         (`lazy.Transfer`). Until every page is in, the sandbox stays busy (no checkpoint
         meanwhile), and a page that cannot be had removes it.
 
+        A fork child's memory is held (`lazy.Transfer(hold=True)`): only the pages it touches
+        arrive, so a fork's idle children hold what they use, not the parent's memory each. It is
+        not busy meanwhile; a checkpoint first lets the rest arrive (`settle`).
+
         Until the sandbox runs, Python's cyclic collector is held off (`collector_paused`): the
         restore allocates enough to set a collection off, which walks every object the agent made
         since it started (`set_aside_startup_objects`)."""
@@ -172,6 +179,7 @@ class Arrivals:
         timeline = Timeline(sandbox_id, ctx.hooks)
         with self._lock:
             lazily = self.lazily and snapshot_id not in self._eager_next
+        held = lazily and identity.fork is not None
         leave_out: Callable[[str], object] = PAGES.fullmatch if lazily else lambda path: False
         reader = store.reader(snapshot_id, manifest_digest)
 
@@ -218,7 +226,9 @@ class Arrivals:
                     raise SnapshotCorrupt(snapshot_id, ckpt.CRIU_DIR, None, problem)
             if not lazily:
                 return checkpoint, None
-            return checkpoint, lazy.Transfer(fetching, images, fault=lambda _: stop_quietly(ctx, sandbox_id))
+            return checkpoint, lazy.Transfer(
+                fetching, images, fault=lambda _: stop_quietly(ctx, sandbox_id), hold=held
+            )
 
         def release() -> None:
             wait([fetching])  # its files are not removed under it
@@ -229,7 +239,7 @@ class Arrivals:
         try:
             status, transfer = _restore(
                 ctx, sandbox_id, head.result(), timeline, image=image, source=snapshot_id, fetched=fetched,
-                keep_busy=lazily, identity=identity,
+                keep_busy=lazily and not held, identity=identity,
             )  # fmt: skip
         except BaseException:
             release()
@@ -237,6 +247,8 @@ class Arrivals:
         if transfer is None:
             release()
             return status
+        if held:
+            reader.unlock()
         layout = ctx.sandboxes.layout(sandbox_id)
         if transfer.failure is not None:  # failed while the restore was finishing
             self._memory_arrives(sandbox_id, snapshot_id, layout, transfer, timeline, release)
@@ -268,7 +280,9 @@ class Arrivals:
                 error = transfer.wait()
             finally:
                 release()
-            if error:
+            if transfer.abandoned:
+                log.info("node %s stopped the held memory of sandbox %s, which is gone", ctx.name, sandbox_id)
+            elif error:
                 log.error("node %s removes sandbox %s: %s", ctx.name, sandbox_id, error)
                 if isinstance(transfer.failure, SnapshotCorrupt):
                     with self._lock:
@@ -287,16 +301,45 @@ class Arrivals:
             layout.arriving.unlink(missing_ok=True)
             with self._lock:
                 arriving = self._arriving.pop(sandbox_id, None)
-            ctx.sandboxes.done(sandbox_id)
+            if not transfer.hold_asked:
+                ctx.sandboxes.done(sandbox_id)  # it was kept busy until now
             if arriving is not None:
                 arriving[0].set()
 
+    def settle(self, sandbox_id: str, timeout_s: float = SETTLE_S) -> None:
+        """Before an operation that reads all of a sandbox's memory (a checkpoint): if it is
+        held, let the rest arrive and wait for it. A sandbox whose memory is arriving unheld is
+        busy, and the operation is refused as before."""
+        with self._lock:
+            arriving = self._arriving.get(sandbox_id)
+        if arriving is None or not arriving[1].hold_asked:
+            return
+        arrived, transfer = arriving
+        transfer.release()
+        if not arrived.wait(timeout_s):
+            raise Busy(
+                f"sandbox {sandbox_id!r} on node {self.ctx.name} still lacks memory "
+                f"{timeout_s:.0f} s after its hold was released"
+            )
+
+    def forget(self, sandbox_id: str) -> None:
+        """After a sandbox is removed: stop its held transfer, which would wait for faults
+        for good (CRIU's daemon hears nothing of its processes' exit while held)."""
+        with self._lock:
+            arriving = self._arriving.get(sandbox_id)
+        if arriving is not None and arriving[1].hold_asked:
+            arriving[1].abandon()
+            arriving[0].wait(CLOSE_REMOVE_S)
+
     def close(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for memory still arriving, then remove each sandbox that still
-        lacks some. Its pages would read as zeros without this agent."""
+        """Release every held transfer, wait up to `timeout_s` for memory still arriving, then
+        remove each sandbox that still lacks some. Its pages would read as zeros without this
+        agent."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             arriving = dict(self._arriving)
+        for _, transfer in arriving.values():
+            transfer.release()
         for arrived, _ in arriving.values():
             arrived.wait(max(0.0, deadline - time.monotonic()))
         late = {sandbox_id: pair for sandbox_id, pair in arriving.items() if not pair[0].is_set()}

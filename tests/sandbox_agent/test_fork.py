@@ -5,6 +5,7 @@ parent's node and on another, all running at once beside the parent."""
 from __future__ import annotations
 
 import re
+import signal
 import struct
 import time
 from collections.abc import Callable
@@ -25,10 +26,12 @@ from sandbox_agent import (
     SandboxStatus,
 )
 from sandbox_agent.criu import images as criu_images
+from sandbox_agent.criu import lazy
 from sandbox_agent.node import SnapshotTarget
 from sandbox_agent.node.identity import machine_id
+from snapshots import RetentionPolicy, SnapshotStore
 from tests.sandbox_agent import programs
-from tests.sandbox_agent.conftest import NodeFactory, TcpServer, recorded, staged, wait_for_log
+from tests.sandbox_agent.conftest import NodeFactory, TcpServer, lazy_daemons, recorded, staged, wait_for_log
 
 GATEWAY = "169.254.1.1"
 Ticks = list[dict[str, Any]]
@@ -275,3 +278,80 @@ def test_the_uts_namespace_image_is_renamed_and_a_damaged_one_refused(tmp_path: 
     (tmp_path / "utsns-12.img").unlink()
     with pytest.raises(ValueError, match="no UTS namespace"):
         criu_images.rename_host(tmp_path, "child-7")
+
+
+QUIET = r"""
+import hashlib, random, signal, sys, time
+buf = bytearray(random.Random(1234).randbytes(int(sys.argv[1]) << 20))
+def report(*_):
+    print("sha", hashlib.sha256(buf).hexdigest(), flush=True)
+signal.signal(signal.SIGUSR1, report)
+report()
+while True:
+    time.sleep(0.05)
+"""
+"""Memory it touches only when asked (SIGUSR1), to report its checksum."""
+
+
+def _rss_mib(node: Node, sandbox_id: str) -> float:
+    """The resident set of the sandbox's program (its init's only child)."""
+    init = node.get(sandbox_id).pid
+    child = int(Path(f"/proc/{init}/task/{init}/children").read_text().split()[0])
+    status = Path(f"/proc/{child}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def _reported(node: Node, sandbox_id: str, count: int) -> str:
+    """Ask the program for its memory's checksum; the checksum it reports."""
+    node.kill(sandbox_id, signal.SIGUSR1)
+    log = wait_for_log(node, sandbox_id, lambda t: t.count("sha ") >= count, timeout=60)
+    return re.findall(r"sha (\w+)", log)[-1]
+
+
+@pytest.mark.timeout(240)
+def test_a_childs_memory_arrives_as_it_touches_it_and_whole_before_its_checkpoint(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    """A fork child's memory is held: it runs, not busy, holding only the pages it touched (a
+    fork's idle children so cost a fraction of the parent each). Its checkpoint lets the rest in
+    first, so the snapshot holds the memory whole; a child that touches much is let have the rest
+    at once; and removing a held child stops its CRIU daemon, which would wait for faults for good."""
+    a, b = _nodes(make_node, tmp_path)
+    size = 2 * lazy.HELD_BYTES >> 20  # a child that reads all of it is let have the rest
+    a.create("quiet-r1", SandboxSpec(image="base", command=("python3", "-c", QUIET, str(size))))
+    sha = re.findall(r"sha (\w+)", wait_for_log(a, "quiet-r1", lambda t: "sha " in t))[0]
+    a.checkpoint_to_store("quiet-r1", SnapshotTarget("quiet-s1", "quiet", 1, "fork"), leave_running=False)
+    digest = recorded(a, "quiet-s1")
+
+    def child(index: int) -> SandboxStatus:
+        mark = ForkMark(f"quiet-c{index}", "quiet", "quiet-s1", index, 3)
+        identity = Identity(address=f"10.201.0.{40 + index}", hostname=f"c{index}", fork=mark)
+        return b.restore_from_store(f"quiet-c{index}-r1", "quiet-s1", digest, identity=identity)
+
+    children = [child(i) for i in range(3)]
+    assert not any(b.get(c.record.id).busy for c in children), "a held child is not busy: it can be used"
+    time.sleep(1.0)
+    assert all(_rss_mib(b, c.record.id) < size / 4 for c in children), "idle, each holds what it touched"
+    assert len(lazy_daemons(b)) == 3, "each child's daemon waits for its faults"
+    with SnapshotStore.open(f"file://{tmp_path}/store") as store:  # nothing held locks it meanwhile
+        store.gc(RetentionPolicy(keep_last=1), resume_points={f"quiet-c{i}": "quiet-s1" for i in range(3)})
+
+    b.checkpoint_to_store(
+        "quiet-c0-r1", SnapshotTarget("quiet-c0-s1", "quiet-c0", 1, "manual"), leave_running=False
+    )
+    assert len(lazy_daemons(b)) == 2, "its checkpoint let the rest of its memory in first"
+    a.restore_from_store("quiet-c0-r2", "quiet-c0-s1", recorded(a, "quiet-c0-s1"))
+    deadline = time.monotonic() + 60
+    while a.get("quiet-c0-r2").busy:  # a plain restore's memory arrives all before its next signal
+        assert time.monotonic() < deadline, "the memory never all arrived"
+        time.sleep(0.05)
+    assert _reported(a, "quiet-c0-r2", 2) == sha, "the child's snapshot holds its memory whole"
+
+    assert _reported(b, "quiet-c1-r1", 2) == sha, "every page it touched arrived right"
+    deadline = time.monotonic() + 60
+    while len(lazy_daemons(b)) > 1:
+        assert time.monotonic() < deadline, "a busy child's memory was held on"
+        time.sleep(0.05)
+
+    b.delete("quiet-c2-r1")
+    assert lazy_daemons(b) == [], "removing a held child stops its daemon"
