@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.client import EpisodeInfo, StasisClient
+from orchestrator.client import EpisodeInfo, StasisClient, TrajectoryInfo, TurnInfo
 from orchestrator.domain import InvalidArgument
 from orchestrator.domain.episode import TERMINAL
 
@@ -68,7 +68,9 @@ def _label(pair: str) -> tuple[str, str]:
 def export(
     client: StasisClient, args: argparse.Namespace, progress: Callable[[str], None]
 ) -> tuple[Path, int, int]:
-    """Write the dataset; returns where, how many episodes and how many rows."""
+    """Write the dataset; returns where, how many episodes and how many rows. A group whose
+    members were all forked from one snapshot writes its trees as one set (`fork_group_rows`):
+    the prefix its members share is trained once."""
     # The trajectory room and pyarrow load only when a dataset is written, not for every command.
     from orchestrator.trajectory import ExportSettings, dataset
 
@@ -80,12 +82,32 @@ def export(
         max_paths=args.max_paths, mask_abandoned=not args.keep_masked, mask_uncertain=not args.keep_masked
     )
     episodes = selected(client, args, progress)
+    forked = {e.forked_from for e in episodes}
+    one_fork = bool(args.group) and args.records == "tree" and len(forked) == 1 and "" not in forked
 
-    def batches() -> Iterator[list[dict[str, Any]]]:
+    def trajectories() -> Iterator[tuple[EpisodeInfo, TrajectoryInfo, list[TurnInfo]]]:
         for e in episodes:
             progress(f"{e.id}: exporting")
             t = client.trajectory(e.id, include_branches=True)
-            turns = [turn for b in [t.main, *t.branches] for turn in b.turns]
+            yield e, t, [turn for b in [t.main, *t.branches] for turn in b.turns]
+
+    def batches() -> Iterator[list[dict[str, Any]]]:
+        if one_fork:
+            members = [
+                dataset.ForkMember(
+                    e.id,
+                    turns,
+                    own=frozenset(turn.id for turn in turns if not turn.shared),
+                    reward=t.reward,
+                    labels=t.labels,
+                    group_index=t.group_index,
+                )
+                for e, t, turns in trajectories()
+            ]
+            parent = episodes[0].fork_parent
+            yield dataset.fork_group_rows(members, parent_id=parent, group_id=args.group, settings=settings)
+            return
+        for e, t, turns in trajectories():
             yield dataset.rows(
                 args.records, e.id, turns, reward=t.reward, labels=t.labels, group_id=t.group_id,
                 group_index=t.group_index, settings=settings, agent_version=_version(),

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from orchestrator.trajectory.exports import ExportSettings, ExportTurn, call_records
 from orchestrator.trajectory.interchange import atif
-from orchestrator.trajectory.trees import tree_samples
+from orchestrator.trajectory.trees import fork_tree_samples, tree_samples
 
 _DEFAULTS = ExportSettings()
 
@@ -108,6 +108,45 @@ def rows(
         )
         return [{**episode, "atif": json.dumps(doc, separators=(",", ":"))} for doc in docs]
     raise ValueError(f"no export of kind {kind!r}: one of {', '.join(KINDS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkMember:
+    """One fork child of a group exported as one set of trees (`fork_group_rows`)."""
+
+    episode_id: str
+    turns: Sequence[ExportTurn]
+    """Its trajectory's turns, the ones it shares with its fork's parent included."""
+    own: frozenset[int]
+    """The ids of the turns it recorded itself (not shared)."""
+    reward: float | None = None
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    group_index: int = 0
+
+
+def fork_group_rows(
+    members: Sequence[ForkMember],
+    *,
+    parent_id: str,
+    group_id: str = "",
+    settings: ExportSettings = _DEFAULTS,
+) -> list[dict[str, Any]]:
+    """The tree rows of the fork children of one snapshot (a GRPO group forked from a set-up) as
+    one export (`fork_tree_samples`): the prefix they share with their parent, `parent_id`, is
+    trained once, with the trees' weights. A stream is the row of the member whose turn ends it
+    (its episode id, reward, labels and index); one of shared turns alone (a path of the
+    parent's that no member's holds) is the parent's, with no reward and index -1."""
+    owner = {turn_id: m for m in members for turn_id in m.own}
+    out = []
+    for stream in fork_tree_samples([m.turns for m in members], settings).streams:
+        m = owner.get(stream.turn_ids[-1])
+        episode = {
+            "episode_id": m.episode_id if m else parent_id, "reward": m.reward if m else None,
+            "labels": dict(m.labels) if m else {}, "group_id": group_id,
+            "group_index": m.group_index if m else -1,
+        }  # fmt: skip
+        out.append({**episode, **dataclasses.asdict(stream)})
+    return out
 
 
 def write(kind: str, fmt: str, dest: Path, episode_rows: Iterable[list[dict[str, Any]]]) -> int:

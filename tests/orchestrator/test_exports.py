@@ -421,7 +421,10 @@ class _Client:
 
     def episodes(self, states: Sequence[str] = (), labels: dict[str, str] | None = None) -> list[Any]:
         self.asked.append({"states": list(states), "labels": labels})
-        return [SimpleNamespace(id="ep", finished_at=100.0), SimpleNamespace(id="late", finished_at=200.0)]
+        return [
+            SimpleNamespace(id=e, finished_at=at, forked_from="", fork_parent="")
+            for e, at in (("ep", 100.0), ("late", 200.0))
+        ]
 
     def groups(self, group_id: str = "") -> list[Any]:
         if group_id not in ("", "g"):
@@ -516,3 +519,42 @@ def test_the_export_flags_parse_times() -> None:
         parser().parse_args(["trajectories", "export", "-o", "x", "--since", "yesterday"])
     with pytest.raises(InvalidArgument, match="max-paths"):
         _export("-o", "x.parquet", "--max-paths", "0")
+
+
+class _ForkedClient(_Client):
+    """Members 0 and 1 of group g forked from one snapshot of ep-p: each trajectory starts with
+    ep-p's turn 1, shared, and goes on with turns of its own."""
+
+    def episodes(self, states: Sequence[str] = (), labels: dict[str, str] | None = None) -> list[Any]:
+        return [
+            SimpleNamespace(id=e, finished_at=at, forked_from="ep-p-s1", fork_parent="ep-p")
+            for e, at in (("ep", 100.0), ("late", 200.0))
+        ]
+
+    def trajectory(self, episode_id: str, include_branches: bool = False) -> TrajectoryInfo:
+        shared = _turn(1, [10, 11], shared=True, episode_id="ep-p")
+        own = {"late": [_turn(2, [12], shared)], "ep": [_turn(3, [20, 21], shared)]}[episode_id]
+        return _trajectory_info([shared, *own], "g", _MEMBERS[episode_id])
+
+
+@pytest.mark.timeout(30)
+def test_a_group_forked_from_one_snapshot_exports_as_one_set_of_trees(tmp_path: Path) -> None:
+    """Its members' shared prefix is one prefix of one tree, trained once; each stream is the row
+    of the member whose turn ends it, with that member's index."""
+    dest = tmp_path / "g.jsonl"
+    args = parser().parse_args(["trajectories", "export", "-o", str(dest), "--group", "g"])
+    _, episodes, count = export(_ForkedClient(), args, progress=lambda _: None)
+    lines = [json.loads(line) for line in dest.read_text().splitlines()]
+    assert (episodes, count) == (2, 2)
+    assert [(r["episode_id"], r["group_index"], r["turn_ids"]) for r in lines] == [
+        ("late", 0, [1, 2]),
+        ("ep", 1, [1, 3]),
+    ]
+    (start, end), _ = lines[0]["spans"]
+    assert [r["loss_mask"][start:end] for r in lines] == [[1, 1], [0, 0]], "the shared turn trained once"
+    assert [r["weights"][start:end] for r in lines] == [[1.0, 1.0]] * 2
+    # Calls are each member's own, as before.
+    args = parser().parse_args(
+        ["trajectories", "export", "-o", str(dest), "--group", "g", "--records", "calls"]
+    )
+    assert export(_ForkedClient(), args, progress=lambda _: None)[2] == 4

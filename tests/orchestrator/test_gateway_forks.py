@@ -15,6 +15,7 @@ import pytest
 from orchestrator.domain import Episode, EpisodeState
 from orchestrator.reference_model import ReferenceModelServer, ReferenceModelSettings
 from orchestrator.trajectory import ForkOrigin, fork_tree_samples, tree_samples
+from orchestrator.trajectory.dataset import ForkMember, fork_group_rows
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
 from tests.orchestrator.onpolicy import assert_on_policy
 from tests.orchestrator.test_tokens import TOKENS
@@ -206,6 +207,18 @@ def test_fork_children_share_the_prefix_and_sample_their_own_first_turns(
         assert stream.logprobs[start:end] == first.logprobs, "the child's own samples"
     alone = tree_samples(members[0])
     assert [s.turn_ids for s in alone.streams] == [[*(t.id for t in prefix), firsts[0].id]]
+    # Exported as the group they are, each stream is its child's row, with its reward.
+    group = [
+        ForkMember(
+            f"ep-c{i}", turns, own=frozenset(t.id for t in turns if not t.shared), reward=i / n, group_index=i
+        )
+        for i, turns in enumerate(members)
+    ]
+    rows = fork_group_rows(group, parent_id="ep-p", group_id="g")
+    assert [(r["episode_id"], r["reward"], r["group_index"], r["group_id"]) for r in rows] == [
+        (f"ep-c{i}", i / n, i, "g") for i in range(n)
+    ]
+    assert [r["loss_mask"] for r in rows] == [s.loss_mask for s in trees.streams], "the prefix trained once"
 
     # A child's next turn continues its own: no other episode's turn is its parent.
     _step(world, conversations[0], CHILDREN[0])

@@ -306,7 +306,8 @@ def add_episode_commands(sub: Subparsers) -> None:
         "--group",
         default="",
         metavar="GROUP",
-        help="only the members of this GRPO group, in index order; empty: any episode",
+        help="only the members of this GRPO group, in index order (a group forked from one snapshot "
+        "writes its tree records as one set of trees: the prefix its members share, once); empty: any episode",
     )
     tx.add_argument(
         "--max-paths", type=int, default=5, help="streams kept per tree (tree records; default %(default)s)"
