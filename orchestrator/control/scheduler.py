@@ -105,10 +105,13 @@ def occupies_node(e: Episode) -> bool:
 
 
 def usable_for(e: Episode, node: NodeRecord) -> bool:
-    """A node may take the episode if it caches the image or can pull it from a registry."""
+    """A node may take the episode if it caches the image or can pull it from a registry, and,
+    for a fork child restoring its fork, if it restores a snapshot as another sandbox."""
     image = e.spec.image
-    return (not e.pinned_node or e.pinned_node == node.name) and (
-        node.has_image(image) or is_reference(image)
+    return (
+        (not e.pinned_node or e.pinned_node == node.name)
+        and (node.has_image(image) or is_reference(image))
+        and (node.restores_forks or not e.restores_its_fork)
     )
 
 

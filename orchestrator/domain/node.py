@@ -29,6 +29,8 @@ class NodeRecord:
     disk_mb: int = 0
     """Disk the node offers sandboxes (their layers and a checkpoint's staging); 0 if it does
     not say (an agent from before it counted), and then disk does not limit placement."""
+    restores_forks: bool = False
+    """Whether it restores a snapshot as another sandbox, a fork child (its agent says so)."""
 
     def has_image(self, ref: str) -> bool:
         return ref in self.images or any(ref in names for names in self.images.values())

@@ -12,6 +12,7 @@ from orchestrator.state.sql import Connection, Sql
 
 COLUMNS = (
     "name", "address", "state", "backend", "slots", "memory_mb", "images", "labels", "registered_at", "disk_mb",
+    "restores_forks",
 )  # fmt: skip
 """The columns of `nodes`, in the order of `records.node_row`."""
 

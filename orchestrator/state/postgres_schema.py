@@ -124,10 +124,12 @@ CREATE TABLE IF NOT EXISTS nodes (
     images TEXT NOT NULL,
     labels TEXT NOT NULL,
     registered_at DOUBLE PRECISION NOT NULL,
-    disk_mb BIGINT NOT NULL DEFAULT 0
+    disk_mb BIGINT NOT NULL DEFAULT 0,
+    restores_forks BOOLEAN NOT NULL DEFAULT FALSE
 );
--- Nodes registered before the disk was counted.
+-- Nodes registered before the disk was counted, or before forks.
 ALTER TABLE nodes ADD COLUMN IF NOT EXISTS disk_mb BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN IF NOT EXISTS restores_forks BOOLEAN NOT NULL DEFAULT FALSE;
 CREATE TABLE IF NOT EXISTS images (
     name TEXT COLLATE "C" PRIMARY KEY,
     reference TEXT NOT NULL,

@@ -128,6 +128,7 @@ def node_row(node: NodeRecord, state: NodeState) -> tuple[Any, ...]:
     return (
         node.name, node.address, str(state), node.backend, node.slots, node.memory_mb,
         json.dumps(node.images), json.dumps(node.labels), node.registered_at, node.disk_mb,
+        node.restores_forks,
     )  # fmt: skip
 
 
@@ -143,6 +144,7 @@ def node_from_row(row: Mapping[str, Any]) -> NodeRecord:
         labels=json.loads(row["labels"]),
         registered_at=row["registered_at"],
         disk_mb=row["disk_mb"],
+        restores_forks=bool(row["restores_forks"]),
     )
 
 

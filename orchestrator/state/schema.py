@@ -105,7 +105,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     images TEXT NOT NULL,
     labels TEXT NOT NULL,
     registered_at REAL NOT NULL,
-    disk_mb INTEGER NOT NULL DEFAULT 0
+    disk_mb INTEGER NOT NULL DEFAULT 0,
+    restores_forks INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS images (
     name TEXT PRIMARY KEY,

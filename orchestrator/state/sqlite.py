@@ -48,6 +48,9 @@ def _migrate(database: Database) -> None:
     if "disk_mb" not in {r["name"] for r in db.execute("PRAGMA table_info(nodes)")}:
         # a state directory from before nodes offered their disk
         db.execute("ALTER TABLE nodes ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0")
+    if "restores_forks" not in {r["name"] for r in db.execute("PRAGMA table_info(nodes)")}:
+        # from before forks: its nodes restore none until they register again
+        db.execute("ALTER TABLE nodes ADD COLUMN restores_forks INTEGER NOT NULL DEFAULT 0")
     if "manifest_digest" not in {r["name"] for r in db.execute("PRAGMA table_info(snapshots)")}:
         # from before manifests were digested: never restored
         db.execute("ALTER TABLE snapshots ADD COLUMN manifest_digest TEXT NOT NULL DEFAULT ''")

@@ -117,7 +117,7 @@ def node_info_pb(node: Node, sandboxes: list[SandboxStatus] | None = None) -> pb
         name=node.name, backend=node.backend.name, criu_version=node.ctx.criu_version,
         images=node.images.list(),
         running=sum(1 for st in sandboxes if st.state != SandboxState.EXITED),
-        disk_mb=node.disk.capacity_mb,
+        disk_mb=node.disk.capacity_mb, restores_forks=node.backend.checkpoints.places_files,
     )  # fmt: skip
 
 

@@ -44,8 +44,9 @@ class Loop:
     def register(self, *names: str) -> None:
         for name in names:
             node = NodeRecord(
-                name, f"{name}:1", NodeState.READY, "runc", 2, 8192, {"sha256:b": ["base"]}, {}, 0
-            )
+                name, f"{name}:1", NodeState.READY, "runc", 2, 8192, {"sha256:b": ["base"]}, {}, 0,
+                restores_forks=True,
+            )  # fmt: skip
             self.control.members.registered(node, [])
 
     def node(self, name: str) -> FakeAgent:

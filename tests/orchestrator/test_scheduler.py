@@ -28,10 +28,12 @@ def node(
     state: NodeState = NodeState.READY,
     images: tuple[str, ...] = ("base",),
     disk_mb: int = 0,
+    restores_forks: bool = True,
 ) -> NodeRecord:
     return NodeRecord(
         name=name, address="", state=state, backend="runc", slots=slots, memory_mb=memory_mb,
         images={f"sha256:{i}": [i] for i in images}, labels={}, registered_at=0, disk_mb=disk_mb,
+        restores_forks=restores_forks,
     )  # fmt: skip
 
 
@@ -82,6 +84,21 @@ def test_a_registry_image_goes_where_it_is_cached_else_anywhere_it_fits() -> Non
         "no node caches it: the freest pulls it"
     )
     assert scheduler.plan([episode("e3", image="unpullable-name")], cached, NOW) == []
+
+
+def test_a_fork_child_restores_its_fork_only_on_a_node_that_restores_forks() -> None:
+    """A node whose agent does not restore a snapshot as another sandbox (one from before forks,
+    or the Docker backend) would restore the child as its parent; once the child has a snapshot
+    of its own, any node may restore that."""
+    old, new = node("old", slots=5, restores_forks=False), node("new")
+    fork = {"forked_from": "p-s1", "fork_parent": "p"}
+    child = episode("child", EpisodeState.PREEMPTED, last_snapshot_id="p-s1", **fork)
+    (decision,) = scheduler.plan([child], [old, new], NOW)
+    assert isinstance(decision, scheduler.RestoreDecision) and decision.node == "new"
+    assert scheduler.plan([child], [old], NOW) == []
+    moved_on = episode("moved-on", EpisodeState.PREEMPTED, last_snapshot_id="child-s1", snapshots=1, **fork)
+    (decision,) = scheduler.plan([moved_on], [old, new], NOW)
+    assert decision.node == "old", "the freest: its own snapshot restores anywhere"
 
 
 def test_memory_and_pinning_are_respected() -> None:

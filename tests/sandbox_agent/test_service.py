@@ -141,10 +141,11 @@ def test_node_info_through_the_wire_codec_is_the_message_once_built_by_hand(make
         running=sum(1 for st in sandboxes if st.state != SandboxState.EXITED),
         labels=node.settings.labels,
         disk_mb=node.disk.capacity_mb,
+        restores_forks=True,
     )
     info = node_info_pb(node)
     assert info.running == 1 and info.slots == 3 and info.labels == {"zone": "b", "gpu": "none"}
-    assert info.images and info.disk_mb > 0 and info.criu_version
+    assert info.images and info.disk_mb > 0 and info.criu_version and info.restores_forks
     assert info == by_hand
     assert info.SerializeToString(deterministic=True) == by_hand.SerializeToString(deterministic=True)
     assert info.SerializeToString() == by_hand.SerializeToString()

@@ -334,7 +334,7 @@ class Image(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "backend", "criu_version", "slots", "memory_mb", "images", "running", "labels", "disk_mb")
+    __slots__ = ("name", "backend", "criu_version", "slots", "memory_mb", "images", "running", "labels", "disk_mb", "restores_forks")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -351,6 +351,7 @@ class NodeInfo(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     DISK_MB_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_FORKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend: str
     criu_version: str
@@ -360,7 +361,8 @@ class NodeInfo(_message.Message):
     running: int
     labels: _containers.ScalarMap[str, str]
     disk_mb: int
-    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., criu_version: _Optional[str] = ..., slots: _Optional[int] = ..., memory_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., running: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., disk_mb: _Optional[int] = ...) -> None: ...
+    restores_forks: bool
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., criu_version: _Optional[str] = ..., slots: _Optional[int] = ..., memory_mb: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., running: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., disk_mb: _Optional[int] = ..., restores_forks: _Optional[bool] = ...) -> None: ...
 
 class ImportImageRequest(_message.Message):
     __slots__ = ("name", "tarball", "directory", "docker_image")
