@@ -12,9 +12,10 @@ vDSO's neighbours) is written first, by `prepare`.
 
 A transfer may be held (`Transfer(hold=True)`, CRIU's `--lazy-pages-hold`, a Stasis patch): the
 daemon then fetches only the pages the sandbox faults on, and nothing in the background, until
-`release`, or until the sandbox faulted HELD_BYTES in (it is busy, not idle). A fork's idle children so hold what they touch, not a copy of the parent's memory
-each. A held sandbox's memory is incomplete for as long as it runs held: whatever reads all of it
-(a checkpoint) releases it first and waits for the rest.
+`release`, or until the sandbox faulted HELD_BYTES in (it is busy, not idle). A fork's idle
+children so hold what they touch, not a copy of the parent's memory each. A held sandbox's memory
+is incomplete for as long as it runs held: whatever reads all of it (a checkpoint) releases it
+first and waits for the rest.
 
 Which pages are lazy, and where each lies, CRIU's pagemap images say (`pagemap`).
 

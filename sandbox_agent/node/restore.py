@@ -248,7 +248,10 @@ class Arrivals:
             release()
             return status
         if held:
+            # It may be held for hours: the store's lock goes, and so does the staged layer (in
+            # the sandbox now), which would hold the node's disk or memory all that time.
             reader.unlock()
+            (staging / ckpt.LAYER).unlink(missing_ok=True)
         layout = ctx.sandboxes.layout(sandbox_id)
         if transfer.failure is not None:  # failed while the restore was finishing
             self._memory_arrives(sandbox_id, snapshot_id, layout, transfer, timeline, release)

@@ -333,6 +333,9 @@ def test_a_childs_memory_arrives_as_it_touches_it_and_whole_before_its_checkpoin
     time.sleep(1.0)
     assert all(_rss_mib(b, c.record.id) < size / 4 for c in children), "idle, each holds what it touched"
     assert len(lazy_daemons(b)) == 3, "each child's daemon waits for its faults"
+    assert len(staged(b)) == 3 and not any((d / "layer.tar").exists() for d in staged(b)), (
+        "what each keeps staged is CRIU's images alone: its layer is in the sandbox"
+    )
     with SnapshotStore.open(f"file://{tmp_path}/store") as store:  # nothing held locks it meanwhile
         store.gc(RetentionPolicy(keep_last=1), resume_points={f"quiet-c{i}": "quiet-s1" for i in range(3)})
 
