@@ -94,10 +94,7 @@ def rows(
 ) -> list[dict[str, Any]]:
     """An episode's rows of one kind; `group_id` and `group_index` name its GRPO group ("" for
     none) and its index there."""
-    episode = {
-        "episode_id": episode_id, "reward": reward, "labels": dict(labels or {}), "group_id": group_id,
-        "group_index": group_index,
-    }  # fmt: skip
+    episode = _episode(episode_id, reward, labels, group_id, group_index)
     if kind == "tree":
         return [{**episode, **dataclasses.asdict(s)} for s in tree_samples(turns, settings).streams]
     if kind == "calls":
@@ -108,6 +105,16 @@ def rows(
         )
         return [{**episode, "atif": json.dumps(doc, separators=(",", ":"))} for doc in docs]
     raise ValueError(f"no export of kind {kind!r}: one of {', '.join(KINDS)}")
+
+
+def _episode(
+    episode_id: str, reward: float | None, labels: Mapping[str, str] | None, group_id: str, group_index: int
+) -> dict[str, Any]:
+    """The columns every row of an episode starts with."""
+    return {
+        "episode_id": episode_id, "reward": reward, "labels": dict(labels or {}), "group_id": group_id,
+        "group_index": group_index,
+    }  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,11 +147,10 @@ def fork_group_rows(
     out = []
     for stream in fork_tree_samples([m.turns for m in members], settings).streams:
         m = owner.get(stream.turn_ids[-1])
-        episode = {
-            "episode_id": m.episode_id if m else parent_id, "reward": m.reward if m else None,
-            "labels": dict(m.labels) if m else {}, "group_id": group_id,
-            "group_index": m.group_index if m else -1,
-        }  # fmt: skip
+        if m is None:  # the parent's
+            episode = _episode(parent_id, None, None, group_id, -1)
+        else:
+            episode = _episode(m.episode_id, m.reward, m.labels, group_id, m.group_index)
         out.append({**episode, **dataclasses.asdict(stream)})
     return out
 
