@@ -313,9 +313,8 @@ class Arrivals:
         """Before an operation that reads all of a sandbox's memory (a checkpoint): if it is
         held, let the rest arrive and wait for it. A sandbox whose memory is arriving unheld is
         busy, and the operation is refused as before."""
-        with self._lock:
-            arriving = self._arriving.get(sandbox_id)
-        if arriving is None or not arriving[1].hold_asked:
+        arriving = self._held(sandbox_id)
+        if arriving is None:
             return
         arrived, transfer = arriving
         transfer.release()
@@ -328,11 +327,16 @@ class Arrivals:
     def forget(self, sandbox_id: str) -> None:
         """After a sandbox is removed: stop its held transfer, which would wait for faults
         for good (CRIU's daemon hears nothing of its processes' exit while held)."""
-        with self._lock:
-            arriving = self._arriving.get(sandbox_id)
-        if arriving is not None and arriving[1].hold_asked:
+        arriving = self._held(sandbox_id)
+        if arriving is not None:
             arriving[1].abandon()
             arriving[0].wait(CLOSE_REMOVE_S)
+
+    def _held(self, sandbox_id: str) -> tuple[threading.Event, lazy.Transfer] | None:
+        """The sandbox's arrival, if its transfer was started held and is not over."""
+        with self._lock:
+            arriving = self._arriving.get(sandbox_id)
+        return arriving if arriving is not None and arriving[1].hold_asked else None
 
     def close(self, timeout_s: float) -> None:
         """Release every held transfer, wait up to `timeout_s` for memory still arriving, then
