@@ -425,6 +425,7 @@ class StasisService(pb_grpc.StasisServicer):
             episode, pb.Trajectory,
             episode_id=episode.id,
             verifier_log=verification.log.decode(errors="replace") if verification else "",
+            reward_metrics=verification.metrics if verification else {},
             main=branch_to_pb(main) if main else pb.TrajectoryBranch(),
             branches=[branch_to_pb(b) for b in branches if b.id != 0] if include_branches else [],
             labels=episode.spec.labels,

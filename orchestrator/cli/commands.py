@@ -12,8 +12,9 @@ from typing import Any
 from orchestrator.cli import render, serving
 from orchestrator.cli.parser import PLUGIN
 from orchestrator.cli.progress import PullBoard, human_size
-from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file
+from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file, taskimage
 from orchestrator.domain import EpisodeState, InvalidArgument, Role, StasisError
+from orchestrator.task import AGENTS, load_task, task_episode
 
 
 class Subcommands:
@@ -89,6 +90,30 @@ class Subcommands:
                 episodes = c.submit_many([spec] * a.count)
             else:
                 episodes = [c.submit(spec, request_id=a.request_id or None)]
+        for episode in episodes:
+            print(episode.id, file=self.out)
+        return 0
+
+    def task(self) -> int:
+        a = self.args
+        task = load_task(Path(a.directory))
+        if a.task_command == "build":
+            with self.client() as c:
+                name, built = taskimage.ensure_image(
+                    c, task, dict(a.build_arg), self.progress, rebuild=a.rebuild
+                )
+            print(f"{name} {'built' if built else 'cached'}", file=self.out)
+            return 0
+        agent = AGENTS[a.agent](task)
+        if a.request_id and not a.group:
+            raise InvalidArgument("--group", "is required with --request-id")
+        with self.client() as c:
+            image = task.image or taskimage.ensure_image(c, task, dict(a.build_arg), self.progress)[0]
+            spec = task_episode(task, agent, tuple(a.graded), dict(a.label), image)
+            if a.group:
+                episodes = c.submit_group(spec, a.count, a.group, task.name, request_id=a.request_id or None)
+            else:
+                episodes = c.submit_many([spec] * a.count)
         for episode in episodes:
             print(episode.id, file=self.out)
         return 0

@@ -248,6 +248,8 @@ class TrajectoryInfo:
     group_id: str = ""
     """The GRPO group of the episode (empty: none), and its index there."""
     group_index: int = 0
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+    """Named numbers the verifier reported beside the reward (a Harbor task's reward.json)."""
 
     def to_json(self) -> dict[str, Any]:
         """The CLI's JSON: every turn of every branch, main first; the training samples; the
@@ -257,6 +259,7 @@ class TrajectoryInfo:
             "episode_id": self.episode_id,
             "state": str(self.state),
             "reward": self.reward,
+            "reward_metrics": self.reward_metrics,
             "turns": codec.encode(turns),
             "samples": codec.encode(self.samples),
             "prompt_breaks": self.prompt_breaks,

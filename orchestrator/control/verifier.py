@@ -9,6 +9,7 @@ import math
 from orchestrator.control.node_agent import NodeAgents
 from orchestrator.control.operations import default_finish
 from orchestrator.domain import Episode, EpisodeState, PermanentError, StasisError, TemporaryError
+from orchestrator.task import read_reward
 from orchestrator.trajectory import Ledger, Verification
 
 
@@ -48,18 +49,23 @@ class Verifier:
             raise PermanentError(f"{harness}; the verifier could not run: {exc}") from exc
         tail = outcome.log[-4096:]
         reward: float | None = None
+        metrics: dict[str, float] = {}
         if outcome.timed_out:
             problem = f"the verifier ran past reward.timeout_s={spec.timeout_s:g}"
-        elif outcome.exit_code != 0:
+        elif outcome.exit_code != 0 and spec.output == "line":
             problem = f"the verifier crashed with exit code {outcome.exit_code}"
         else:
             try:
-                reward = parse_reward(outcome.log)
+                if spec.output == "harbor":  # the grader's line says how the tests exited
+                    reward, metrics = read_reward(outcome.log)
+                else:
+                    reward = parse_reward(outcome.log)
                 problem = ""
             except ValueError as exc:
                 problem = str(exc)
         self.ledger.verifications.record(
-            e.id, Verification(reward, outcome.exit_code, outcome.timed_out, tail, outcome.duration_ms)
+            e.id,
+            Verification(reward, outcome.exit_code, outcome.timed_out, tail, outcome.duration_ms, metrics),
         )
         if reward is None:
             last = tail.decode(errors="replace").strip().splitlines()[-1:] or [""]

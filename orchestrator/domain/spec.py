@@ -24,6 +24,7 @@ MAX_FILES_BYTES = 16 << 20
 ARGV = {"shape": "a list of strings (argv), e.g. [python3, agent.py]"}
 IMAGE = "an image name such as 'base', a digest sha256:<hex>, or a registry reference host/repo:tag"
 FILES = {"shape": "a mapping of absolute paths to contents"}
+REWARD_OUTPUTS = ("line", "harbor")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class RewardSpec:
     """The verifier's image; empty means the episode's own."""
     timeout_s: float = 600.0
     """A verifier that runs longer is killed and the episode fails."""
+    output: str = "line"
+    """How the reward is read from the verifier's output: "line", its last line is the reward;
+    "harbor", the last line is what a Harbor task's tests wrote (`orchestrator.task.reward`)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,10 @@ class EpisodeSpec:
             timeout = self.reward.timeout_s
             if not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
                 raise InvalidArgument("spec.reward.timeout_s", f"{timeout} must be > 0 and <= {MAX_SECONDS}")
+            if self.reward.output not in REWARD_OUTPUTS:
+                raise InvalidArgument(
+                    "spec.reward.output", f"{self.reward.output!r} is not one of {', '.join(REWARD_OUTPUTS)}"
+                )
         return self
 
 

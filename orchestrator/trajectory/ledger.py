@@ -87,13 +87,17 @@ class Ledger:
     def sqlite(cls, path: Path, origins: Callable[[str], ForkOrigin | None] | None = None) -> Ledger:
         """A ledger of its own on the SQLite file at `path`."""
         database = Database(path, "")
-        columns = {r["name"] for r in database.db.execute("PRAGMA table_info(turns)")}
+        present = {
+            table: {r["name"] for r in database.db.execute(f"PRAGMA table_info({table})")}
+            for table in schema.ADDED
+        }
+        columns = present["turns"]
         if columns and "delivered" not in columns:  # checked first: the new indexes need new columns
             database.close()
             raise FailedPrecondition(
                 f"{path} holds a trajectory ledger from an older Stasis; start with a new state dir"
             )
-        for statement in schema.added_columns(columns, "INTEGER") if columns else ():
+        for statement in schema.added_columns(present):
             database.db.execute(statement)
         database.db.executescript(schema.SQLITE)
         return cls(database, owned=True, origins=origins)

@@ -17,7 +17,7 @@ episode's prompts take room in proportion to its tokens, not to the square of th
 each fork child was forked from (its parent, the snapshot and that snapshot's ledger cursor,
 `forks.py`); a database from before them gains the tables when a ledger opens it.
 
-Columns added since the table first shipped are in `ADDED`, and a ledger opened on an older
+Columns added since a table first shipped are in `ADDED`, and a ledger opened on an older
 table adds them (`Ledger.sqlite`, `Ledger.postgres`); older turns read as text-mode turns whose
 prompts were not checked, sampled with the defaults (temperature 1, no top-p).
 """
@@ -76,7 +76,8 @@ CREATE TABLE IF NOT EXISTS verifications (
     timed_out INTEGER NOT NULL,
     log BLOB NOT NULL,
     duration_ms REAL NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    metrics TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS policy_versions (
     version INTEGER PRIMARY KEY,
@@ -152,7 +153,8 @@ CREATE TABLE IF NOT EXISTS verifications (
     timed_out BIGINT NOT NULL,
     log BYTEA NOT NULL,
     duration_ms DOUBLE PRECISION NOT NULL,
-    at DOUBLE PRECISION NOT NULL
+    at DOUBLE PRECISION NOT NULL,
+    metrics TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS policy_versions (
     version BIGINT PRIMARY KEY,
@@ -174,38 +176,45 @@ CREATE TABLE IF NOT EXISTS upstream_failures (
 );
 """
 
-ADDED = (
-    ("mode", "TEXT NOT NULL DEFAULT 'text'"),
-    ("prefix_exact", "{integer}"),
-    ("common_prefix", "{integer} NOT NULL DEFAULT 0"),
-    ("break_reason", "TEXT NOT NULL DEFAULT ''"),
-    ("finish_reason", "TEXT NOT NULL DEFAULT ''"),
-    ("sampling", "TEXT NOT NULL DEFAULT '{{}}'"),
-    ("logprobs_mode", "TEXT NOT NULL DEFAULT ''"),
-    ("tools_key", "TEXT NOT NULL DEFAULT ''"),
-    ("prompt_base", "{integer} NOT NULL DEFAULT 0"),
-    ("sending_run", "{integer} NOT NULL DEFAULT 0"),
-    ("sending_at", "{real}"),
-    ("edge", "TEXT NOT NULL DEFAULT ''"),
-    ("edge_parent", "{integer}"),
-    ("spawns", "TEXT NOT NULL DEFAULT '[]'"),
-)
-"""Turn columns added since the table first shipped: (name, type with `{integer}` and `{real}`
-for the database's integer and floating-point types)."""
+ADDED = {
+    "turns": (
+        ("mode", "TEXT NOT NULL DEFAULT 'text'"),
+        ("prefix_exact", "{integer}"),
+        ("common_prefix", "{integer} NOT NULL DEFAULT 0"),
+        ("break_reason", "TEXT NOT NULL DEFAULT ''"),
+        ("finish_reason", "TEXT NOT NULL DEFAULT ''"),
+        ("sampling", "TEXT NOT NULL DEFAULT '{{}}'"),
+        ("logprobs_mode", "TEXT NOT NULL DEFAULT ''"),
+        ("tools_key", "TEXT NOT NULL DEFAULT ''"),
+        ("prompt_base", "{integer} NOT NULL DEFAULT 0"),
+        ("sending_run", "{integer} NOT NULL DEFAULT 0"),
+        ("sending_at", "{real}"),
+        ("edge", "TEXT NOT NULL DEFAULT ''"),
+        ("edge_parent", "{integer}"),
+        ("spawns", "TEXT NOT NULL DEFAULT '[]'"),
+    ),
+    "verifications": (("metrics", "TEXT NOT NULL DEFAULT '{{}}'"),),
+}
+"""Columns added since each table first shipped: (name, type with `{integer}` and `{real}` for
+the database's integer and floating-point types)."""
 
 
-def added_columns(present: set[str], integer: str = "INTEGER", real: str = "REAL") -> list[str]:
-    """SQLite's statements that add what `present` (the table's columns) lacks."""
+def added_columns(present: dict[str, set[str]], integer: str = "INTEGER", real: str = "REAL") -> list[str]:
+    """SQLite's statements that add what the tables that exist lack (`present`: each one's columns)."""
     return [
-        f"ALTER TABLE turns ADD COLUMN {name} {kind.format(integer=integer, real=real)}"
-        for name, kind in ADDED
-        if name not in present
+        f"ALTER TABLE {table} ADD COLUMN {name} {kind.format(integer=integer, real=real)}"
+        for table, columns in ADDED.items()
+        if present.get(table)
+        for name, kind in columns
+        if name not in present[table]
     ]
 
 
 POSTGRES_ADDED = "".join(
-    f"ALTER TABLE turns ADD COLUMN IF NOT EXISTS {name} {kind.format(integer='BIGINT', real='DOUBLE PRECISION')};\n"
-    for name, kind in ADDED
+    f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} "
+    f"{kind.format(integer='BIGINT', real='DOUBLE PRECISION')};\n"
+    for table, columns in ADDED.items()
+    for name, kind in columns
 )
 """PostgreSQL's statements that add them to an older table (and do nothing to a new one)."""
 

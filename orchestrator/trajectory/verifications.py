@@ -5,8 +5,9 @@ it (`Verifications.record`) when the verifier exits; the API reads it with the t
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.state.sql import SqlDatabase
 
@@ -18,6 +19,8 @@ class Verification:
     timed_out: bool
     log: bytes
     duration_ms: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Named numbers the verifier reported beside the reward (a Harbor task's reward.json)."""
 
 
 class Verifications:
@@ -31,11 +34,20 @@ class Verifications:
         """Keep what the verifier found for the episode, in place of any earlier finding."""
         with self._tx() as db:
             db.execute(
-                "INSERT INTO verifications (episode_id, reward, exit_code, timed_out, log, duration_ms, at)"
-                " VALUES (?,?,?,?,?,?,?) ON CONFLICT (episode_id) DO UPDATE SET reward = excluded.reward,"
+                "INSERT INTO verifications (episode_id, reward, exit_code, timed_out, log, duration_ms, at, metrics)"
+                " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (episode_id) DO UPDATE SET reward = excluded.reward,"
                 " exit_code = excluded.exit_code, timed_out = excluded.timed_out, log = excluded.log,"
-                " duration_ms = excluded.duration_ms, at = excluded.at",
-                (episode_id, v.reward, v.exit_code, int(v.timed_out), v.log, v.duration_ms, time.time()),
+                " duration_ms = excluded.duration_ms, at = excluded.at, metrics = excluded.metrics",
+                (
+                    episode_id,
+                    v.reward,
+                    v.exit_code,
+                    int(v.timed_out),
+                    v.log,
+                    v.duration_ms,
+                    time.time(),
+                    json.dumps(v.metrics),
+                ),
             )
 
     def get(self, episode_id: str) -> Verification | None:
@@ -45,5 +57,6 @@ class Verifications:
         if r is None:
             return None
         return Verification(
-            r["reward"], r["exit_code"], bool(r["timed_out"]), bytes(r["log"]), r["duration_ms"]
-        )
+            r["reward"], r["exit_code"], bool(r["timed_out"]), bytes(r["log"]), r["duration_ms"],
+            json.loads(r["metrics"]),
+        )  # fmt: skip

@@ -28,6 +28,7 @@ from sandbox_agent import AgentSettings, Node
 from sandbox_agent.images.cache import ImageCache
 from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from snapshots import SnapshotStore
+from tests.dockerd import docker
 from tests.orchestrator.ledgers import DATABASES, OpenLedger, opener
 from tests.orchestrator.loops import Loop
 from tests.orchestrator.worlds import World, count_generations, make_world
@@ -119,6 +120,14 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> No
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def docker_base(dockerd: str) -> Iterator[str]:
+    """The base image in the test's Docker engine, for Dockerfiles to start FROM."""
+    docker(dockerd, "import", str(DEFAULT_BASE_IMAGE_TAR), "stasis-test/base:1", check=True, timeout=300)
+    yield "stasis-test/base:1"
+    docker(dockerd, "rmi", "-f", "stasis-test/base:1")
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ import pytest
 
 from orchestrator import InvalidArgument
 from orchestrator.cli.local import LocalStack
-from sandbox_agent.settings import DEFAULT_BASE_IMAGE_TAR
 from tests.dockerd import docker
 from tests.orchestrator.conftest import cli, wait_until
 from tests.registry import Registry
@@ -50,14 +49,6 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     r = Registry(tmp_path_factory.mktemp("registry"))
     yield r
     r.stop()
-
-
-@pytest.fixture(scope="module")
-def docker_base(dockerd: str) -> Iterator[str]:
-    """The base image in the test's Docker engine, for Dockerfiles to start FROM."""
-    _docker(dockerd, "import", str(DEFAULT_BASE_IMAGE_TAR), "stasis-test/base:1")
-    yield "stasis-test/base:1"
-    docker(dockerd, "rmi", "-f", "stasis-test/base:1")
 
 
 @pytest.fixture(scope="module")

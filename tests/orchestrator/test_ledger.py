@@ -88,10 +88,12 @@ def test_a_turn_its_deliveries_and_a_reward_round_trip_exactly(ledger: Ledger) -
 
     assert ledger.verifications.get("ep-1") is None
     ledger.verifications.record("ep-1", Verification(None, None, True, b"", 1.0))
-    ledger.verifications.record("ep-1", Verification(0.75, 3, False, BYTES, 812.25))
-    assert ledger.verifications.get("ep-1") == Verification(0.75, 3, False, BYTES, 812.25), (
-        "the last one stands"
+    ledger.verifications.record(
+        "ep-1", Verification(0.75, 3, False, BYTES, 812.25, {"tests": 0.5, "lint": -1e-3})
     )
+    assert ledger.verifications.get("ep-1") == Verification(
+        0.75, 3, False, BYTES, 812.25, {"tests": 0.5, "lint": -1e-3}
+    ), "the last one stands"
 
 
 @pytest.mark.timeout(30)
@@ -356,8 +358,14 @@ INSERT INTO turns (episode_id, parent_id, branch, run, kind, fingerprint, after_
     policy_version, upstream_ms, created_at)
 VALUES ('ep-old', NULL, 0, 1, 'chat', 'f', 'h', 2, '{{}}', {blob}, '{{}}', {blob}, 'chat', {blob}, 1, '[7]', '[-0.5]',
     '[1, 2]', 'v1', 1.0, 1.0);
+CREATE TABLE verifications (
+    episode_id TEXT PRIMARY KEY, reward {real}, exit_code {int}, timed_out {int} NOT NULL, log {bytes} NOT NULL,
+    duration_ms {real} NOT NULL, at {real} NOT NULL
+);
+INSERT INTO verifications VALUES ('ep-old', 0.5, 0, 0, {blob}, 3.0, 1.0);
 """
-"""The turns table as the last release kept it (before prompts were checked), with one turn."""
+"""The turns table as the last release kept it (before prompts were checked), with one turn, and
+the verifications table from before metrics, with one reward."""
 
 
 @pytest.mark.parametrize("kind", DATABASES)
@@ -384,6 +392,11 @@ def test_a_ledger_from_the_last_release_gains_its_new_columns(
         assert (old.edge, old.edge_parent, old.sending_run, old.sending_at) == ("", None, 0, None)
         new = _record(ledgers[1], _chat("hi"), "hello", finish_reason="stop", mode="tokens")
         assert ledgers[0].turns("ep-1") == [new]
+        assert ledgers[1].verifications.get("ep-old") == Verification(0.5, 0, False, b"", 3.0, {})
+        ledgers[1].verifications.record("ep-1", Verification(1.0, 0, False, b"ok", 2.0, {"sorted": 1.0}))
+        assert ledgers[0].verifications.get("ep-1") == Verification(
+            1.0, 0, False, b"ok", 2.0, {"sorted": 1.0}
+        )
     finally:
         for ledger in ledgers:
             ledger.close()

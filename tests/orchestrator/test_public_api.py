@@ -11,7 +11,9 @@ import pytest
 import orchestrator
 import sandbox_agent
 
-ROOMS = ["api", "cli", "client", "control", "domain", "gateway", "reference_model", "state", "trajectory"]
+ROOMS = [
+    "api", "cli", "client", "control", "domain", "gateway", "reference_model", "state", "task", "trajectory",
+]  # fmt: skip
 
 
 def _public(module: ModuleType) -> set[str]:

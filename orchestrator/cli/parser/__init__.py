@@ -60,14 +60,14 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     return p
 
 
-COUNTED = ("submit", "fork")
+COUNTED = ("submit", "fork", "task")
 """The commands whose -n is a count of episodes, not a namespace."""
 
 
 def _connection_flags(p: argparse.ArgumentParser, *, defaults: bool, short_namespace: bool = True) -> None:
     """Where a client connects, and how long it retries. A command's own copy of a flag leaves
     the value given before the command, or the default, unless it is given after it. After
-    `submit` and `fork`, -n is its count (`stasis submit -n 8`), so the namespace is --namespace
+    `submit`, `fork` and `task run`, -n is its count (`stasis submit -n 8`), so the namespace is --namespace
     alone."""
 
     def default(value: object) -> object:

@@ -69,6 +69,72 @@ def add_episode_commands(sub: Subparsers) -> None:
         help="the group's bound on how many policy versions a turn may lag (default: no bound)",
     )
 
+    tk = command(
+        sub,
+        "task",
+        "Harbor tasks: run a task directory as episodes, graded as Harbor grades",
+        ("Check a task with its own solution", "stasis task run ./tasks/fix-config --agent oracle"),
+        ("Build a task's environment into the cluster", "stasis task build ./tasks/fix-config"),
+    )
+    tk_sub = tk.add_subparsers(dest="task_command", required=True, metavar="ACTION")
+    tb = command(
+        tk_sub,
+        "build",
+        "build a task's environment/ with Docker and import it into the cluster; prints its name",
+        ("Build a task's environment", "stasis task build ./tasks/fix-config"),
+        ("Build it from another base", "stasis task build ./tasks/fix-config --build-arg BASE=debian:12"),
+        about="The image is named after the digest of environment/ and the build arguments: a "
+        "context the cluster has already is not built again (prints `cached`), and a changed file "
+        "builds a new image. The Dockerfile is built as it is. `task run` builds it too when needed.",
+    )
+    tb.add_argument("directory", metavar="DIR", help="the task directory")
+    _build_args(tb)
+    tb.add_argument("--rebuild", action="store_true", help="build and import even if the cluster has it")
+    tr = command(
+        tk_sub,
+        "run",
+        "submit N episodes of a Harbor task directory; prints their ids",
+        ("Check a task with its own solution", "stasis task run ./tasks/fix-config --agent oracle"),
+        (
+            "Run a task as a GRPO group of 8, safe to retry",
+            "stasis task run ./tasks/fix-config --agent oracle -n 8 --group g-3 --request-id g-3-try",
+        ),
+        about="The directory holds instruction.md, task.toml, tests/test.sh and, for the oracle, "
+        "solution/solve.sh (docs/tasks.md). The agent works in [environment] docker_image; a "
+        "verifier rooted in that image as built copies the agent's files in at their own paths, "
+        "runs bash /tests/test.sh and reads /logs/verifier/reward.txt or reward.json. A bad "
+        "task.toml is refused naming the field.",
+    )
+    tr.add_argument("directory", metavar="DIR", help="the task directory")
+    _build_args(tr)
+    tr.add_argument(
+        "--agent",
+        required=True,
+        choices=("oracle", "nop"),
+        help="oracle runs the task's solution/solve.sh; nop does nothing",
+    )
+    tr.add_argument(
+        "--graded",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="an absolute path whose final contents the tests see (repeatable; default: the image's WORKDIR)",
+    )
+    _added_labels(tr, "a label each episode carries besides task= and agent=")
+    tr.add_argument(
+        "-n", "--count", type=_count, default=1, metavar="N",
+        help="episodes of the task, in one commit (default %(default)s; give a namespace as --namespace)",
+    )  # fmt: skip
+    tr.add_argument(
+        "--group", default="", metavar="GROUP", help="submit the N episodes as this GRPO group; empty: none"
+    )
+    tr.add_argument(
+        "--request-id",
+        default="",
+        metavar="ID",
+        help="with --group, makes retries idempotent (member i: ID/i); empty: none",
+    )
+
     gr = command(
         sub,
         "groups",
@@ -361,6 +427,17 @@ def _count(text: str) -> int:
     if count < 1:
         raise argparse.ArgumentTypeError(f"{count} episodes: give at least 1")
     return count
+
+
+def _build_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--build-arg",
+        type=_label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a build argument of environment/Dockerfile, part of the image's digest (repeatable)",
+    )
 
 
 def _added_labels(p: argparse.ArgumentParser, text: str) -> None:

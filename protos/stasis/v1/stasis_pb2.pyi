@@ -69,7 +69,7 @@ class Preemption(_message.Message):
     def __init__(self, time_slice_s: _Optional[float] = ..., priority: _Optional[int] = ..., autosave_s: _Optional[float] = ...) -> None: ...
 
 class RewardSpec(_message.Message):
-    __slots__ = ("command", "files", "image", "timeout_s")
+    __slots__ = ("command", "files", "image", "timeout_s", "output")
     class FilesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,11 +81,13 @@ class RewardSpec(_message.Message):
     FILES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     command: _containers.RepeatedScalarFieldContainer[str]
     files: _containers.ScalarMap[str, bytes]
     image: str
     timeout_s: float
-    def __init__(self, command: _Optional[_Iterable[str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., image: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    output: str
+    def __init__(self, command: _Optional[_Iterable[str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., image: _Optional[str] = ..., timeout_s: _Optional[float] = ..., output: _Optional[str] = ...) -> None: ...
 
 class EpisodeSpec(_message.Message):
     __slots__ = ("image", "command", "env", "files", "resources", "limits", "preemption", "labels", "reward", "entrypoint", "has_entrypoint")
@@ -751,7 +753,7 @@ class TrajectoryBranch(_message.Message):
     def __init__(self, id: _Optional[int] = ..., abandoned: _Optional[bool] = ..., policy_versions: _Optional[_Iterable[str]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., edge: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("episode_id", "state", "has_reward", "reward", "verifier_log", "main", "branches", "labels", "seq", "samples", "prompt_breaks", "group_id", "group_index", "group")
+    __slots__ = ("episode_id", "state", "has_reward", "reward", "verifier_log", "main", "branches", "labels", "seq", "samples", "prompt_breaks", "group_id", "group_index", "group", "reward_metrics")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -759,6 +761,13 @@ class Trajectory(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class RewardMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
@@ -773,6 +782,7 @@ class Trajectory(_message.Message):
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    REWARD_METRICS_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     state: EpisodeState
     has_reward: bool
@@ -787,7 +797,8 @@ class Trajectory(_message.Message):
     group_id: str
     group_index: int
     group: GroupResult
-    def __init__(self, episode_id: _Optional[str] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., verifier_log: _Optional[str] = ..., main: _Optional[_Union[TrajectoryBranch, _Mapping]] = ..., branches: _Optional[_Iterable[_Union[TrajectoryBranch, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., prompt_breaks: _Optional[int] = ..., group_id: _Optional[str] = ..., group_index: _Optional[int] = ..., group: _Optional[_Union[GroupResult, _Mapping]] = ...) -> None: ...
+    reward_metrics: _containers.ScalarMap[str, float]
+    def __init__(self, episode_id: _Optional[str] = ..., state: _Optional[_Union[EpisodeState, str]] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., verifier_log: _Optional[str] = ..., main: _Optional[_Union[TrajectoryBranch, _Mapping]] = ..., branches: _Optional[_Iterable[_Union[TrajectoryBranch, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., prompt_breaks: _Optional[int] = ..., group_id: _Optional[str] = ..., group_index: _Optional[int] = ..., group: _Optional[_Union[GroupResult, _Mapping]] = ..., reward_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GroupMember(_message.Message):
     __slots__ = ("index", "episode_id", "state", "reason", "has_reward", "reward")

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+python3 /opt/stats/stats.pyc /app/data.txt > /app/summary.txt
