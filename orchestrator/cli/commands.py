@@ -14,7 +14,7 @@ from orchestrator.cli.parser import PLUGIN
 from orchestrator.cli.progress import PullBoard, human_size
 from orchestrator.client import EpisodeInfo, StasisClient, load_spec_file, taskimage
 from orchestrator.domain import EpisodeState, InvalidArgument, Role, StasisError
-from orchestrator.task import AGENTS, load_task, task_episode
+from orchestrator.task import AGENTS, claude_code, load_task, task_episode
 
 
 class Subcommands:
@@ -104,12 +104,15 @@ class Subcommands:
                 )
             print(f"{name} {'built' if built else 'cached'}", file=self.out)
             return 0
-        agent = AGENTS[a.agent](task)
+        if a.agent_binary and a.agent != "claude-code":
+            raise InvalidArgument("--agent-binary", "is for --agent claude-code")
+        agent = claude_code(task, a.agent_binary) if a.agent_binary else AGENTS[a.agent](task)
         if a.request_id and not a.group:
             raise InvalidArgument("--group", "is required with --request-id")
         with self.client() as c:
             image = task.image or taskimage.ensure_image(c, task, dict(a.build_arg), self.progress)[0]
-            spec = task_episode(task, agent, tuple(a.graded), dict(a.label), image)
+            laid = taskimage.ensure_agent_image(c, image, agent, self.progress) if agent.layer else ""
+            spec = task_episode(task, agent, tuple(a.graded), dict(a.label), image, laid)
             if a.group:
                 episodes = c.submit_group(spec, a.count, a.group, task.name, request_id=a.request_id or None)
             else:

@@ -70,7 +70,7 @@ def skopeo_source(source: str) -> Iterator[str]:
 
 def _pack_tree(tree: Path, layout: Path) -> str:
     """A root filesystem tree as a one-layer OCI image (umoci keeps owners, modes and xattrs)."""
-    run = _runner("packing the directory into an image")
+    run = tool_runner("packing the directory into an image")
     run(["umoci", "init", "--layout", str(layout)])
     run(["umoci", "new", "--image", f"{layout}:image"])
     run(["umoci", "insert", "--image", f"{layout}:image", str(tree), "/"])
@@ -85,15 +85,22 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def registry_flags(registry: str, side: str) -> list[str]:
+    """skopeo's flags for `registry` (host[:port], or a reference on it) as its "src" or "dest":
+    plain HTTP on loopback, TLS elsewhere; $REGISTRY_AUTH_FILE's credentials if set."""
+    flags = [f"--{side}-tls-verify={'false' if _loopback(registry.split('/')[0]) else 'true'}"]
+    if auth := os.environ.get("REGISTRY_AUTH_FILE"):
+        flags += [f"--{side}-authfile", auth]
+    return flags
+
+
 def push(source: str, registry: str, repository: str, progress: Callable[[str], None]) -> str:
     """Copy SOURCE to registry/repository:latest; returns that reference. On a terminal skopeo
     draws its progress bars; otherwise each blob it copies is an event line."""
     target = f"{registry}/{repository}:latest"
     with skopeo_source(source) as src:
-        argv = ["skopeo", "copy", f"--dest-tls-verify={'false' if _loopback(registry) else 'true'}"]
-        auth, docker_host = os.environ.get("REGISTRY_AUTH_FILE"), os.environ.get("DOCKER_HOST")
-        if auth:
-            argv += ["--dest-authfile", auth]
+        argv = ["skopeo", "copy", *registry_flags(registry, "dest")]
+        docker_host = os.environ.get("DOCKER_HOST")
         if docker_host and src.startswith("docker-daemon:"):
             argv += ["--src-daemon-host", docker_host]
         progress(f"pushing {source} to {target}")
@@ -115,7 +122,7 @@ def push(source: str, registry: str, repository: str, progress: Callable[[str], 
     return target
 
 
-def _runner(what: str) -> Callable[[list[str]], None]:
+def tool_runner(what: str) -> Callable[[list[str]], None]:
     def run(argv: list[str]) -> None:
         r = subprocess.run(argv, capture_output=True, text=True)
         if r.returncode != 0:

@@ -1,22 +1,31 @@
-"""A Harbor task's environment image, built from its environment/ with the local Docker engine
-($DOCKER_HOST, else its default socket) and imported into the cluster (`StasisClient.import_image`).
+"""A Harbor task's images, imported into the cluster (`StasisClient.import_image`):
 
-Its name holds the digest of the build context and the build arguments (`context_digest`):
-a context already imported under that name is not built again, and any change to a file of
-environment/ or to an argument builds a new image under a new name. The Dockerfile is built as
-it is; nothing is added to it.
+* its environment, built from environment/ with the local Docker engine ($DOCKER_HOST, else its
+  default socket), as the Dockerfile says, nothing added (`ensure_image`);
+* that environment with an agent laid over it (`ensure_agent_image`): the environment's image
+  copied from the cluster's registry with skopeo, and one more layer of the agent's files
+  added with umoci, as Harbor installs an agent into a task's container. The environment's own
+  layers stay as they are, and the tests' root is the environment alone.
+
+Each name holds a digest of what made the image (the build context and arguments; the
+environment's digest and the agent's files): what the cluster has already is not made again,
+and any change makes a new image under a new name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
+import tarfile
+import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from orchestrator.domain import StasisError
-from orchestrator.task import Task, context_digest
+from orchestrator.client.imagesource import registry_flags, tool_runner
+from orchestrator.domain import InvalidArgument, StasisError
+from orchestrator.task import Task, TaskAgent, context_digest
 
 if TYPE_CHECKING:
     from orchestrator.client.client import StasisClient
@@ -67,3 +76,76 @@ def ensure_image(
     finally:
         subprocess.run(["docker", "rmi", tag], capture_output=True, env=env)
     return name, True
+
+
+def ensure_agent_image(
+    client: StasisClient, environment: str, agent: TaskAgent, progress: Callable[[str], None] = lambda _: None
+) -> str:
+    """The name of the environment image `environment` (a name in the cluster's catalogue) with
+    `agent.layer` over it, made and imported unless the cluster has it already."""
+    found = {i.name: i for i in client.images()}
+    if environment not in found:
+        raise InvalidArgument("image", f"{environment!r} is not in the cluster's images (stasis image ls)")
+    base = found[environment]
+    h = hashlib.sha256(base.digest.encode())
+    for target, source in sorted(agent.layer.items()):
+        h.update(f"\0{target}\0".encode())
+        _digest_path(h, source, f"agent {agent.name}'s {target}")
+    name = f"{environment[:80]}-{agent.name[:20]}-{h.hexdigest()[:12]}"
+    if name in found:
+        progress(f"{name} is {environment} with {agent.name} already")
+        return name
+    progress(f"laying {agent.name} over {environment}")
+    with tempfile.TemporaryDirectory(prefix="stasis-agent-image-") as tmp:
+        layout = f"{tmp}/layout"
+        copy = ["skopeo", "copy", *registry_flags(base.reference, "src")]
+        tool_runner(f"copying {environment} from the registry")(
+            [*copy, f"docker://{base.reference}", f"oci:{layout}:image"]
+        )
+        layer = f"{tmp}/layer.tar"
+        _write_layer(layer, agent.layer)
+        tool_runner(f"adding {agent.name}'s layer")(
+            ["umoci", "raw", "add-layer", "--image", f"{layout}:image", layer]
+        )
+        client.import_image(name, layout, progress)
+    return name
+
+
+def _write_layer(path: str, layer: dict[str, str]) -> None:
+    """A layer archive of `layer`'s files at their paths in the image, owned by root (a
+    directory's symlinks stay links), with the directories above each. Written here rather than
+    by `umoci insert`, whose archives end short of tar's end blocks."""
+
+    def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        parents: set[str] = set()
+        for target, source in sorted(layer.items()):
+            parts = target.strip("/").split("/")
+            for depth in range(1, len(parts)):
+                parent = "/".join(parts[:depth])
+                if parent not in parents:
+                    parents.add(parent)
+                    info = tarfile.TarInfo(parent)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+            tar.add(os.path.realpath(source), arcname="/".join(parts), filter=owned_by_root)
+
+
+def _digest_path(h: hashlib._Hash, source: str, what: str) -> None:
+    root = os.path.realpath(source)
+    if not os.path.exists(root):
+        raise InvalidArgument("agent", f"{what} comes from {source}, which does not exist")
+    paths = (
+        [root]
+        if os.path.isfile(root)
+        else sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files)
+    )
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(f"{os.path.relpath(path, root)}\0{os.stat(path).st_mode & 0o7777:o}\0".encode())
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)

@@ -26,11 +26,17 @@ MARGIN_S = 120.0
 
 @dataclass(frozen=True)
 class TaskAgent:
-    """What works on a task: a command in the environment image, and files placed for it."""
+    """What works on a task: a command in the environment image, its environment and the files
+    placed for it, and what is laid over the image for it (a harness's program)."""
 
     name: str
     command: tuple[str, ...]
     files: dict[str, bytes] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    layer: dict[str, str] = field(default_factory=dict)
+    """Paths in the image, each with the local file or directory laid there, read-only, in an
+    image layer over the environment's (`client/taskimage.ensure_agent_image`). The tests never
+    run on it: their root is the environment image without it."""
 
 
 def oracle(task: Task) -> TaskAgent:
@@ -46,7 +52,29 @@ def nop() -> TaskAgent:
     return TaskAgent("nop", ("true",))
 
 
-AGENTS = {"oracle": oracle, "nop": lambda task: nop()}
+CLAUDE_CODE = "/var/cache/stasis/harnesses/claude-code-2.1.328/claude"
+"""Where `scripts/host-setup.sh` puts the pinned Claude Code release (one native binary)."""
+INSTRUCTION = f"{GRADER_DIR}/instruction.md"
+
+
+def claude_code(task: Task, binary: str = CLAUDE_CODE) -> TaskAgent:
+    """Claude Code, as it ships, laid over the environment at /usr/local/bin/claude, given
+    instruction.md as its prompt in the image's WORKDIR, through the gateway (ANTHROPIC_BASE_URL)."""
+    return TaskAgent(
+        "claude-code",
+        ("sh", "-c", f'exec claude -p "$(cat {INSTRUCTION})" --dangerously-skip-permissions'),
+        files={INSTRUCTION: task.instruction.encode()},
+        env={
+            "HOME": "/root",
+            "IS_SANDBOX": "1",  # as root, Claude Code refuses to skip permissions without it
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+        },
+        layer={"/usr/local/bin/claude": binary},
+    )
+
+
+AGENTS = {"oracle": oracle, "nop": lambda task: nop(), "claude-code": claude_code}
 """The agents `stasis task run --agent` names."""
 
 
@@ -56,12 +84,18 @@ def task_episode(
     graded: tuple[str, ...] = (),
     labels: dict[str, str] | None = None,
     image: str = "",
+    agent_image: str = "",
 ) -> EpisodeSpec:
     """The episode that runs `agent` on `task`. `graded`: the absolute paths whose final
     contents the tests see at their own paths (default: the image's WORKDIR). `image`: the
     environment as built from the task's environment/ (`stasis task build`), for a task
-    without docker_image."""
+    without docker_image. `agent_image`: that environment with the agent's layer over it, for
+    an agent that has one; the tests' root stays the environment alone."""
     image = image or task.image
+    if agent.layer and not agent_image:
+        raise InvalidArgument(
+            "agent_image", f"agent {agent.name} is laid over the environment: give the image that has it"
+        )
     if not image:
         raise InvalidArgument(
             "task.toml [environment] docker_image",
@@ -72,12 +106,13 @@ def task_episode(
             raise InvalidArgument("graded", f"{path!r} must be an absolute path other than / without blanks")
     timeout = f"{task.agent_timeout_s:g}"
     return EpisodeSpec(
-        image=image,
+        image=agent_image or image,
         # The task's time limit, kept by `timeout` in the sandbox: an agent that runs out is
         # stopped and graded, as Harbor grades it. max_wall_s stops one that escaped it.
         entrypoint=("timeout", "-k", "10", timeout),
         command=agent.command,
         files=agent.files,
+        env=agent.env,
         resources=task.resources,
         limits=Limits(max_wall_s=task.agent_timeout_s + MARGIN_S),
         labels={"task": task.name[:253], "agent": agent.name[:253], **(labels or {})},
@@ -88,6 +123,7 @@ def task_episode(
                 f"{GRADER_DIR}/env": _env_file(task, graded),
                 **{f"/tests/{path}": content for path, content in task.tests.items()},
             },
+            image=image,
             timeout_s=task.verifier_timeout_s + MARGIN_S,
             output="harbor",
         ),

@@ -13,8 +13,9 @@ from sandbox_agent.runtime.rootfs import RootFs
 from sandbox_agent.runtime.runc import RuncBackend
 from sandbox_agent.settings import AgentSettings
 
-IRMAP_SCAN_PATHS = ("/root", "/home", "/tmp", "/work", "/workspace")
-"""Where CRIU looks for the files a harness watches (inotify, fanotify), inside the sandbox."""
+IRMAP_SCAN_PATHS = ("/root", "/home", "/tmp", "/work", "/workspace", "/app")
+"""Where CRIU looks for the files a harness watches (inotify, fanotify), inside the sandbox
+(/app: a Harbor task's work dir)."""
 
 
 CRIU_RUNDIR = Path("/run/criu")

@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from orchestrator.domain import InvalidArgument
-from orchestrator.task import AGENTS, context_digest, load_task, nop, oracle, read_reward, task_episode
+from orchestrator.task import (
+    AGENTS,
+    claude_code,
+    context_digest,
+    load_task,
+    nop,
+    oracle,
+    read_reward,
+    task_episode,
+)
 from orchestrator.task.episodes import GRADER_DIR
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -29,8 +38,13 @@ def test_every_example_task_reads_and_becomes_a_valid_episode() -> None:
         assert task.image == "" and task.context == directory / "environment"
         assert "test.sh" in task.tests and "solve.sh" in task.solution
         for agent in AGENTS:
-            spec = task_episode(task, AGENTS[agent](task), image="task-x").validate()
+            spec = task_episode(
+                task, AGENTS[agent](task), image="task-x", agent_image="task-x-with"
+            ).validate()
             assert spec.labels == {"task": task.name, "agent": agent}
+            assert spec.reward is not None and spec.reward.image == "task-x", (
+                "the tests' root is the environment"
+            )
     sort = load_task(EXAMPLES / "sort-metrics")
     assert sort.verifier_env == {"EXPECTED_SUM": "2050"} and sort.verifier_timeout_s == 60.0
     assert sort.resources.memory_mb == 512 and sort.resources.disk_mb == 10240
@@ -51,6 +65,19 @@ def test_the_agent_never_holds_the_tests_and_only_the_oracle_holds_the_solution(
         assert spec.limits.max_wall_s > 300 and spec.reward.timeout_s > 60
     env = by_nop.reward.files[f"{GRADER_DIR}/env"].decode()  # type: ignore[union-attr]
     assert "export STASIS_GRADED='/app /srv/out'\n" in env and "export STASIS_TEST_TIMEOUT=60\n" in env
+
+
+@pytest.mark.timeout(10)
+def test_claude_code_is_laid_over_the_environment_and_given_the_instruction() -> None:
+    task = load_task(EXAMPLES / "fix-config")
+    agent = claude_code(task, "/opt/claude")
+    assert agent.layer == {"/usr/local/bin/claude": "/opt/claude"}
+    with pytest.raises(InvalidArgument, match="give the image that has it"):
+        task_episode(task, agent, image="task-x")
+    spec = task_episode(task, agent, image="task-x", agent_image="task-x-claude")
+    assert spec.image == "task-x-claude" and spec.reward is not None and spec.reward.image == "task-x"
+    assert spec.files["/.stasis-task/instruction.md"] == task.instruction.encode()
+    assert spec.env["IS_SANDBOX"] == "1" and "claude -p" in spec.command[-1]
 
 
 @pytest.mark.timeout(10)

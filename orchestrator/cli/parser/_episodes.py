@@ -95,12 +95,14 @@ def add_episode_commands(sub: Subparsers) -> None:
         "run",
         "submit N episodes of a Harbor task directory; prints their ids",
         ("Check a task with its own solution", "stasis task run ./tasks/fix-config --agent oracle"),
+        ("Let Claude Code work on a task", "stasis task run ./tasks/fix-config --agent claude-code"),
         (
             "Run a task as a GRPO group of 8, safe to retry",
             "stasis task run ./tasks/fix-config --agent oracle -n 8 --group g-3 --request-id g-3-try",
         ),
         about="The directory holds instruction.md, task.toml, tests/test.sh and, for the oracle, "
-        "solution/solve.sh (docs/tasks.md). The agent works in [environment] docker_image; a "
+        "solution/solve.sh (docs/tasks.md). The agent works in [environment] docker_image (a harness "
+        "laid over it in a layer of its own); a "
         "verifier rooted in that image as built copies the agent's files in at their own paths, "
         "runs bash /tests/test.sh and reads /logs/verifier/reward.txt or reward.json. A bad "
         "task.toml is refused naming the field.",
@@ -110,8 +112,16 @@ def add_episode_commands(sub: Subparsers) -> None:
     tr.add_argument(
         "--agent",
         required=True,
-        choices=("oracle", "nop"),
-        help="oracle runs the task's solution/solve.sh; nop does nothing",
+        choices=("oracle", "nop", "claude-code"),
+        help="oracle runs the task's solution/solve.sh; nop does nothing; claude-code is laid over the "
+        "environment and given instruction.md, through the gateway",
+    )
+    tr.add_argument(
+        "--agent-binary",
+        default="",
+        metavar="PATH",
+        help="with --agent claude-code, the Claude Code binary to lay over the environment "
+        "(default: the release scripts/host-setup.sh pinned)",
     )
     tr.add_argument(
         "--graded",
