@@ -4,13 +4,14 @@ beside files the episode never saw, and prints the reward as the last line of it
 
 from __future__ import annotations
 
+import json
 import math
 
 from orchestrator.control.node_agent import NodeAgents
 from orchestrator.control.operations import default_finish
 from orchestrator.domain import Episode, EpisodeState, PermanentError, StasisError, TemporaryError
-from orchestrator.task import read_reward
-from orchestrator.trajectory import Ledger, Verification
+from orchestrator.task import agent_logs, read_reward
+from orchestrator.trajectory import Ledger, Verification, atif
 
 
 def parse_reward(log: bytes) -> float:
@@ -39,9 +40,10 @@ class Verifier:
             return default_finish(e, exit_code)
         harness = f"harness exited with code {exit_code}"
         spec = e.spec.reward
+        files = {**spec.files, **self._trajectory(e)} if spec.output == "harbor" else spec.files
         try:
             outcome = self.agents.get(e.node).run_verifier(
-                e.sandbox_id, spec.command, spec.files, spec.image, spec.timeout_s
+                e.sandbox_id, spec.command, files, spec.image, spec.timeout_s
             )
         except TemporaryError:
             raise  # the sandbox is still there; the control loop tries again
@@ -71,3 +73,9 @@ class Verifier:
             last = tail.decode(errors="replace").strip().splitlines()[-1:] or [""]
             return EpisodeState.FAILED, f"{harness}; {problem}: {last[0][:200]}", None
         return EpisodeState.SUCCEEDED, f"{harness}; reward {reward:g}", reward
+
+    def _trajectory(self, e: Episode) -> dict[str, bytes]:
+        """A Harbor task's tests read the agent's trajectory as ATIF, at /logs/agent."""
+        turns = self.ledger.turns(e.id)
+        documents = atif(e.id, turns, labels=e.spec.labels) if turns else []
+        return agent_logs([json.dumps(d, separators=(",", ":")).encode() for d in documents])

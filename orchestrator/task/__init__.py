@@ -3,7 +3,7 @@ and checked (`format`), run as a Stasis episode whose verifier grades the way Ha
 (`episodes`, `grader.sh`), and the reward its tests write, read as Harbor reads it (`reward`).
 See docs/tasks.md."""
 
-from orchestrator.task.episodes import AGENTS, TaskAgent, claude_code, nop, oracle, task_episode
+from orchestrator.task.episodes import AGENTS, TaskAgent, agent_logs, claude_code, nop, oracle, task_episode
 from orchestrator.task.format import Task, context_digest, load_task
 from orchestrator.task.reward import read_reward
 
@@ -11,6 +11,7 @@ __all__ = [
     "AGENTS",
     "Task",
     "TaskAgent",
+    "agent_logs",
     "claude_code",
     "context_digest",
     "load_task",

@@ -130,6 +130,21 @@ def task_episode(
     )
 
 
+AGENT_LOGS = "/logs/agent"
+MAX_TRAJECTORY_BYTES = 16 << 20
+"""The most of the agent's trajectory the tests get: what the verifier's files can carry."""
+
+
+def agent_logs(documents: list[bytes]) -> dict[str, bytes]:
+    """The agent's trajectory where Harbor's verifiers read it: its ATIF documents, main's at
+    /logs/agent/trajectory.json and each after a compaction at trajectory.cont-<k>.json; none
+    past MAX_TRAJECTORY_BYTES in all (the tests then find no trajectory)."""
+    if sum(len(d) for d in documents) > MAX_TRAJECTORY_BYTES:
+        return {}
+    names = ["trajectory.json", *(f"trajectory.cont-{k}.json" for k in range(1, len(documents)))]
+    return {f"{AGENT_LOGS}/{name}": doc for name, doc in zip(names, documents, strict=True)}
+
+
 def _env_file(task: Task, graded: tuple[str, ...]) -> bytes:
     """The grader's settings and `[verifier] env`, as the shell lines it sources."""
     env = {

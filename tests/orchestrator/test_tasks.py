@@ -13,6 +13,7 @@ import pytest
 from orchestrator.domain import InvalidArgument
 from orchestrator.task import (
     AGENTS,
+    agent_logs,
     claude_code,
     context_digest,
     load_task,
@@ -21,7 +22,7 @@ from orchestrator.task import (
     read_reward,
     task_episode,
 )
-from orchestrator.task.episodes import GRADER_DIR
+from orchestrator.task.episodes import GRADER_DIR, MAX_TRAJECTORY_BYTES
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
@@ -207,3 +208,13 @@ def test_the_reward_is_read_as_harbor_reads_it() -> None:
 def test_a_run_that_failed_or_a_bad_reward_is_an_error_never_a_zero(log: bytes, words: str) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         read_reward(log)
+
+
+@pytest.mark.timeout(10)
+def test_the_agents_trajectory_is_where_harbors_tests_read_it_unless_it_is_too_big() -> None:
+    assert agent_logs([]) == {}
+    assert agent_logs([b"{main}", b"{after}"]) == {
+        "/logs/agent/trajectory.json": b"{main}",
+        "/logs/agent/trajectory.cont-1.json": b"{after}",
+    }
+    assert agent_logs([b"x" * (MAX_TRAJECTORY_BYTES + 1)]) == {}

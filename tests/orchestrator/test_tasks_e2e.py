@@ -7,6 +7,7 @@ node."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,12 +185,16 @@ def test_a_test_run_that_fails_times_out_or_writes_no_reward_fails_the_episode(
 
 @pytest.mark.timeout(900)
 def test_claude_code_laid_over_a_task_survives_preemption_mid_stream_and_is_graded(
-    stack: LocalStack, built: dict[str, str], model: ReferenceModelServer
+    stack: LocalStack, built: dict[str, str], model: ReferenceModelServer, tmp_path: Path
 ) -> None:
     """Claude Code, as it ships, in a layer over the task's environment: frozen mid-stream,
     resumed on the other node, every turn on policy; then graded from the environment alone,
-    where no claude is."""
-    task = load_task(EXAMPLES / "fix-config")
+    where no claude is, with its trajectory as ATIF where Harbor's tests read it."""
+    # The task's tests, and a line of what they found of the agent's trajectory at /logs/agent.
+    task_dir = Path(shutil.copytree(EXAMPLES / "fix-config", tmp_path / "fix-config"))
+    with open(task_dir / "tests" / "test.sh", "a") as f:
+        f.write(READ_TRAJECTORY)
+    task = load_task(task_dir)
     agent = claude_code(task, str(CLAUDE))
     with stack.client() as c:
         laid = taskimage.ensure_agent_image(c, built["fix-config"], agent)
@@ -203,3 +208,15 @@ def test_claude_code_laid_over_a_task_survives_preemption_mid_stream_and_is_grad
         log = c.trajectory(final.id).verifier_log
     assert final.state == "SUCCEEDED" and final.reward in (0.0, 1.0), (final.reason, log)
     assert ("FAIL: config.ini is:" in log) == (final.reward == 0.0), log
+    found = re.search(rf"ATIF-v1\.8 trajectory {final.id}: (\d+) agent steps", log)
+    assert found and 3 <= int(found.group(1)) <= len(turns), log
+
+
+READ_TRAJECTORY = """
+python3 - <<'EOF'
+import json
+doc = json.load(open("/logs/agent/trajectory.json"))
+steps = [s for s in doc["steps"] if s["source"] == "agent"]
+print(doc["schema_version"], "trajectory", doc["session_id"] + ":", len(steps), "agent steps")
+EOF
+"""
