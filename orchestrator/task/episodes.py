@@ -141,8 +141,9 @@ def agent_logs(documents: list[bytes]) -> dict[str, bytes]:
     past MAX_TRAJECTORY_BYTES in all (the tests then find no trajectory)."""
     if sum(len(d) for d in documents) > MAX_TRAJECTORY_BYTES:
         return {}
-    names = ["trajectory.json", *(f"trajectory.cont-{k}.json" for k in range(1, len(documents)))]
-    return {f"{AGENT_LOGS}/{name}": doc for name, doc in zip(names, documents, strict=True)}
+    return {
+        f"{AGENT_LOGS}/trajectory{f'.cont-{k}' if k else ''}.json": doc for k, doc in enumerate(documents)
+    }
 
 
 def _env_file(task: Task, graded: tuple[str, ...]) -> bytes:
