@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protos.shared.address import egress_rule
 from protos.shared.resources import resource_problem
 from sandbox_agent.errors import InvalidSpec
 from sandbox_agent.host import idmap, network
@@ -77,6 +78,9 @@ class SandboxSpec:
     """None: the image's Entrypoint."""
     user: str = ""
     """Empty: the image's User, else root. Once launched, always numeric uid:gid."""
+    egress: tuple[str, ...] = ()
+    """Where the sandbox may connect besides the gateway: ADDRESS[/PREFIX][:PORT] (IPv4)
+    (`network.allow_egress`)."""
     userns_base: int = 0
     """The host id of the sandbox's uid and gid 0; its ids 0..65535 are host ids from there on
     (`idmap`). 0: no user namespace, and the sandbox's root is the node's root. A node sets it
@@ -101,6 +105,13 @@ class SandboxSpec:
             sandbox_path("cwd", self.cwd)
         validate_hostname("hostname", self.hostname)
         network.validate_address(self.address)
+        for i, entry in enumerate(self.egress):
+            try:
+                egress_rule(entry)
+            except ValueError as exc:
+                raise InvalidSpec(f"egress[{i}]", str(exc)) from None
+        if self.egress and not self.address:
+            raise InvalidSpec("egress", "needs an address: a sandbox without one has no network")
         if self.userns_base:
             if not 0 < self.userns_base <= (1 << 32) - idmap.SIZE:
                 raise InvalidSpec(
@@ -122,6 +133,7 @@ class SandboxSpec:
         d = asdict(self)
         d["command"] = list(self.command)
         d["entrypoint"] = list(self.entrypoint) if self.entrypoint is not None else None
+        d["egress"] = list(self.egress)
         return d
 
     @classmethod
@@ -137,6 +149,7 @@ class SandboxSpec:
             resources=Resources(**d.get("resources", {})),
             entrypoint=tuple(entrypoint) if entrypoint is not None else None,
             user=d.get("user", ""),
+            egress=tuple(d.get("egress", ())),
             userns_base=d.get("userns_base", 0),
         )
 

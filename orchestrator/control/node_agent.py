@@ -111,6 +111,8 @@ class RestoreIdentity:
     address: str
     hostname: str
     fork: ForkMark | None = None
+    egress: tuple[str, ...] = ()
+    """The episode's egress allowances (`EpisodeSpec.egress`)."""
 
 
 @dataclass(frozen=True)
@@ -298,7 +300,7 @@ class AgentClient:
     ) -> SandboxView:
         request = pb.RestoreRequest(
             sandbox_id=sandbox_id, snapshot_id=snapshot_id, manifest_digest=manifest_digest, image=image,
-            address=identity.address, hostname=identity.hostname,
+            address=identity.address, hostname=identity.hostname, egress=identity.egress,
             fork=wire.encode(identity.fork, pb.ForkMark) if identity.fork else None,
         )  # fmt: skip
         return SandboxView.from_pb(self._call("restore", self._stub.Restore, request))

@@ -205,7 +205,7 @@ class Operations:
                 episode_id=e.id, parent_episode_id=e.fork_parent, snapshot_id=e.forked_from,
                 index=e.fork_index, count=self.store.snapshots.fork_size(e.forked_from),
             )  # fmt: skip
-        return RestoreIdentity(address=e.address, hostname=e.id, fork=fork)
+        return RestoreIdentity(address=e.address, hostname=e.id, fork=fork, egress=e.spec.egress)
 
     def _fall_back(self, e: Episode, problem: str) -> bool:
         """A snapshot that cannot be restored never ends an episode that has a good one: resume

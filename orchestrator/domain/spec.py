@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from orchestrator.domain.errors import InvalidArgument
+from protos.shared.address import egress_rule
 from protos.shared.resources import resource_problem
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -86,6 +87,10 @@ class EpisodeSpec:
     preemption: Preemption = field(default_factory=Preemption)
     labels: dict[str, str] = field(default_factory=dict)
     reward: RewardSpec | None = None
+    egress: tuple[str, ...] = ()
+    """Where the sandbox may connect besides the gateway: ADDRESS[/PREFIX][:PORT] (IPv4), on one
+    TCP port or any protocol. Never loopback, link-local or multicast addresses; no host names
+    (a sandbox has no DNS)."""
 
     def validate(self) -> EpisodeSpec:
         """Check every field; the error names the first bad one as `spec.<path>`."""
@@ -114,6 +119,11 @@ class EpisodeSpec:
                 raise InvalidArgument(f"spec.labels.{key}", "is not a valid label key")
             if not isinstance(value, str) or len(value) > 253:
                 raise InvalidArgument(f"spec.labels.{key}", "must be a string of at most 253 characters")
+        for i, entry in enumerate(self.egress):
+            try:
+                egress_rule(entry)
+            except ValueError as exc:
+                raise InvalidArgument(f"spec.egress[{i}]", str(exc)) from None
         if self.reward is not None:
             _argv("spec.reward.command", self.reward.command)
             _files("spec.reward.files", self.reward.files)

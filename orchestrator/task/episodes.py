@@ -113,6 +113,7 @@ def task_episode(
         command=agent.command,
         files=agent.files,
         env=agent.env,
+        egress=task.egress,
         resources=task.resources,
         limits=Limits(max_wall_s=task.agent_timeout_s + MARGIN_S),
         labels={"task": task.name[:253], "agent": agent.name[:253], **(labels or {})},

@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.domain import InvalidArgument, Resources
 from orchestrator.domain.spec import MAX_FILES_BYTES, MAX_SECONDS
+from protos.shared.address import egress_rule
 from protos.shared.resources import resource_problem
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -42,6 +43,8 @@ class Task:
     verifier_timeout_s: float = DEFAULT_TIMEOUT_S
     verifier_env: dict[str, str] = field(default_factory=dict)
     resources: Resources = field(default_factory=Resources)
+    egress: tuple[str, ...] = ()
+    """`[agent] allowed_hosts`: where the agent may connect besides the model gateway."""
     tests: dict[str, bytes] = field(default_factory=dict)
     """tests/, by path below it: copied to /tests for the verifier alone."""
     solution: dict[str, bytes] = field(default_factory=dict)
@@ -62,8 +65,7 @@ def load_task(directory: Path) -> Task:
     _refuse(agent, "agent", ("user",), "the agent runs as the environment image's USER")
     _refuse(verifier, "verifier", ("user",), "the tests run as the environment image's USER")
     _refuse(verifier, "verifier", ("environment_mode",), "the tests always run in a sandbox of their own")
-    for table, key in (("agent", agent), ("verifier", verifier)):
-        _refuse(key, table, ("allowed_hosts",), "a sandbox reaches the model gateway and nothing else")
+    _refuse(verifier, "verifier", ("allowed_hosts",), "the tests' sandbox has no network")
     _refuse(environment, "environment", ("gpus", "gpu_types", "tpu"), "Stasis places no accelerators")
     image = _image(directory, environment)
     return Task(
@@ -75,6 +77,7 @@ def load_task(directory: Path) -> Task:
         agent_timeout_s=_seconds(agent, "[agent] timeout_sec"),
         verifier_timeout_s=_seconds(verifier, "[verifier] timeout_sec"),
         verifier_env=_env(verifier),
+        egress=_egress(agent),
         resources=_resources(environment),
         tests=tests,
         solution=_tree(directory, "solution") if (directory / "solution").exists() else {},
@@ -144,6 +147,18 @@ def _env(verifier: dict[str, Any]) -> dict[str, str]:
         if not isinstance(value, str) or "\0" in value:
             raise InvalidArgument(f"task.toml [verifier] env.{key}", "must be a string without NUL bytes")
     return dict(env)
+
+
+def _egress(agent: dict[str, Any]) -> tuple[str, ...]:
+    hosts = agent.get("allowed_hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        raise InvalidArgument("task.toml [agent] allowed_hosts", "must be a list of strings")
+    for i, host in enumerate(hosts):
+        try:
+            egress_rule(host)
+        except ValueError as exc:
+            raise InvalidArgument(f"task.toml [agent] allowed_hosts[{i}]", str(exc)) from None
+    return tuple(hosts)
 
 
 def _image(directory: Path, environment: dict[str, Any]) -> str:

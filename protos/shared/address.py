@@ -7,6 +7,8 @@ port can be meant. A host may be empty (`:7070`, every interface) where a listen
 
 from __future__ import annotations
 
+import ipaddress
+
 
 def split_host_port(value: str, field: str = "address") -> tuple[str, int]:
     """`(host, port)` of `HOST:PORT` or `[IPV6]:PORT`, without the brackets; a ValueError
@@ -43,3 +45,33 @@ def _port(text: str, value: str, field: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise ValueError(f"{field}: {value!r} has no valid port (a number from 0 to 65535)")
     return int(text)
+
+
+def egress_rule(entry: str) -> tuple[str, int | None]:
+    """`(network, port)` of an egress allowance `ADDRESS[/PREFIX][:PORT]` (IPv4): where a
+    sandbox may connect besides the gateway, on one TCP port or (no port) any protocol. A
+    ValueError says what is wrong. Refused: a host name (a sandbox has no DNS: give addresses),
+    and any network that holds a loopback, link-local (the gateway's) or multicast address."""
+    text, _, port_text = entry.partition(":")
+    try:
+        network = ipaddress.IPv4Network(text.strip(), strict=False)
+    except ValueError:
+        raise ValueError(
+            f"{entry!r} is not ADDRESS[/PREFIX][:PORT] (IPv4); a host name needs DNS, which a sandbox "
+            "does not have: give its addresses"
+        ) from None
+    port: int | None = None
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
+            raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
+        port = int(port_text)
+    for name, reserved in (
+        ("loopback", "127.0.0.0/8"),
+        ("link-local", "169.254.0.0/16"),
+        ("multicast", "224.0.0.0/4"),
+    ):
+        if network.overlaps(ipaddress.IPv4Network(reserved)):
+            raise ValueError(f"{entry!r} holds {name} addresses ({reserved}), which a sandbox never reaches")
+    if network.network_address.is_unspecified and network.prefixlen > 0:
+        raise ValueError(f"{entry!r} is the unspecified address")
+    return str(network), port

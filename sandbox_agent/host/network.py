@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 
+from protos.shared.address import egress_rule
 from sandbox_agent.errors import AlreadyExists, FailedPrecondition, InvalidSpec
 from sandbox_agent.host import netlink, tools
 from sandbox_agent.host._libc import check, libc
@@ -32,6 +33,8 @@ NETNS_DIR = Path("/var/run/netns")
 ISOLATION_CHAIN = "STASIS-SANDBOX"
 ALLOWANCE_MARK = "stasis-node:"
 """How an allowance rule's comment names the node it belongs to."""
+EGRESS_MARK = "stasis-egress:"
+"""How a sandbox's egress rules' comment names it (by the hash its netns is named by)."""
 TCP_EHASH_ENTRIES = 256
 """Buckets of a sandbox netns's own TCP hash table: ample for a harness's few connections."""
 CLONE_NEWNET = 0x40000000
@@ -142,6 +145,43 @@ def prepare_node(node: str, allowed_ports: Sequence[int], owns_unmarked: bool = 
     if _iptables("-C", "FORWARD", *jump_out, check=False).returncode != 0:
         _iptables("-I", "FORWARD", "1", *jump_out)
     _parent_netns()  # made now, not on the node's first restore
+
+
+def allow_egress(node: str, sandbox_id: str, address: str, egress: Sequence[str]) -> None:
+    """Let the sandbox at `address` connect where `egress` allows (`egress_rule`), besides the
+    gateway: a rule in the isolation chain before its DROP for each, and one that masquerades
+    what leaves the node as the node (the node must forward, as Kubernetes nodes do). Both
+    carry the sandbox's mark, for `revoke_egress`."""
+    for table, chain, rule in _egress_rules(node, sandbox_id, address, egress):
+        _iptables("-t", table, "-I", chain, "1", *rule)
+
+
+def revoke_egress(node: str, sandbox_id: str) -> None:
+    """Remove every egress rule of the sandbox; none is fine."""
+    mark = f"{EGRESS_MARK}{_short(node, sandbox_id)}"
+    for table, chain in (("filter", ISOLATION_CHAIN), ("nat", "POSTROUTING")):
+        listed = _iptables("-t", table, "-S", chain, check=False).stdout.decode().splitlines()
+        for line in listed:
+            rule = tuple(shlex.split(line))[2:]
+            if _mark(rule) == mark:
+                _iptables("-t", table, "-D", chain, *rule, check=False)
+
+
+def _egress_rules(
+    node: str, sandbox_id: str, address: str, egress: Sequence[str]
+) -> list[tuple[str, str, tuple[str, ...]]]:
+    mark = ("-m", "comment", "--comment", f"{EGRESS_MARK}{_short(node, sandbox_id)}")
+    rules: list[tuple[str, str, tuple[str, ...]]] = []
+    for entry in egress:
+        destination, port = egress_rule(entry)
+        match: tuple[str, ...] = ("-s", f"{address}/32", "-d", destination)
+        if port is not None:
+            match += ("-p", "tcp", "-m", "tcp", "--dport", str(port))
+        rules.append(("filter", ISOLATION_CHAIN, (*match, *mark, "-j", "RETURN")))
+        rules.append(
+            ("nat", "POSTROUTING", (*match, "!", "-o", f"{VETH_PREFIX}+", *mark, "-j", "MASQUERADE"))
+        )
+    return rules
 
 
 def create(node: str, sandbox_id: str, address: str, mtu: int = 1500) -> Path:
@@ -341,6 +381,7 @@ def reclaim(node: str, sandbox_id: str) -> None:
     track of): its netns, and now, not in the kernel's background, its veth with the /32 route
     through it, so that its address is free for the next sandbox given it."""
     destroy(node, sandbox_id)
+    revoke_egress(node, sandbox_id)
     link = Path(f"/sys/class/net/{veth_name(node, sandbox_id)}")
     if link.exists():
         with suppress(FailedPrecondition), netlink.Route() as route:  # gone meanwhile

@@ -64,6 +64,8 @@ class Identity:
     hostname: str = ""
     fork: ForkMark | None = None
     """Set for a fork child: it gets `fork_files`."""
+    egress: tuple[str, ...] = ()
+    """The episode's egress allowances; empty keeps the checkpoint's."""
 
     def validated(self) -> Identity:
         network.validate_address(self.address)
@@ -79,6 +81,7 @@ class Identity:
             checkpointed,
             address=network.validate_address(self.address) or checkpointed.address,
             hostname=self.hostname or checkpointed.hostname,
+            egress=self.egress or checkpointed.egress,
         )
 
 

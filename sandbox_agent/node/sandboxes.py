@@ -105,6 +105,11 @@ class Sandboxes:
         thread), and undo everything if building the sandbox fails. With `keep_busy`, the
         sandbox stays busy when built, until the caller calls `done`."""
         layout = self.layout(sandbox_id)
+        if record.spec.egress and not self.backend.wants_netns:
+            raise FailedPrecondition(
+                f"node {self.node} runs {self.backend.name}, whose sandboxes have no network of Stasis's "
+                "making; egress needs the runc backend"
+            )
         with self._lock:
             if layout.dir.exists() or sandbox_id in self._busy:
                 raise AlreadyExists(f"sandbox {sandbox_id!r} already exists on node {self.node}")
@@ -118,6 +123,10 @@ class Sandboxes:
             try:
                 if self.backend.wants_netns:
                     network.create(self.host_key, sandbox_id, record.spec.address)
+                    if record.spec.egress:
+                        network.allow_egress(
+                            self.host_key, sandbox_id, record.spec.address, record.spec.egress
+                        )
             finally:
                 if meanwhile is not None:
                     wait([meanwhile])  # nothing is undone under it
@@ -141,6 +150,8 @@ class Sandboxes:
             self.backend.destroy(record, layout)
         finally:
             network.destroy(self.host_key, record.id)
+            if record.spec.egress:
+                network.revoke_egress(self.host_key, record.id)
             remove(layout)
             self.disk.release(record.id)
 

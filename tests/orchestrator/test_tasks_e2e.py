@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
+import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,3 +222,47 @@ steps = [s for s in doc["steps"] if s["source"] == "agent"]
 print(doc["schema_version"], "trajectory", doc["session_id"] + ":", len(steps), "agent steps")
 EOF
 """
+
+
+PROBE = r"""
+import os, socket
+for name in ("ALLOWED", "OTHER"):
+    host, port = os.environ[name].split(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        print(name, "open", flush=True)
+    except OSError as exc:
+        print(name, "closed:", exc, flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_allowed_hosts_let_the_agent_reach_those_and_nothing_else(
+    stack: LocalStack, built: dict[str, str], tmp_path: Path
+) -> None:
+    """Two servers on addresses of this machine the test adds: the task allows one of them."""
+    addresses = ("10.254.254.1", "10.254.254.2")
+    for address in addresses:
+        subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"], check=True)
+    servers = [socket.create_server((address, 0)) for address in addresses]
+    try:
+        allowed, other = (f"{s.getsockname()[0]}:{s.getsockname()[1]}" for s in servers)
+        task_dir = Path(shutil.copytree(EXAMPLES / "fix-config", tmp_path / "fix-config"))
+        toml = task_dir / "task.toml"
+        toml.write_text(toml.read_text().replace("[agent]\n", f'[agent]\nallowed_hosts = ["{allowed}"]\n'))
+        task = load_task(task_dir)
+        assert task.egress == (allowed,)
+        spec = task_episode(task, TaskAgent("probe", ("python3", "-c", PROBE)), image=built["fix-config"])
+        with stack.client() as c:
+            probe = c.submit(dataclasses.replace(spec, env={"ALLOWED": allowed, "OTHER": other}))
+            final = c.wait(probe.id, ["SUCCEEDED", "FAILED"], timeout_s=120)
+        log = cli(stack, "logs", probe.id).stdout
+        assert final.state == "SUCCEEDED", (final.reason, log)
+        assert "ALLOWED open" in log and "OTHER closed" in log, log
+        rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
+        assert "stasis-egress:" not in rules, "the sandbox's rules go with it"
+    finally:
+        for s in servers:
+            s.close()
+        for address in addresses:
+            subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], check=False)

@@ -70,7 +70,7 @@ class Resources(_message.Message):
     def __init__(self, cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ..., pids: _Optional[int] = ..., disk_mb: _Optional[int] = ..., inodes: _Optional[int] = ...) -> None: ...
 
 class SandboxSpec(_message.Message):
-    __slots__ = ("image", "command", "env", "cwd", "hostname", "address", "resources", "entrypoint", "has_entrypoint", "user")
+    __slots__ = ("image", "command", "env", "cwd", "hostname", "address", "resources", "entrypoint", "has_entrypoint", "user", "egress")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class SandboxSpec(_message.Message):
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     HAS_ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
     image: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -98,7 +99,8 @@ class SandboxSpec(_message.Message):
     entrypoint: _containers.RepeatedScalarFieldContainer[str]
     has_entrypoint: bool
     user: str
-    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., entrypoint: _Optional[_Iterable[str]] = ..., has_entrypoint: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
+    egress: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., entrypoint: _Optional[_Iterable[str]] = ..., has_entrypoint: _Optional[bool] = ..., user: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Sandbox(_message.Message):
     __slots__ = ("id", "node", "backend", "state", "spec", "image_digest", "pid", "has_exit_code", "exit_code", "created_at", "restored_from", "busy", "timings_ms", "log_start")
@@ -228,7 +230,7 @@ class CheckpointResult(_message.Message):
     def __init__(self, directory: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., node: _Optional[str] = ..., backend: _Optional[str] = ..., image_digest: _Optional[str] = ..., criu_version: _Optional[str] = ..., criu_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., created_at: _Optional[float] = ..., snapshot_id: _Optional[str] = ..., logical_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., new_bytes: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., since_freeze_ms: _Optional[float] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("sandbox_id", "directory", "image", "skip_verify", "snapshot_id", "manifest_digest", "address", "hostname", "fork")
+    __slots__ = ("sandbox_id", "directory", "image", "skip_verify", "snapshot_id", "manifest_digest", "address", "hostname", "fork", "egress")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +240,7 @@ class RestoreRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     FORK_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     directory: str
     image: str
@@ -247,7 +250,8 @@ class RestoreRequest(_message.Message):
     address: str
     hostname: str
     fork: ForkMark
-    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., image: _Optional[str] = ..., skip_verify: _Optional[bool] = ..., snapshot_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., address: _Optional[str] = ..., hostname: _Optional[str] = ..., fork: _Optional[_Union[ForkMark, _Mapping]] = ...) -> None: ...
+    egress: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sandbox_id: _Optional[str] = ..., directory: _Optional[str] = ..., image: _Optional[str] = ..., skip_verify: _Optional[bool] = ..., snapshot_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., address: _Optional[str] = ..., hostname: _Optional[str] = ..., fork: _Optional[_Union[ForkMark, _Mapping]] = ..., egress: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ForkMark(_message.Message):
     __slots__ = ("episode_id", "parent_episode_id", "snapshot_id", "index", "count")

@@ -90,7 +90,7 @@ class RewardSpec(_message.Message):
     def __init__(self, command: _Optional[_Iterable[str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., image: _Optional[str] = ..., timeout_s: _Optional[float] = ..., output: _Optional[str] = ...) -> None: ...
 
 class EpisodeSpec(_message.Message):
-    __slots__ = ("image", "command", "env", "files", "resources", "limits", "preemption", "labels", "reward", "entrypoint", "has_entrypoint")
+    __slots__ = ("image", "command", "env", "files", "resources", "limits", "preemption", "labels", "reward", "entrypoint", "has_entrypoint", "egress")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,7 @@ class EpisodeSpec(_message.Message):
     REWARD_FIELD_NUMBER: _ClassVar[int]
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     HAS_ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
     image: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -134,7 +135,8 @@ class EpisodeSpec(_message.Message):
     reward: RewardSpec
     entrypoint: _containers.RepeatedScalarFieldContainer[str]
     has_entrypoint: bool
-    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., resources: _Optional[_Union[EpisodeResources, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., preemption: _Optional[_Union[Preemption, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., reward: _Optional[_Union[RewardSpec, _Mapping]] = ..., entrypoint: _Optional[_Iterable[str]] = ..., has_entrypoint: _Optional[bool] = ...) -> None: ...
+    egress: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., files: _Optional[_Mapping[str, bytes]] = ..., resources: _Optional[_Union[EpisodeResources, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., preemption: _Optional[_Union[Preemption, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., reward: _Optional[_Union[RewardSpec, _Mapping]] = ..., entrypoint: _Optional[_Iterable[str]] = ..., has_entrypoint: _Optional[bool] = ..., egress: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Episode(_message.Message):
     __slots__ = ("id", "spec", "state", "reason", "node", "sandbox_id", "address", "snapshots", "last_snapshot_id", "has_reward", "reward", "has_exit_code", "exit_code", "submitted_at", "updated_at", "finished_at", "run_seconds", "runs", "held", "pinned_node", "group_id", "group_index", "forked_from", "fork_parent", "fork_index")
