@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protos.shared.address import egress_rule
+from protos.shared.address import egress_problem
 from protos.shared.resources import resource_problem
 from sandbox_agent.errors import InvalidSpec
 from sandbox_agent.host import idmap, network
@@ -105,11 +105,8 @@ class SandboxSpec:
             sandbox_path("cwd", self.cwd)
         validate_hostname("hostname", self.hostname)
         network.validate_address(self.address)
-        for i, entry in enumerate(self.egress):
-            try:
-                egress_rule(entry)
-            except ValueError as exc:
-                raise InvalidSpec(f"egress[{i}]", str(exc)) from None
+        if refused := egress_problem(self.egress):
+            raise InvalidSpec(f"egress[{refused[0]}]", refused[1])
         if self.egress and not self.address:
             raise InvalidSpec("egress", "needs an address: a sandbox without one has no network")
         if self.userns_base:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from orchestrator.domain.errors import InvalidArgument
-from protos.shared.address import egress_rule
+from protos.shared.address import egress_problem
 from protos.shared.resources import resource_problem
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -119,11 +119,8 @@ class EpisodeSpec:
                 raise InvalidArgument(f"spec.labels.{key}", "is not a valid label key")
             if not isinstance(value, str) or len(value) > 253:
                 raise InvalidArgument(f"spec.labels.{key}", "must be a string of at most 253 characters")
-        for i, entry in enumerate(self.egress):
-            try:
-                egress_rule(entry)
-            except ValueError as exc:
-                raise InvalidArgument(f"spec.egress[{i}]", str(exc)) from None
+        if refused := egress_problem(self.egress):
+            raise InvalidArgument(f"spec.egress[{refused[0]}]", refused[1])
         if self.reward is not None:
             _argv("spec.reward.command", self.reward.command)
             _files("spec.reward.files", self.reward.files)

@@ -19,7 +19,7 @@ from typing import Any
 
 from orchestrator.domain import InvalidArgument, Resources
 from orchestrator.domain.spec import MAX_FILES_BYTES, MAX_SECONDS
-from protos.shared.address import egress_rule
+from protos.shared.address import egress_problem
 from protos.shared.resources import resource_problem
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -153,11 +153,8 @@ def _egress(agent: dict[str, Any]) -> tuple[str, ...]:
     hosts = agent.get("allowed_hosts", [])
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         raise InvalidArgument("task.toml [agent] allowed_hosts", "must be a list of strings")
-    for i, host in enumerate(hosts):
-        try:
-            egress_rule(host)
-        except ValueError as exc:
-            raise InvalidArgument(f"task.toml [agent] allowed_hosts[{i}]", str(exc)) from None
+    if problem := egress_problem(hosts):
+        raise InvalidArgument(f"task.toml [agent] allowed_hosts[{problem[0]}]", problem[1])
     return tuple(hosts)
 
 

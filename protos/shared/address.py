@@ -8,6 +8,7 @@ port can be meant. A host may be empty (`:7070`, every interface) where a listen
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 
 
 def split_host_port(value: str, field: str = "address") -> tuple[str, int]:
@@ -45,6 +46,18 @@ def _port(text: str, value: str, field: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise ValueError(f"{field}: {value!r} has no valid port (a number from 0 to 65535)")
     return int(text)
+
+
+def egress_problem(entries: Sequence[str]) -> tuple[int, str] | None:
+    """`(index, what is wrong)` for the first entry `egress_rule` refuses, or None: one check,
+    made by the orchestrator, the node agent and a task's reader, each naming the field in its
+    own error."""
+    for i, entry in enumerate(entries):
+        try:
+            egress_rule(entry)
+        except ValueError as exc:
+            return i, str(exc)
+    return None
 
 
 def egress_rule(entry: str) -> tuple[str, int | None]:
