@@ -89,13 +89,17 @@ def allowances(node: str | None = None, unmarked: bool = True) -> list[tuple[str
     """The allowance rules in the isolation chain, as `iptables -S` spells them (without `-A
     CHAIN`): `node`'s, or every node's. Rules of an agent that marked none count for any node
     unless `unmarked` is False."""
-    listed = _iptables("-S", ISOLATION_CHAIN, check=False)
-    rules = [tuple(shlex.split(line))[2:] for line in listed.stdout.decode().splitlines()]
-    ours = [r for r in rules if "--dport" in r and r[-2:] == ("-j", "RETURN")]
+    ours = [r for r in _listed("filter", ISOLATION_CHAIN) if "--dport" in r and r[-2:] == ("-j", "RETURN")]
     if node is None:
         return ours
     marks = (f"{ALLOWANCE_MARK}{node}", *((None,) if unmarked else ()))
     return [r for r in ours if _mark(r) in marks]
+
+
+def _listed(table: str, chain: str) -> list[tuple[str, ...]]:
+    """The chain's rules as `iptables -S` spells them, without `-A CHAIN` (none if it is absent)."""
+    listed = _iptables("-t", table, "-S", chain, check=False)
+    return [tuple(shlex.split(line))[2:] for line in listed.stdout.decode().splitlines()]
 
 
 def _mark(rule: tuple[str, ...]) -> str | None:
@@ -160,9 +164,7 @@ def revoke_egress(node: str, sandbox_id: str) -> None:
     """Remove every egress rule of the sandbox; none is fine."""
     mark = f"{EGRESS_MARK}{_short(node, sandbox_id)}"
     for table, chain in (("filter", ISOLATION_CHAIN), ("nat", "POSTROUTING")):
-        listed = _iptables("-t", table, "-S", chain, check=False).stdout.decode().splitlines()
-        for line in listed:
-            rule = tuple(shlex.split(line))[2:]
+        for rule in _listed(table, chain):
             if _mark(rule) == mark:
                 _iptables("-t", table, "-D", chain, *rule, check=False)
 
