@@ -21,11 +21,12 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.client.imagesource import registry_flags, tool_runner
 from orchestrator.domain import InvalidArgument, StasisError
-from orchestrator.task import Task, TaskAgent, context_digest
+from orchestrator.task import Task, TaskAgent, context_digest, digest_tree
 
 if TYPE_CHECKING:
     from orchestrator.client.client import StasisClient
@@ -89,8 +90,13 @@ def ensure_agent_image(
     base = found[environment]
     h = hashlib.sha256(base.digest.encode())
     for target, source in sorted(agent.layer.items()):
+        root = Path(os.path.realpath(source))  # laid as what it names (`_write_layer`)
+        if not root.exists():
+            raise InvalidArgument(
+                "agent", f"agent {agent.name}'s {target} comes from {source}, which does not exist"
+            )
         h.update(f"\0{target}\0".encode())
-        _digest_path(h, source, f"agent {agent.name}'s {target}")
+        digest_tree(h, root)
     name = f"{environment[:80]}-{agent.name[:20]}-{h.hexdigest()[:12]}"
     if name in found:
         progress(f"{name} is {environment} with {agent.name} already")
@@ -133,19 +139,3 @@ def _write_layer(path: str, layer: dict[str, str]) -> None:
                     info.type, info.mode = tarfile.DIRTYPE, 0o755
                     tar.addfile(info)
             tar.add(os.path.realpath(source), arcname="/".join(parts), filter=owned_by_root)
-
-
-def _digest_path(h: hashlib._Hash, source: str, what: str) -> None:
-    root = os.path.realpath(source)
-    if not os.path.exists(root):
-        raise InvalidArgument("agent", f"{what} comes from {source}, which does not exist")
-    paths = (
-        [root]
-        if os.path.isfile(root)
-        else sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files)
-    )
-    for path in paths:
-        with open(path, "rb") as f:
-            h.update(f"{os.path.relpath(path, root)}\0{os.stat(path).st_mode & 0o7777:o}\0".encode())
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)

@@ -4,7 +4,7 @@ and checked (`format`), run as a Stasis episode whose verifier grades the way Ha
 See docs/tasks.md."""
 
 from orchestrator.task.episodes import AGENTS, TaskAgent, agent_logs, claude_code, nop, oracle, task_episode
-from orchestrator.task.format import Task, context_digest, load_task
+from orchestrator.task.format import Task, context_digest, digest_tree, load_task
 from orchestrator.task.reward import read_reward
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "agent_logs",
     "claude_code",
     "context_digest",
+    "digest_tree",
     "load_task",
     "nop",
     "oracle",

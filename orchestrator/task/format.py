@@ -207,6 +207,21 @@ def _tree(directory: Path, name: str) -> dict[str, bytes]:
     return files
 
 
+def digest_tree(h: hashlib._Hash, root: Path) -> None:
+    """Feed `h` every file below `root` (its path, mode, size and bytes) and every symlink (its
+    target), in path order; a `root` that is a file is that one file."""
+    for path in sorted(root.rglob("*")) if root.is_dir() else [root]:
+        relative = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            h.update(f"link {relative} {os.readlink(path)}\0".encode())
+        elif path.is_file():
+            stat = path.stat()
+            h.update(f"file {relative} {stat.st_mode & 0o7777:o} {stat.st_size}\0".encode())
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+
+
 def context_digest(task: Task, build_args: dict[str, str]) -> str:
     """The sha256 of a task's build context (environment/: every file's path, mode and bytes)
     and its build arguments: an image built from the same digest is the same image."""
@@ -215,13 +230,7 @@ def context_digest(task: Task, build_args: dict[str, str]) -> str:
             "task", f"task {task.name!r} names docker_image {task.image!r}; there is nothing to build"
         )
     h = hashlib.sha256()
-    for path in sorted(task.context.rglob("*")):
-        relative = path.relative_to(task.context).as_posix()
-        if path.is_symlink():
-            h.update(f"link {relative} {os.readlink(path)}\0".encode())
-        elif path.is_file():
-            h.update(f"file {relative} {path.stat().st_mode & 0o7777:o} {path.stat().st_size}\0".encode())
-            h.update(path.read_bytes())
+    digest_tree(h, task.context)
     for key, value in sorted(build_args.items()):
         h.update(f"arg {key}={value}\0".encode())
     return h.hexdigest()
